@@ -1,0 +1,1 @@
+"""mirrorflow: Kafka replication with MirrorMaker 2 semantics on Airflow and Spark."""

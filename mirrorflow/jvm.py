@@ -1,0 +1,111 @@
+"""JVM artifacts from Maven Central: the Kafka broker, Spark's Kafka connector, MirrorMaker 2.
+
+Each set is declared by a pom under ``jvm/`` and copied by Maven into a cache directory keyed
+by the hash of those poms, so a changed pom resolves again and an unchanged one never does.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from mirrorflow.errors import MirrorflowError
+from mirrorflow.paths import PROJECT_ROOT, cache_dir, content_hash
+
+JVM_DIR = PROJECT_ROOT / "jvm"
+ARTIFACT_SETS = ("kafka", "spark-kafka", "mirrormaker")
+_VERSIONED_JAR = re.compile(r"^(?P<name>.+?)-\d[\w.\-]*\.jar$")
+
+
+def require_tool(name: str, why: str) -> str:
+    """The path of an executable on PATH, or one clear error saying what needs it."""
+    path = shutil.which(name)
+    if path is None:
+        raise MirrorflowError(
+            f"{name} was not found on PATH; it is needed {why}",
+            "install it (Debian: apt-get install openjdk-17-jre-headless maven) and retry",
+        )
+    return path
+
+
+def jars_dir() -> Path:
+    """The cache directory for the current poms (it may not be resolved yet)."""
+    poms = [JVM_DIR / "settings.xml", *(JVM_DIR / s / "pom.xml" for s in ARTIFACT_SETS)]
+    return cache_dir() / f"jars-{content_hash(poms)}"
+
+
+def resolve(quiet: bool = True) -> Path:
+    """Copy every artifact set with its runtime dependencies into the cache; return its dir."""
+    target = jars_dir()
+    if (target / ".complete").exists():
+        return target
+    mvn = require_tool("mvn", "to fetch Kafka, Spark's Kafka connector and MirrorMaker 2")
+    require_tool("java", "to run Kafka brokers and Spark")
+    staging = target.with_name(target.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    for artifact_set in ARTIFACT_SETS:
+        cmd = [
+            mvn,
+            "-B",
+            *(["-q"] if quiet else []),
+            "-s",
+            str(JVM_DIR / "settings.xml"),
+            "-f",
+            str(JVM_DIR / artifact_set / "pom.xml"),
+            "dependency:copy-dependencies",
+            "-DincludeScope=runtime",
+            f"-DoutputDirectory={staging / artifact_set}",
+        ]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode != 0:
+            errors = [ln for ln in result.stdout.splitlines() if "[ERROR]" in ln][:3]
+            raise MirrorflowError(
+                f"Maven could not resolve jvm/{artifact_set}/pom.xml: "
+                + (" ".join(errors) or result.stderr.strip()[-500:]),
+                "check that Maven Central is reachable, then run the command again",
+            )
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+    (target / ".complete").touch()
+    return target
+
+
+def _resolved(artifact_set: str) -> Path:
+    directory = resolve() / artifact_set
+    if not directory.is_dir():
+        raise MirrorflowError(f"no jars for {artifact_set} in {directory.parent}")
+    return directory
+
+
+def classpath(artifact_set: str) -> str:
+    """A Java classpath (``dir/*``) for one artifact set: ``kafka`` or ``mirrormaker``."""
+    return str(_resolved(artifact_set) / "*")
+
+
+def spark_home() -> Path:
+    """The Spark distribution inside the installed (full) pyspark package."""
+    import pyspark
+
+    home = Path(pyspark.__file__).parent
+    if not (home / "jars").is_dir() or not (home / "bin" / "spark-submit").exists():
+        raise MirrorflowError(
+            f"the pyspark package at {home} has no jars/ or bin/spark-submit: the thin "
+            "pyspark-client was installed over the full pyspark",
+            "reinstall with scripts/bootstrap.sh, which keeps only the full pyspark",
+        )
+    return home
+
+
+def spark_kafka_jars() -> list[Path]:
+    """The connector jars Spark needs for Kafka, minus libraries Spark itself already ships."""
+    shipped = {_jar_name(p.name) for p in (spark_home() / "jars").glob("*.jar")}
+    return sorted(
+        p for p in _resolved("spark-kafka").glob("*.jar") if _jar_name(p.name) not in shipped
+    )
+
+
+def _jar_name(filename: str) -> str:
+    match = _VERSIONED_JAR.match(filename)
+    return match.group("name") if match else filename

@@ -1,0 +1,405 @@
+"""Local Kafka clusters for development, demos and tests: real brokers from Maven artifacts.
+
+Each cluster is an independent single-node KRaft broker+controller on loopback with its own
+ports, data directory and log. Clients connect over SASL_PLAINTEXT (PLAIN, with SCRAM-SHA-512
+enabled too) and the StandardAuthorizer enforces ACLs: ``admin`` is the only super user,
+``alice`` and ``bob`` are ordinary principals. Connection settings, passwords included, go to
+``clusters.json`` (mode 0600) in the sandbox directory; nothing prints a password.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from mirrorflow import jvm
+from mirrorflow.errors import MirrorflowError
+
+DEFAULT_BASE_PORT = 19092
+PORTS_PER_CLUSTER = 10
+DEFAULT_HEAP = "512m"
+USERS = ("admin", "alice", "bob")
+STATE_FILE = "clusters.json"
+
+
+@dataclass
+class Cluster:
+    """One sandbox cluster: where it listens, where it keeps data and logs, who may connect."""
+
+    name: str
+    broker_port: int
+    controller_port: int
+    directory: str
+    passwords: dict[str, str] = field(repr=False)
+    cluster_id: str = field(
+        default_factory=lambda: base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    )
+    pid: int | None = None
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"127.0.0.1:{self.broker_port}"
+
+    @property
+    def log_file(self) -> Path:
+        return Path(self.directory) / "broker.log"
+
+    @property
+    def properties_file(self) -> Path:
+        return Path(self.directory) / "server.properties"
+
+    def client_config(self, user: str = "admin") -> dict[str, str]:
+        """confluent-kafka (librdkafka) settings for connecting as ``user``."""
+        if user not in self.passwords:
+            raise MirrorflowError(f"sandbox cluster {self.name} has no user {user!r}")
+        return {
+            "bootstrap.servers": self.bootstrap_servers,
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": "PLAIN",
+            "sasl.username": user,
+            "sasl.password": self.passwords[user],
+        }
+
+    def java_client_config(self, user: str = "admin") -> dict[str, str]:
+        """Java client settings (MirrorMaker 2, Spark's Kafka connector) for ``user``."""
+        return {
+            "bootstrap.servers": self.bootstrap_servers,
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": "PLAIN",
+            "sasl.jaas.config": _plain_login(user, self.passwords[user]),
+        }
+
+    def is_running(self) -> bool:
+        return self.pid is not None and _is_our_broker(self.pid, self.properties_file)
+
+
+@dataclass
+class Sandbox:
+    """The clusters recorded in one sandbox directory."""
+
+    directory: Path
+    clusters: dict[str, Cluster]
+
+    def __getitem__(self, name: str) -> Cluster:
+        try:
+            return self.clusters[name]
+        except KeyError:
+            known = ", ".join(self.clusters) or "none"
+            raise MirrorflowError(
+                f"no sandbox cluster named {name!r} in {self.directory} (running: {known})",
+                f"start it with: mirrorflow sandbox up --clusters {name}",
+            ) from None
+
+    def save(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / STATE_FILE
+        data = {"clusters": {n: asdict(c) for n, c in self.clusters.items()}}
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            json.dump(data, out, indent=2, sort_keys=True)
+        self._write_mm2_properties()
+
+    def _write_mm2_properties(self) -> None:
+        """Cluster settings as MirrorMaker 2 properties (``<alias>.bootstrap.servers`` …)."""
+        lines = [f"clusters = {', '.join(self.clusters)}"]
+        for name, cluster in self.clusters.items():
+            lines += [f"{name}.{k} = {v}" for k, v in cluster.java_client_config().items()]
+        path = self.directory / "clusters.properties"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write("\n".join(lines) + "\n")
+
+
+def load(directory: Path) -> Sandbox:
+    """The sandbox recorded in ``directory`` (empty if none was started there)."""
+    path = directory / STATE_FILE
+    if not path.exists():
+        return Sandbox(directory, {})
+    try:
+        data = json.loads(path.read_text())
+        clusters = {n: Cluster(**c) for n, c in data["clusters"].items()}
+    except (ValueError, KeyError, TypeError) as exc:
+        raise MirrorflowError(
+            f"{path} is not a sandbox state file ({exc})",
+            "stop any brokers by hand, delete the directory, and run sandbox up again",
+        ) from None
+    return Sandbox(directory, clusters)
+
+
+def up(
+    names: Iterable[str],
+    directory: Path,
+    base_port: int = DEFAULT_BASE_PORT,
+    heap: str = DEFAULT_HEAP,
+    timeout: float = 90.0,
+) -> Sandbox:
+    """Start the named clusters and wait until each serves metadata requests.
+
+    Running clusters are kept as they are; stopped ones restart with their data, ports and
+    passwords; new ones get the next free block of ports from ``base_port``.
+    """
+    names = list(dict.fromkeys(names))
+    for name in names:
+        if not name or not all(ch.isalnum() or ch in "-_" for ch in name):
+            raise MirrorflowError(
+                f"invalid cluster name {name!r}",
+                "use letters, digits, '-' and '_' (MirrorMaker 2 aliases must not contain '.')",
+            )
+    sandbox = load(directory)
+    to_start = [n for n in names if not (n in sandbox.clusters and sandbox[n].is_running())]
+    if not to_start:
+        return sandbox
+    classpath = jvm.classpath("kafka")
+    java = jvm.require_tool("java", "to run the Kafka brokers")
+    used = {c.broker_port for c in sandbox.clusters.values()}
+    slots = (base_port + i * PORTS_PER_CLUSTER for i in range(1000))
+    started: list[Cluster] = []
+    for name in to_start:
+        cluster = sandbox.clusters.get(name)
+        if cluster is None:
+            port = next(p for p in slots if p not in used)
+            cluster = Cluster(
+                name=name,
+                broker_port=port,
+                controller_port=port + 1,
+                directory=str(directory / name),
+                passwords={u: secrets.token_urlsafe(18) for u in USERS},
+            )
+        for p in (cluster.broker_port, cluster.controller_port):
+            _require_free_port(p, name)
+        _prepare(cluster)
+        started.append(cluster)
+    _format_storage(java, classpath, started)
+    for cluster in started:
+        cluster.pid = _launch(java, classpath, cluster, heap)
+        sandbox.clusters[cluster.name] = cluster
+    sandbox.save()
+    deadline = time.monotonic() + timeout
+    for cluster in started:
+        _wait_until_serving(cluster, deadline, timeout)
+    return sandbox
+
+
+def down(directory: Path, names: Iterable[str] | None = None) -> list[str]:
+    """Stop the sandbox's brokers (only processes ``up`` started); return the names stopped.
+
+    Data stays in the sandbox directory, so a later ``up`` restarts the same clusters.
+    """
+    sandbox = load(directory)
+    chosen = list(names) if names else list(sandbox.clusters)
+    stopped = []
+    for name in chosen:
+        cluster = sandbox[name]
+        if cluster.is_running():
+            _terminate(cluster)
+            stopped.append(name)
+        cluster.pid = None
+    if sandbox.clusters:
+        sandbox.save()
+    return stopped
+
+
+def _plain_login(user: str, password: str) -> str:
+    return (
+        "org.apache.kafka.common.security.plain.PlainLoginModule required "
+        f'username="{user}" password="{password}";'
+    )
+
+
+def _require_free_port(port: int, cluster: str) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            raise MirrorflowError(
+                f"port {port} on 127.0.0.1, needed by sandbox cluster {cluster}, is in use",
+                "stop what holds it (mirrorflow sandbox down, if it is an earlier sandbox) "
+                "or choose other ports with --base-port",
+            ) from None
+
+
+def _prepare(cluster: Cluster) -> None:
+    data = Path(cluster.directory)
+    data.mkdir(parents=True, exist_ok=True)
+    admin = cluster.passwords["admin"]
+    users = " ".join(f'user_{u}="{p}"' for u, p in cluster.passwords.items())
+    plain = "org.apache.kafka.common.security.plain.PlainLoginModule required"
+    props = {
+        "process.roles": "broker,controller",
+        "node.id": "1",
+        "controller.quorum.voters": f"1@127.0.0.1:{cluster.controller_port}",
+        "listeners": (
+            f"SASL_PLAINTEXT://127.0.0.1:{cluster.broker_port},"
+            f"CONTROLLER://127.0.0.1:{cluster.controller_port}"
+        ),
+        "advertised.listeners": f"SASL_PLAINTEXT://127.0.0.1:{cluster.broker_port}",
+        "inter.broker.listener.name": "SASL_PLAINTEXT",
+        "controller.listener.names": "CONTROLLER",
+        "listener.security.protocol.map": "CONTROLLER:SASL_PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
+        "sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-512",
+        "sasl.mechanism.inter.broker.protocol": "PLAIN",
+        "sasl.mechanism.controller.protocol": "PLAIN",
+        "listener.name.sasl_plaintext.plain.sasl.jaas.config": (
+            f'{plain} username="admin" password="{admin}" {users};'
+        ),
+        "listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config": (
+            "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+        ),
+        "listener.name.controller.sasl.enabled.mechanisms": "PLAIN",
+        "listener.name.controller.plain.sasl.jaas.config": (
+            f'{plain} username="admin" password="{admin}" user_admin="{admin}";'
+        ),
+        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "super.users": "User:admin",
+        "allow.everyone.if.no.acl.found": "false",
+        "log.dirs": str(data / "kraft-logs"),
+        "num.partitions": "1",
+        "auto.create.topics.enable": "false",
+        "offsets.topic.replication.factor": "1",
+        "offsets.topic.num.partitions": "5",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "transaction.state.log.num.partitions": "5",
+        "share.coordinator.state.topic.replication.factor": "1",
+        "share.coordinator.state.topic.min.isr": "1",
+        "group.initial.rebalance.delay.ms": "0",
+    }
+    _write_private(cluster.properties_file, "".join(f"{k}={v}\n" for k, v in props.items()))
+    (data / "log4j2.properties").write_text(
+        "status = warn\n"
+        "appender.out.type = Console\n"
+        "appender.out.name = out\n"
+        "appender.out.layout.type = PatternLayout\n"
+        "appender.out.layout.pattern = [%d] %p %m (%c)%n\n"
+        "rootLogger.level = INFO\n"
+        "rootLogger.appenderRef.out.ref = out\n"
+        "logger.kafka.name = kafka\n"
+        "logger.kafka.level = INFO\n"
+        "logger.request.name = kafka.request.logger\n"
+        "logger.request.level = WARN\n"
+    )
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+
+
+def _format_storage(java: str, classpath: str, clusters: list[Cluster]) -> None:
+    """Format each cluster's KRaft storage (in parallel: each is a JVM start)."""
+    procs = []
+    for cluster in clusters:
+        cmd = [java, "-Xmx256m", "-cp", classpath, "kafka.tools.StorageTool", "format"]
+        cmd += ["-t", cluster.cluster_id, "-c", str(cluster.properties_file), "--ignore-formatted"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        procs.append((cluster, proc))
+    for cluster, proc in procs:
+        output, _ = proc.communicate()
+        if proc.returncode != 0:
+            lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+            cause = next((ln for ln in lines if "Exception" in ln or "rror" in ln), None)
+            raise MirrorflowError(
+                f"formatting the storage of sandbox cluster {cluster.name} failed: "
+                f"{(cause or (lines[-1] if lines else 'no output')).split(': ', 1)[-1]}",
+                f"delete {cluster.directory} (its data is lost) and run sandbox up again",
+            )
+
+
+def _launch(java: str, classpath: str, cluster: Cluster, heap: str) -> int:
+    data = Path(cluster.directory)
+    cmd = [
+        java,
+        f"-Xmx{heap}",
+        f"-Xms{heap}",
+        "-XX:+UseG1GC",
+        "-XX:MaxGCPauseMillis=20",
+        "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile={data / 'log4j2.properties'}",
+        f"-Dkafka.logs.dir={data}",
+        "-cp",
+        classpath,
+        "kafka.Kafka",
+        str(cluster.properties_file),
+    ]
+    with open(cluster.log_file, "ab") as log:
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    return proc.pid
+
+
+def _wait_until_serving(cluster: Cluster, deadline: float, timeout: float) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({**cluster.client_config(), "log_level": 0})
+    while True:
+        if not cluster.is_running():
+            raise MirrorflowError(
+                f"the broker of sandbox cluster {cluster.name} exited during start-up: "
+                f"{_last_error(cluster.log_file)}",
+                f"see its log: {cluster.log_file}",
+            )
+        try:
+            admin.list_topics(timeout=2)
+            return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise MirrorflowError(
+                    f"the broker of sandbox cluster {cluster.name} did not answer metadata "
+                    f"requests on {cluster.bootstrap_servers} within {timeout:.0f}s",
+                    f"see its log: {cluster.log_file}",
+                ) from None
+            time.sleep(0.5)
+
+
+def _last_error(log_file: Path) -> str:
+    with contextlib.suppress(OSError):
+        lines = log_file.read_text(errors="replace").splitlines()
+        errors = [ln for ln in lines if " ERROR " in ln or "Exception" in ln]
+        if errors:
+            return errors[-1].strip()[:300]
+        if lines:
+            return lines[-1].strip()[:300]
+    return "no log output"
+
+
+def _is_our_broker(pid: int, properties_file: Path) -> bool:
+    """True if ``pid`` is alive and is the broker started with this properties file."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    if stat.rsplit(")", 1)[-1].split()[0] == "Z":
+        return False
+    return str(properties_file).encode() in cmdline
+
+
+def _terminate(cluster: Cluster, grace: float = 30.0) -> None:
+    assert cluster.pid is not None
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(cluster.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while cluster.is_running() and time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(cluster.pid, os.WNOHANG)
+        time.sleep(0.2)
+    if cluster.is_running():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(cluster.pid, signal.SIGKILL)

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Sets up everything mirrorflow needs on a fresh machine, idempotently, and prints the
+# path of the Python environment. Heavy downloads are cached outside the checkout:
+#   $MIRRORFLOW_CACHE (default ~/.cache/mirrorflow)/uv-<version>    the uv installer
+#                                                   /venv-<hash of uv.lock>  the Python env
+#                                                   /jars-<hash of jvm/*>    Maven artifacts
+# Java 17+ and Maven are installed from Debian's packages when missing (needs root).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+UV_VERSION=0.13.9
+CACHE="${MIRRORFLOW_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mirrorflow}"
+mkdir -p "$CACHE"
+say() { echo "bootstrap: $*" >&2; }
+
+need_apt=()
+command -v java >/dev/null || need_apt+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null || need_apt+=(maven)
+command -v python3.11 >/dev/null || command -v python3 >/dev/null || need_apt+=(python3)
+if ((${#need_apt[@]})); then
+  if [ "$(id -u)" != 0 ]; then
+    say "missing ${need_apt[*]}: install them (apt-get install ${need_apt[*]}) and retry"; exit 1
+  fi
+  say "installing ${need_apt[*]} from Debian's packages"
+  apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >&2
+fi
+java_major=$(java -XshowSettings:properties -version 2>&1 | sed -n 's/.*java.specification.version = \([0-9]*\).*/\1/p')
+if [ "${java_major:-0}" -lt 17 ]; then say "Java 17 or newer is needed (found ${java_major:-none})"; exit 1; fi
+
+UV="$CACHE/uv-$UV_VERSION/bin/uv"
+if [ ! -x "$UV" ]; then
+  say "installing uv $UV_VERSION into $CACHE/uv-$UV_VERSION"
+  python3 -m venv "$CACHE/uv-$UV_VERSION"
+  "$CACHE/uv-$UV_VERSION/bin/pip" install -q "uv==$UV_VERSION" >&2
+fi
+
+LOCK_HASH=$(cat uv.lock pyproject.toml | sha256sum | cut -c1-12)
+VENV="$CACHE/venv-$LOCK_HASH"
+if [ ! -f "$VENV/.complete" ]; then
+  say "creating the Python environment $VENV from uv.lock"
+  rm -rf "$VENV"
+  UV_PROJECT_ENVIRONMENT="$VENV" "$UV" sync --locked --python python3.11 -q >&2
+  touch "$VENV/.complete"
+else
+  # The checkout may have moved: the editable install must point at this one.
+  UV_PROJECT_ENVIRONMENT="$VENV" "$UV" sync --locked --python python3.11 -q >&2
+fi
+say "resolving Kafka, Spark's Kafka connector and MirrorMaker 2 from Maven Central"
+MIRRORFLOW_CACHE="$CACHE" "$VENV/bin/mirrorflow" jars >/dev/null
+echo "$VENV"
