@@ -2,10 +2,10 @@
 .PHONY: demo test lint format bootstrap
 
 demo:
-	@venv=$$(scripts/bootstrap.sh) && $$venv/bin/mirrorflow demo
+	@venv=$$(scripts/bootstrap.sh) && PATH=$$venv/bin:$$PATH $$venv/bin/mirrorflow demo
 
 test:
-	@venv=$$(scripts/bootstrap.sh) && $$venv/bin/ruff check . && $$venv/bin/ruff format --check . && $$venv/bin/python -m pytest $(PYTEST_ARGS)
+	@venv=$$(scripts/bootstrap.sh) && $$venv/bin/ruff check . && $$venv/bin/ruff format --check . && PATH=$$venv/bin:$$PATH $$venv/bin/python -m pytest $(PYTEST_ARGS)
 
 lint:
 	@venv=$$(scripts/bootstrap.sh) && $$venv/bin/ruff check . && $$venv/bin/ruff format --check .

@@ -1,0 +1,56 @@
+"""Spark sessions wired for Kafka: the connector jars from the Maven cache, client options.
+
+Used by the Spark entry points in ``spark_jobs/`` and by tests; the same code serves
+``local[*]`` and a standalone cluster (``spark://host:7077``), since the connector jars are
+shipped with the application through ``spark.jars``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from mirrorflow import jvm
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+# Settings Spark's Kafka source and sink manage themselves and refuse as kafka.* options.
+_SPARK_MANAGED = frozenset(
+    {
+        "group.id",
+        "auto.offset.reset",
+        "key.deserializer",
+        "value.deserializer",
+        "key.serializer",
+        "value.serializer",
+        "enable.auto.commit",
+        "interceptor.classes",
+    }
+)
+
+
+def kafka_jars_conf() -> str:
+    """The value of ``spark.jars`` that puts Spark's Kafka connector on the classpath."""
+    return ",".join(str(p) for p in jvm.spark_kafka_jars())
+
+
+def build_session(app_name: str, master: str = "local[*]", **conf: str) -> SparkSession:
+    """A SparkSession with the Kafka connector; ``conf`` adds or overrides settings."""
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.appName(app_name)
+        .master(master)
+        .config("spark.jars", kafka_jars_conf())
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+    )
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def kafka_options(client_props: Mapping[str, str]) -> dict[str, str]:
+    """Java Kafka client properties as Spark Kafka source/sink options (``kafka.`` prefix)."""
+    return {f"kafka.{k}": v for k, v in client_props.items() if k not in _SPARK_MANAGED}

@@ -1,0 +1,99 @@
+"""Test harness: real Kafka clusters started once per session, an initialised Airflow home.
+
+Clusters come from :mod:`mirrorflow.sandbox` (the same code as ``mirrorflow sandbox up``),
+on free loopback ports in a temporary directory, so a developer's own sandbox keeps running.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+# Airflow reads its configuration when first imported: point it at a private home first.
+_SESSION_DIR = Path(tempfile.mkdtemp(prefix="mirrorflow-tests-"))
+os.environ["AIRFLOW_HOME"] = str(_SESSION_DIR / "airflow")
+os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(_SESSION_DIR / "airflow" / "dags")
+os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "False")
+os.environ["MIRRORFLOW_STATE"] = str(_SESSION_DIR / "state")
+# As with an activated virtualenv: its tools (spark-submit, airflow) first on PATH, and Spark's
+# Python workers run the same interpreter as the tests.
+_VENV_BIN = str(Path(sys.executable).parent)
+os.environ["PATH"] = _VENV_BIN + os.pathsep + os.environ.get("PATH", "")
+os.environ["PYSPARK_PYTHON"] = sys.executable
+
+from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+
+from mirrorflow import sandbox as sandbox_mod  # noqa: E402
+
+SANDBOX_CLUSTERS = ("primary", "secondary", "tertiary")
+
+
+def _free_port_block(count: int) -> int:
+    """A base port such that ``count`` consecutive ports from it are free on loopback."""
+    for base in range(23000, 60000, 97):
+        sockets = []
+        try:
+            for port in range(base, base + count):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sockets.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+    raise RuntimeError("no free block of loopback ports")
+
+
+@pytest.fixture(scope="session")
+def sandbox() -> Iterator[sandbox_mod.Sandbox]:
+    """Three independent Kafka clusters (primary, secondary, tertiary) for the session."""
+    directory = _SESSION_DIR / "sandbox"
+    base = _free_port_block(len(SANDBOX_CLUSTERS) * sandbox_mod.PORTS_PER_CLUSTER)
+    try:
+        box = sandbox_mod.up(SANDBOX_CLUSTERS, directory, base_port=base)
+        yield box
+    finally:
+        sandbox_mod.down(directory)
+
+
+@pytest.fixture
+def topic_name(request: pytest.FixtureRequest) -> Callable[[str], str]:
+    """Unique topic names per test: ``topic_name("orders")`` -> ``orders-<test>-<random>``."""
+    stem = request.node.name.replace("[", "-").replace("]", "")[-30:].strip("-_")
+
+    def make(prefix: str = "t") -> str:
+        return f"{prefix}-{stem}-{uuid.uuid4().hex[:6]}"
+
+    return make
+
+
+def create_topics(cluster: sandbox_mod.Cluster, *names: str, partitions: int = 1) -> None:
+    """Create topics on a sandbox cluster and wait for the creation to finish."""
+    admin = AdminClient(cluster.client_config())
+    futures = admin.create_topics([NewTopic(n, partitions, 1) for n in names])
+    for future in futures.values():
+        future.result(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def airflow_home() -> Path:
+    """An Airflow home with an initialised SQLite metadata DB (``airflow db migrate``)."""
+    home = Path(os.environ["AIRFLOW_HOME"])
+    Path(os.environ["AIRFLOW__CORE__DAGS_FOLDER"]).mkdir(parents=True, exist_ok=True)
+    airflow = Path(sys.executable).parent / "airflow"
+    result = subprocess.run(
+        [str(airflow), "db", "migrate"], capture_output=True, text=True, env=dict(os.environ)
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return home
