@@ -1,5 +1,8 @@
 # The two commands a new user needs (README): `make demo` and `make test`.
 .PHONY: demo test lint format bootstrap
+# The cached environment is shared by every checkout with the same lock: this checkout's code
+# comes first on the path, whichever checkout last installed itself there.
+export PYTHONPATH := $(CURDIR)
 
 demo:
 	@venv=$$(scripts/bootstrap.sh) && PATH=$$venv/bin:$$PATH $$venv/bin/mirrorflow demo
