@@ -1,0 +1,337 @@
+"""The driver of a Spark mirror job: one flow ``S->T``, MirrorMaker 2's semantics.
+
+Spark's Kafka source reads every source topic that may be replicated (an anchored Java regex
+that over-approximates the flow's topic filter, so excluded topics are not even fetched) and
+keeps the read positions in the query's checkpoint. Each micro-batch then:
+
+1. lists the source topics and keeps those the flow replicates (filter, heartbeats, not
+   internal, no cycle), and creates or grows their remote topics on the target;
+2. copies the batch's records with :func:`mirrorflow.mirror_writer.copy_records` in the
+   Python workers (same partition, key, value, headers, timestamp; exact downstream offsets);
+3. writes the offset syncs the copy produced to MirrorMaker 2's offset-syncs topic, only after
+   every record of the batch is acknowledged, so a sync never points at data that is not there.
+
+Spark records a batch as done only after step 3, so a crash anywhere replays the batch:
+records may be copied twice (at-least-once), never lost, and every sync stays exact because it
+pairs a record with the offset of the copy that was acknowledged.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import signal
+import threading
+import time
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from mirrorflow import mirror_writer
+from mirrorflow.errors import MirrorflowError
+from mirrorflow.formats import OffsetSync
+from mirrorflow.heartbeats import HeartbeatEmitter
+from mirrorflow.remote_topics import ClusterAdmin, RemoteTopics, ensure_internal_topic
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+log = logging.getLogger("mirrorflow.mirror")
+
+
+@dataclass
+class MirrorSpec:
+    """Everything one flow's job needs, resolved from the flow definition (secrets included)."""
+
+    source: str
+    target: str
+    source_spark_options: dict[str, str] = field(repr=False)  # kafka.* options, Java client
+    source_client: dict[str, str] = field(repr=False)  # librdkafka settings
+    target_client: dict[str, str] = field(repr=False)
+    subscribe_pattern: str
+    should_replicate: Callable[[str], bool]
+    remote_topic: Callable[[str], str]
+    replicate_config: Callable[[str], bool]
+    replication_factor: int
+    heartbeats_topic: str = "heartbeats"
+    emit_heartbeats: bool = True
+    heartbeats_interval_s: float = 1.0
+    heartbeats_replication_factor: int = 3
+    emit_offset_syncs: bool = True
+    offset_syncs_topic: str = ""
+    offset_syncs_location: str = "source"
+    offset_syncs_replication_factor: int = 3
+    max_offset_lag: int = 100
+    checkpoint_dir: str = ""
+    starting_offsets: str = "earliest"  # earliest | latest | epoch milliseconds
+    trigger_interval: str = "1 second"
+    max_records_per_batch: int = 500_000
+
+    @property
+    def flow(self) -> str:
+        return f"{self.source}->{self.target}"
+
+    @property
+    def offset_syncs_cluster(self) -> str:
+        return self.source if self.offset_syncs_location == "source" else self.target
+
+
+@dataclass
+class BatchStats:
+    """What the last batches moved (for logs and metrics)."""
+
+    batches: int = 0
+    records: int = 0
+    bytes: int = 0
+    syncs: int = 0
+    max_age_ms: int = 0
+    last_batch_at: float = 0.0
+
+
+class MirrorJob:
+    """Runs one flow as a Spark structured streaming query until told to stop."""
+
+    def __init__(self, spark: SparkSession, spec: MirrorSpec) -> None:
+        from confluent_kafka import Producer
+        from confluent_kafka.admin import AdminClient
+
+        self.spark, self.spec = spark, spec
+        self.stats = BatchStats()
+        self._stop_requested = threading.Event()
+        self.admins = {
+            spec.source: ClusterAdmin(
+                spec.source,
+                AdminClient(spec.source_client),
+                spec.source_client.get("sasl.username", "?"),
+            ),
+            spec.target: ClusterAdmin(
+                spec.target,
+                AdminClient(spec.target_client),
+                spec.target_client.get("sasl.username", "?"),
+            ),
+        }
+        self.remote_topics = RemoteTopics(
+            self.admins[spec.source],
+            self.admins[spec.target],
+            spec.should_replicate,
+            spec.remote_topic,
+            spec.replication_factor,
+            spec.replicate_config,
+            spec.flow,
+        )
+        producer_base = {"enable.idempotence": True, "acks": "all", "linger.ms": 5}
+        self.producers = {
+            spec.source: Producer({**spec.source_client, **producer_base}),
+            spec.target: Producer({**spec.target_client, **producer_base}),
+        }
+        self.copy_producer_config = {
+            **spec.target_client,
+            **producer_base,
+            "linger.ms": 20,
+            "batch.size": 1_000_000,
+            "queue.buffering.max.messages": 500_000,
+            "queue.buffering.max.kbytes": 262_144,
+            "message.max.bytes": 1_000_000_000,
+        }
+        self.heartbeats: HeartbeatEmitter | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Check both clusters and create the internal topics before reading anything."""
+        spec = self.spec
+        for admin in self.admins.values():
+            admin.metadata()
+        if spec.emit_offset_syncs:
+            ensure_internal_topic(
+                self.admins[spec.offset_syncs_cluster],
+                spec.offset_syncs_topic,
+                spec.offset_syncs_replication_factor,
+                "offset-syncs.topic.replication.factor",
+            )
+        if spec.emit_heartbeats:
+            for alias in (spec.source, spec.target):
+                ensure_internal_topic(
+                    self.admins[alias],
+                    spec.heartbeats_topic,
+                    spec.heartbeats_replication_factor,
+                    "heartbeats.topic.replication.factor",
+                )
+        self.remote_topics.prepare()
+
+    def start(self, once: bool = False) -> StreamingQuery:
+        """Prepare the clusters and start the streaming query (and the heartbeats)."""
+        self.prepare()
+        self._ship_library()
+        spec = self.spec
+        reader = (
+            self.spark.readStream.format("kafka")
+            .options(**spec.source_spark_options)
+            .option("subscribePattern", spec.subscribe_pattern)
+            .option("includeHeaders", "true")
+            .option("failOnDataLoss", "false")
+            .option("maxOffsetsPerTrigger", str(spec.max_records_per_batch))
+        )
+        if spec.starting_offsets.isdigit():
+            reader = reader.option("startingTimestamp", spec.starting_offsets)
+        else:
+            reader = reader.option("startingOffsets", spec.starting_offsets)
+        writer = (
+            reader.load()
+            .writeStream.queryName(f"mirror {spec.flow}")
+            .option("checkpointLocation", spec.checkpoint_dir)
+            .foreachBatch(self._copy_batch)
+        )
+        writer = (
+            writer.trigger(availableNow=True)
+            if once
+            else writer.trigger(processingTime=spec.trigger_interval)
+        )
+        if spec.emit_heartbeats:
+            self.heartbeats = HeartbeatEmitter(
+                spec.source,
+                spec.target,
+                self.producers,
+                spec.heartbeats_topic,
+                spec.heartbeats_interval_s,
+            )
+            self.heartbeats.beat()
+            self.heartbeats.start()
+        return writer.start()
+
+    def run(self, once: bool = False, stop_file: Path | None = None) -> None:
+        """Run until the query ends, SIGTERM/SIGINT arrives or ``stop_file`` appears.
+
+        A stop request lets the batch in progress finish, then stops the query.
+        """
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self._stop_requested.set())
+        query = self.start(once=once)
+        try:
+            while query.isActive:
+                if stop_file is not None and stop_file.exists():
+                    self._stop_requested.set()
+                if self._stop_requested.is_set():
+                    self._stop_after_current_batch(query)
+                    break
+                query.awaitTermination(1.0)
+            if query.exception() is not None:
+                raise _query_error(self.spec, query.exception())
+        finally:
+            if self.heartbeats is not None:
+                self.heartbeats.stop()
+            for producer in self.producers.values():
+                producer.flush(10)
+
+    def _stop_after_current_batch(self, query: StreamingQuery) -> None:
+        log.info("stop requested: finishing the batch in progress of %s", self.spec.flow)
+        deadline = time.monotonic() + 600
+        while (
+            query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline
+        ):
+            time.sleep(0.2)
+        query.stop()
+
+    def _ship_library(self) -> None:
+        """Ship the mirrorflow package to the executors (a cluster's workers may lack it)."""
+        package = Path(mirror_writer.__file__).parent
+        archive = (
+            Path(self.spec.checkpoint_dir).parent
+            / f"mirrorflow-lib-{self.spec.source}-{self.spec.target}.zip"
+        )
+        archive.parent.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(archive, "w") as zf:
+            for path in sorted(package.rglob("*.py")):
+                zf.write(path, path.relative_to(package.parent))
+        self.spark.sparkContext.addPyFile(str(archive))
+
+    # -- one micro-batch ---------------------------------------------------------------------
+    def _copy_batch(self, batch: DataFrame, batch_id: int) -> None:
+        from pyspark.sql import functions as F
+
+        spec = self.spec
+        mapping = self.remote_topics.prepare()
+        settings = mirror_writer.CopySettings(
+            source_alias=spec.source,
+            target_alias=spec.target,
+            producer_config=self.copy_producer_config,
+            remote_topics=mapping,
+            max_message_bytes=dict(self.remote_topics.max_message_bytes),
+            max_offset_lag=spec.max_offset_lag,
+        )
+
+        def copy(batches):
+            return mirror_writer.copy_records(settings, batches)
+
+        rows = (
+            batch.where(F.col("topic").isin(list(mapping)))
+            .select(
+                "topic",
+                "partition",
+                "offset",
+                "key",
+                "value",
+                "headers",
+                F.expr("unix_millis(timestamp)").alias("ts_ms"),
+            )
+            .mapInArrow(copy, mirror_writer.RESULT_DDL)
+            .collect()
+        )
+        syncs = [
+            OffsetSync(r.topic, r.partition, r.upstream, r.downstream)
+            for r in sorted(rows, key=lambda r: (r.topic, r.partition, r.upstream))
+        ]
+        if spec.emit_offset_syncs and syncs:
+            self._write_offset_syncs(syncs)
+        lasts = [r for r in rows if r.kind == "last"]
+        self.stats.batches += 1
+        self.stats.records += sum(r.records for r in lasts)
+        self.stats.bytes += sum(r.bytes for r in lasts)
+        self.stats.syncs += len(syncs)
+        self.stats.max_age_ms = max((r.max_age_ms for r in lasts), default=0)
+        self.stats.last_batch_at = time.time()
+        log.info(
+            "%s batch %d: %d records, %d bytes, %d offset syncs",
+            spec.flow,
+            batch_id,
+            sum(r.records for r in lasts),
+            sum(r.bytes for r in lasts),
+            len(syncs),
+        )
+
+    def _write_offset_syncs(self, syncs: list[OffsetSync]) -> None:
+        producer = self.producers[self.spec.offset_syncs_cluster]
+        failures: list = []
+        for sync in syncs:
+            while True:
+                try:
+                    producer.produce(
+                        self.spec.offset_syncs_topic,
+                        sync.value(),
+                        sync.key(),
+                        partition=0,
+                        on_delivery=lambda err, _m: err and failures.append(err),
+                    )
+                    break
+                except BufferError:
+                    producer.poll(0.1)
+        remaining = producer.flush(60)
+        if failures or remaining:
+            cause = failures[0] if failures else "timed out"
+            raise MirrorflowError(
+                f"writing offset syncs to {self.spec.offset_syncs_topic} on "
+                f"{self.spec.offset_syncs_cluster} failed: {cause}",
+                "the batch will be replayed when the job restarts; check the cluster",
+            )
+
+
+def _query_error(spec: MirrorSpec, exc) -> MirrorflowError:
+    """The first line a user needs from a failed query (a copy error names the record)."""
+    text = str(exc.desc if hasattr(exc, "desc") else exc)
+    match = re.search(re.escape(mirror_writer.ERROR_PREFIX) + r"(.*)", text)
+    if match:
+        return MirrorflowError(f"flow {spec.flow} stopped: {match.group(1).strip()}")
+    first = next((ln for ln in text.splitlines() if ln.strip()), text)
+    return MirrorflowError(f"flow {spec.flow} stopped: {first[:500]}", "see the job's log")

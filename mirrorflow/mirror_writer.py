@@ -1,0 +1,218 @@
+"""The executor side of the mirror job: copy Kafka records to the target, exactly placed.
+
+Spark's Kafka source reads the source topics; each Spark task gets the records of one source
+partition and hands them, as Arrow batches, to :func:`copy_records`, which runs in a Python
+worker. It produces every record to the same partition of the remote topic with the same key,
+value, headers and timestamp through an idempotent confluent-kafka producer, waits until all
+are acknowledged, and learns the exact downstream offset of each copy from its delivery report.
+It returns the offset syncs that MirrorMaker 2's rule makes due (a fresh rule state per task, so
+never fewer syncs than MirrorMaker 2) plus the last copy of each partition, which the driver
+writes as the commit-time sync once the whole batch is acknowledged.
+
+Nothing here imports Spark: the function is plain Python over ``pyarrow`` batches.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from mirrorflow.offset_syncs import PartitionSyncState
+
+INPUT_COLUMNS = ("topic", "partition", "offset", "key", "value", "headers", "ts_ms")
+RESULT_SCHEMA = pa.schema(
+    [
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("upstream", pa.int64()),
+        ("downstream", pa.int64()),
+        ("kind", pa.string()),  # "sync": due now; "last": the partition's last copy
+        ("records", pa.int64()),
+        ("bytes", pa.int64()),
+        ("max_age_ms", pa.int64()),
+    ]
+)
+RESULT_DDL = (
+    "topic string, partition int, upstream long, downstream long, kind string, "
+    "records long, bytes long, max_age_ms long"
+)
+ERROR_PREFIX = "mirrorflow-copy-error: "
+# Extra bytes a record takes in a record batch beyond its key, value and headers.
+_RECORD_OVERHEAD = 100
+
+
+class CopyError(RuntimeError):
+    """A record could not be copied; the message names topic, partition and offset."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ERROR_PREFIX + message)
+
+
+@dataclass(frozen=True)
+class CopySettings:
+    """What a task needs to copy records: picklable plain data, shipped with the task."""
+
+    source_alias: str
+    target_alias: str
+    producer_config: dict[str, str] = field(repr=False)
+    remote_topics: dict[str, str]
+    max_message_bytes: dict[str, int]
+    max_offset_lag: int
+    flush_timeout_s: float = 300.0
+
+
+_PRODUCERS: dict[tuple, object] = {}
+
+
+def _producer(config: dict[str, str]):
+    """One producer per configuration and Python worker (workers are reused across tasks)."""
+    from confluent_kafka import Producer
+
+    key = tuple(sorted(config.items()))
+    producer = _PRODUCERS.get(key)
+    if producer is None:
+        producer = _PRODUCERS[key] = Producer(config)
+    return producer
+
+
+class _Acks:
+    """Delivery reports of one partition's copies, in production order."""
+
+    __slots__ = ("downstream", "error", "error_index")
+
+    def __init__(self) -> None:
+        self.downstream: list[int] = []
+        self.error = None
+        self.error_index = -1
+
+    def __call__(self, err, msg) -> None:
+        if err is None:
+            self.downstream.append(msg.offset())
+        elif self.error is None:
+            self.error, self.error_index = err, len(self.downstream)
+
+
+@dataclass
+class _Partition:
+    topic: str
+    partition: int
+    remote: str
+    acks: _Acks = field(default_factory=_Acks)
+    upstream: list[int] = field(default_factory=list)
+    bytes: int = 0
+    max_age_ms: int = 0
+
+
+def copy_records(
+    settings: CopySettings, batches: Iterable[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    """Copy the records in ``batches`` to the target; yield syncs and per-partition totals."""
+    producer = _producer(settings.producer_config)
+    partitions: dict[tuple[str, int], _Partition] = {}
+    for batch in batches:
+        _produce_batch(producer, settings, batch, partitions)
+    _wait_for_acks(producer, settings, partitions)
+    yield _results(settings, partitions)
+
+
+def _produce_batch(producer, settings: CopySettings, batch: pa.RecordBatch, partitions) -> None:
+    cols = {name: batch.column(name).to_pylist() for name in INPUT_COLUMNS}
+    now_ms = int(time.time() * 1000)
+    produce, poll = producer.produce, producer.poll
+    current = None
+    for i in range(batch.num_rows):
+        topic, part = cols["topic"][i], cols["partition"][i]
+        if current is None or current.topic != topic or current.partition != part:
+            current = partitions.get((topic, part))
+            if current is None:
+                remote = settings.remote_topics.get(topic)
+                if remote is None:
+                    raise CopyError(f"no remote topic was prepared for source topic {topic}")
+                current = partitions[(topic, part)] = _Partition(topic, part, remote)
+            limit = settings.max_message_bytes.get(current.remote, 1 << 62)
+        key, value, headers, ts = (
+            cols["key"][i],
+            cols["value"][i],
+            cols["headers"][i],
+            cols["ts_ms"][i],
+        )
+        size = (len(key) if key else 0) + (len(value) if value else 0)
+        if headers:
+            headers = [(h["key"], h["value"]) for h in headers]
+            size += sum(len(k) + (len(v) if v else 0) for k, v in headers)
+        if size + _RECORD_OVERHEAD > limit:
+            raise CopyError(
+                f"record {topic}-{part}@{cols['offset'][i]} ({size} bytes) is larger than "
+                f"max.message.bytes={limit} of {current.remote} on {settings.target_alias}; "
+                f"raise max.message.bytes on the target topic (nothing after it was copied)"
+            )
+        while True:
+            try:
+                produce(
+                    current.remote,
+                    value,
+                    key,
+                    partition=part,
+                    timestamp=ts,
+                    headers=headers or None,
+                    on_delivery=current.acks,
+                )
+                break
+            except BufferError:
+                poll(0.05)
+        current.upstream.append(cols["offset"][i])
+        current.bytes += size
+        if ts is not None and now_ms - ts > current.max_age_ms:
+            current.max_age_ms = now_ms - ts
+        if i % 1000 == 0:
+            poll(0)
+
+
+def _wait_for_acks(producer, settings: CopySettings, partitions) -> None:
+    deadline = time.monotonic() + settings.flush_timeout_s
+    while len(producer) > 0:
+        producer.flush(1.0)
+        if time.monotonic() > deadline:
+            raise CopyError(
+                f"{len(producer)} records to {settings.target_alias} were not acknowledged "
+                f"within {settings.flush_timeout_s:.0f}s; is the target cluster reachable?"
+            )
+    for p in partitions.values():
+        if p.acks.error is not None:
+            err = p.acks.error
+            offset = p.upstream[p.acks.error_index] if p.acks.error_index < len(p.upstream) else "?"
+            raise CopyError(
+                f"copying {p.topic}-{p.partition}@{offset} to {p.remote} on "
+                f"{settings.target_alias} failed: {err.name()}: {err.str()}"
+            )
+        if len(p.acks.downstream) != len(p.upstream):
+            raise CopyError(
+                f"{p.topic}-{p.partition}: {len(p.upstream)} records sent to {p.remote} but "
+                f"{len(p.acks.downstream)} acknowledged"
+            )
+
+
+def _results(settings: CopySettings, partitions) -> pa.RecordBatch:
+    rows: dict[str, list] = {name: [] for name in RESULT_SCHEMA.names}
+
+    def add(p: _Partition, up: int, down: int, kind: str, records: int, size: int, age: int):
+        for name, value in zip(
+            RESULT_SCHEMA.names,
+            (p.topic, p.partition, up, down, kind, records, size, age),
+            strict=True,
+        ):
+            rows[name].append(value)
+
+    for p in partitions.values():
+        if not p.upstream:
+            continue
+        state = PartitionSyncState(max_offset_lag=settings.max_offset_lag)
+        for index in state.update_batch(p.upstream, p.acks.downstream):
+            add(p, p.upstream[index], p.acks.downstream[index], "sync", 0, 0, 0)
+        add(
+            p, p.upstream[-1], p.acks.downstream[-1], "last", len(p.upstream), p.bytes, p.max_age_ms
+        )
+    return pa.RecordBatch.from_pydict(rows, schema=RESULT_SCHEMA)

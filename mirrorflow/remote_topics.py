@@ -1,0 +1,201 @@
+"""Remote topics on the target: created before the first copy, grown, never shrunk or deleted.
+
+Follows MirrorMaker 2's ``computeAndCreateTopicPartitions``: a missing remote topic is created
+with the source's partition count, the flow's ``replication.factor`` and the source topic's
+replicable (non-default, non-sensitive, not excluded) configs; a remote topic with fewer
+partitions than its source is increased. MirrorMaker 2's internal single-partition compacted
+topics (heartbeats, offset syncs) are created here too.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import (
+    AdminClient,
+    ConfigEntry,
+    ConfigResource,
+    ConfigSource,
+    NewPartitions,
+    NewTopic,
+    ResourceType,
+)
+
+from mirrorflow.errors import MirrorflowError
+
+ADMIN_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class ClusterAdmin:
+    """An admin client with the alias and principal to name in errors."""
+
+    alias: str
+    client: AdminClient
+    principal: str = "?"
+
+    def metadata(self):
+        try:
+            return self.client.list_topics(timeout=ADMIN_TIMEOUT_S)
+        except KafkaException as exc:
+            raise cluster_error(self, "listing topics", exc) from None
+
+
+def cluster_error(admin: ClusterAdmin, action: str, exc: Exception) -> MirrorflowError:
+    """A clear error for a failed admin call: authorisation, reachability, or other."""
+    err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+    code = err.code() if err else None
+    text = err.str() if err else str(exc)
+    if code in (
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+        KafkaError.GROUP_AUTHORIZATION_FAILED,
+        KafkaError._AUTHENTICATION,
+        KafkaError.SASL_AUTHENTICATION_FAILED,
+    ):
+        return MirrorflowError(
+            f"cluster {admin.alias} refused principal {admin.principal} while {action}: {text}",
+            f"check the credentials and ACLs of {admin.principal} on {admin.alias}",
+        )
+    if code in (KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN):
+        return MirrorflowError(
+            f"cluster {admin.alias} did not answer while {action}: {text}",
+            f"check {admin.alias}.bootstrap.servers and that the cluster is up",
+        )
+    return MirrorflowError(f"cluster {admin.alias}: {action} failed: {text}")
+
+
+def ensure_internal_topic(
+    admin: ClusterAdmin, topic: str, replication_factor: int, setting: str
+) -> None:
+    """Create a single-partition compacted topic (heartbeats, offset syncs) if it is missing."""
+    metadata = admin.metadata()
+    if topic in metadata.topics:
+        return
+    _check_replication_factor(admin, metadata, replication_factor, setting)
+    new = NewTopic(topic, 1, replication_factor, config={"cleanup.policy": "compact"})
+    _create(admin, [new])
+
+
+def _check_replication_factor(admin: ClusterAdmin, metadata, factor: int, setting: str) -> None:
+    brokers = len(metadata.brokers)
+    if factor > brokers:
+        raise MirrorflowError(
+            f"{setting}={factor} but cluster {admin.alias} has {brokers} broker(s)",
+            f"set {setting} to at most {brokers} in the flow configuration",
+        )
+
+
+def _create(admin: ClusterAdmin, topics: list[NewTopic]) -> None:
+    for name, future in admin.client.create_topics(topics, request_timeout=ADMIN_TIMEOUT_S).items():
+        try:
+            future.result()
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise cluster_error(admin, f"creating topic {name}", exc) from None
+
+
+class RemoteTopics:
+    """Keeps every replicated source topic's remote topic present and at least as wide."""
+
+    def __init__(
+        self,
+        source: ClusterAdmin,
+        target: ClusterAdmin,
+        should_replicate: Callable[[str], bool],
+        remote_name: Callable[[str], str],
+        replication_factor: int,
+        replicate_config: Callable[[str], bool],
+        flow: str,
+    ) -> None:
+        self.source, self.target = source, target
+        self.should_replicate, self.remote_name = should_replicate, remote_name
+        self.replication_factor, self.replicate_config = replication_factor, replicate_config
+        self.flow = flow
+        self.partitions: dict[str, int] = {}  # remote topic -> partitions known to exist
+        self.max_message_bytes: dict[str, int] = {}
+
+    def prepare(self) -> dict[str, str]:
+        """Source topic -> remote topic for every replicated topic, remote topics made ready."""
+        source_topics = {
+            name: len(meta.partitions)
+            for name, meta in self.source.metadata().topics.items()
+            if self.should_replicate(name)
+        }
+        mapping = {name: self.remote_name(name) for name in source_topics}
+        stale = {s for s, r in mapping.items() if self.partitions.get(r, -1) < source_topics[s]}
+        if stale:
+            self._create_or_grow({s: source_topics[s] for s in stale}, mapping)
+        return mapping
+
+    def _create_or_grow(self, counts: dict[str, int], mapping: dict[str, str]) -> None:
+        target_meta = self.target.metadata()
+        missing = [s for s in counts if mapping[s] not in target_meta.topics]
+        if missing:
+            _check_replication_factor(
+                self.target, target_meta, self.replication_factor, f"{self.flow}.replication.factor"
+            )
+            configs = self._replicable_configs(missing)
+            _create(
+                self.target,
+                [
+                    NewTopic(mapping[s], counts[s], self.replication_factor, config=configs[s])
+                    for s in missing
+                ],
+            )
+        grow = [
+            NewPartitions(mapping[s], counts[s])
+            for s in counts
+            if s not in missing and len(target_meta.topics[mapping[s]].partitions) < counts[s]
+        ]
+        if grow:
+            for name, future in self.target.client.create_partitions(grow).items():
+                try:
+                    future.result()
+                except KafkaException as exc:
+                    if exc.args[0].code() != KafkaError.INVALID_PARTITIONS:
+                        raise cluster_error(
+                            self.target, f"adding partitions to {name}", exc
+                        ) from None
+        remotes = [mapping[s] for s in counts]
+        self.max_message_bytes.update(self._max_message_bytes(remotes))
+        for s in counts:
+            self.partitions[mapping[s]] = counts[s]
+
+    def _replicable_configs(self, topics: list[str]) -> dict[str, dict[str, str]]:
+        """Non-default, non-sensitive, non-read-only, not excluded source topic configs."""
+        resources = [ConfigResource(ResourceType.TOPIC, t) for t in topics]
+        result = {}
+        for resource, future in self.source.client.describe_configs(resources).items():
+            try:
+                entries: dict[str, ConfigEntry] = future.result()
+            except KafkaException as exc:
+                raise cluster_error(self.source, f"describing {resource.name}", exc) from None
+            result[resource.name] = {
+                name: entry.value
+                for name, entry in entries.items()
+                if entry.source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value
+                and not entry.is_sensitive
+                and not entry.is_read_only
+                and self.replicate_config(name)
+            }
+        return result
+
+    def _max_message_bytes(self, remotes: list[str]) -> dict[str, int]:
+        """``max.message.bytes`` of each remote topic (retried while a new topic propagates)."""
+        resources = [ConfigResource(ResourceType.TOPIC, t) for t in remotes]
+        deadline = time.monotonic() + ADMIN_TIMEOUT_S
+        while True:
+            try:
+                return {
+                    resource.name: int(future.result()["max.message.bytes"].value)
+                    for resource, future in self.target.client.describe_configs(resources).items()
+                }
+            except KafkaException as exc:
+                unknown = exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+                if not unknown or time.monotonic() > deadline:
+                    raise cluster_error(self.target, f"describing {remotes}", exc) from None
+                time.sleep(0.2)
