@@ -25,7 +25,7 @@ def require_tool(name: str, why: str) -> str:
     if path is None:
         raise MirrorflowError(
             f"{name} was not found on PATH; it is needed {why}",
-            "install it (Debian: apt-get install openjdk-17-jre-headless maven) and retry",
+            "install it (Debian: apt-get install openjdk-17-jdk-headless maven) and retry",
         )
     return path
 

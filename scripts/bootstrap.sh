@@ -13,7 +13,7 @@ mkdir -p "$CACHE"
 say() { echo "bootstrap: $*" >&2; }
 
 need_apt=()
-command -v java >/dev/null || need_apt+=(openjdk-17-jre-headless)
+{ command -v java && command -v javac; } >/dev/null || need_apt+=(openjdk-17-jdk-headless)
 command -v mvn >/dev/null || need_apt+=(maven)
 command -v python3.11 >/dev/null || command -v python3 >/dev/null || need_apt+=(python3)
 if ((${#need_apt[@]})); then
