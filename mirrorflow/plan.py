@@ -1,0 +1,176 @@
+"""The online plan: what each enabled flow would replicate now, and what it leaves out and why.
+
+For every enabled flow the plan lists the source cluster's topics (as MM2's admin client does)
+and decides each one with MM2's rule, naming the remote topic, its partition count and whether
+it already exists on the target; it lists the source's consumer groups and decides them as
+``MirrorCheckpointConnector`` does (the group filter, then committed offsets on at least one
+topic the topic filter accepts). Everything left out comes with the reason. Clusters are reached
+through the flows' own admin settings, translated for librdkafka, with short timeouts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from mirrorflow.errors import MirrorflowError
+from mirrorflow.flowconfig import Flow, Topology
+
+
+@dataclass
+class TopicPlan:
+    topic: str
+    partitions: int
+    remote: str
+    remote_partitions: int | None  # None: the remote topic does not exist yet
+
+
+@dataclass
+class LeftOut:
+    name: str
+    reason: str
+
+
+@dataclass
+class FlowPlan:
+    flow: str
+    policy: str
+    topics: list[TopicPlan] = field(default_factory=list)
+    topics_left_out: list[LeftOut] = field(default_factory=list)
+    groups: list[str] = field(default_factory=list)
+    groups_left_out: list[LeftOut] = field(default_factory=list)
+
+
+@dataclass
+class Plan:
+    flows: list[FlowPlan]
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+    def render(self) -> str:
+        """The plan as text for a terminal."""
+        if not self.flows:
+            return "no enabled flows (set <source>-><target>.enabled = true)\n"
+        lines: list[str] = []
+        for plan in self.flows:
+            lines.append(f"{plan.flow}  ({plan.policy})")
+            lines.append(f"  topics replicated ({len(plan.topics)}):")
+            for t in plan.topics:
+                remote = (
+                    f"exists, {t.remote_partitions} partitions"
+                    if t.remote_partitions is not None
+                    else "to be created"
+                )
+                lines.append(f"    {t.topic}  [{t.partitions} partitions] -> {t.remote} ({remote})")
+            lines += _left_out("topics left out", plan.topics_left_out)
+            lines.append(f"  groups checkpointed ({len(plan.groups)}): {', '.join(plan.groups)}")
+            lines += _left_out("groups left out", plan.groups_left_out)
+        return "\n".join(lines) + "\n"
+
+
+def _left_out(title: str, items: list[LeftOut]) -> list[str]:
+    return [f"  {title} ({len(items)}):", *(f"    {i.name}: {i.reason}" for i in items)]
+
+
+class _Clusters:
+    """One admin client per cluster and settings, with errors that name the cluster."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self._admins: dict[tuple, tuple[AdminClient, list[str]]] = {}
+
+    def admin(self, alias: str, config: dict[str, str]) -> tuple[AdminClient, list[str]]:
+        key = (alias, tuple(sorted(config.items())))
+        if key not in self._admins:
+            errors: list[str] = []
+            settings = {
+                **config,
+                "socket.connection.setup.timeout.ms": int(self.timeout * 1000),
+                "error_cb": lambda err: errors.append(err.str()),
+                "log_level": 0,
+            }
+            self._admins[key] = (AdminClient(settings), errors)
+        return self._admins[key]
+
+    def topics(self, alias: str, config: dict[str, str]) -> dict[str, int]:
+        """Topic name -> partition count on the cluster."""
+        admin, errors = self.admin(alias, config)
+        try:
+            metadata = admin.list_topics(timeout=self.timeout)
+        except KafkaException as exc:
+            raise self._error(alias, config, errors, exc) from None
+        return {name: len(t.partitions) for name, t in metadata.topics.items() if not t.error}
+
+    def groups(self, alias: str, config: dict[str, str]) -> list[str]:
+        admin, errors = self.admin(alias, config)
+        try:
+            listing = admin.list_consumer_groups(request_timeout=self.timeout).result()
+        except KafkaException as exc:
+            raise self._error(alias, config, errors, exc) from None
+        return sorted(g.group_id for g in listing.valid)
+
+    def committed_topics(self, alias: str, config: dict[str, str], group: str) -> set[str]:
+        admin, errors = self.admin(alias, config)
+        request = [ConsumerGroupTopicPartitions(group)]
+        try:
+            futures = admin.list_consumer_group_offsets(request, request_timeout=self.timeout)
+            result = futures[group].result()
+        except KafkaException as exc:
+            raise self._error(alias, config, errors, exc) from None
+        partitions: list[TopicPartition] = result.topic_partitions or []
+        return {tp.topic for tp in partitions if tp.offset >= 0}
+
+    def _error(self, alias: str, config: dict, errors: list[str], exc: KafkaException) -> Exception:
+        error: KafkaError = exc.args[0]
+        self.admin(alias, config)[0].poll(0)  # serve the error callbacks: the real cause
+        detail = errors[-1] if errors else error.str()
+        auth = any(w in detail.lower() for w in ("authentication", "sasl", "ssl handshake"))
+        hint = (
+            f"check the credentials configured for {alias} (sasl.jaas.config, ssl.*)"
+            if auth
+            else f"check that {alias}'s brokers are up and bootstrap.servers is right"
+        )
+        return MirrorflowError(
+            f"cannot reach cluster {alias} at {config.get('bootstrap.servers', '?')}: {detail}",
+            hint,
+        )
+
+
+def build_plan(topology: Topology, timeout: float = 10.0) -> Plan:
+    """The plan of every enabled flow, read from the live clusters."""
+    clusters = _Clusters(timeout)
+    return Plan([_flow_plan(flow, clusters) for flow in topology.flows])
+
+
+def _flow_plan(flow: Flow, clusters: _Clusters) -> FlowPlan:
+    source_admin = flow.client_config("source.admin", librdkafka=True)
+    target_admin = flow.client_config("target.admin", librdkafka=True)
+    plan = FlowPlan(flow.name, type(flow.policy).__name__)
+    source_topics = clusters.topics(flow.source, source_admin)
+    target_topics = clusters.topics(flow.target, target_admin)
+    for topic in sorted(source_topics):
+        reason = flow.why_not_replicated(topic)
+        if reason:
+            plan.topics_left_out.append(LeftOut(topic, reason))
+            continue
+        remote = flow.remote_topic(topic)
+        plan.topics.append(
+            TopicPlan(topic, source_topics[topic], remote, target_topics.get(remote))
+        )
+    checkpoints = flow.setting("emit.checkpoints.enabled")
+    for group in clusters.groups(flow.source, source_admin):
+        reason = flow.group_filter.why_not(group)
+        if reason is None and not checkpoints:
+            reason = "emit.checkpoints.enabled = false: no checkpoints for this flow"
+        if reason is None:
+            consumed = clusters.committed_topics(flow.source, source_admin, group)
+            if not any(flow.topic_filter.should_replicate_topic(t) for t in consumed):
+                reason = "no committed offsets on a topic the topic filter accepts"
+        if reason:
+            plan.groups_left_out.append(LeftOut(group, reason))
+        else:
+            plan.groups.append(group)
+    return plan

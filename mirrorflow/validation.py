@@ -1,0 +1,549 @@
+"""Whole-topology validation: every problem found before anything runs, one line each.
+
+A finding names the file and line, the key, what MirrorMaker 2 would do with it, and a fix.
+Errors are configurations MM2 rejects, misreads or runs into harm (a missing ``clusters``, a
+typo in an alias, a value with a trailing ``# comment``, an invalid regex, the identity policy on
+a cycle of flows, conflicting definitions across files); warnings are keys MM2 ignores or
+handles surprisingly (unknown keys, keys at a level where they have no effect, legacy aliases).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from difflib import SequenceMatcher
+from typing import Literal
+
+from mirrorflow import filters, flowfiles, mm2_defs, policy
+from mirrorflow.errors import MirrorflowError
+from mirrorflow.flowconfig import Topology, closest
+from mirrorflow.properties import Location, Property
+
+Severity = Literal["error", "warning"]
+EXIT_OK, EXIT_WARNINGS, EXIT_ERRORS = 0, 1, 2
+
+_TRAILING_COMMENT = re.compile(r"\s(#|//)")
+_ESCAPE = re.compile(r"\\(.)", re.S)  # scanned left to right, so "\\\\" is one escape
+_KNOWN_ESCAPES = set("tnrfu\\:=#! \t\r\n\f")  # the rest lose their backslash
+_HOST_PORT = re.compile(r".*?\[?([0-9a-zA-Z\-%._:]*)\]?:([0-9]+)")  # ClientUtils.HOST_PORT
+_PATTERN_KEYS = (
+    "topics",
+    "topics.exclude",
+    "groups",
+    "groups.exclude",
+    "config.properties.exclude",
+)
+_CLASS_KEYS = (
+    "replication.policy.class", "topic.filter.class", "group.filter.class",
+    "config.property.filter.class",
+)  # fmt: skip
+_RAW_BOOLEANS = ("enabled", "emit.heartbeats.enabled")  # also read with Boolean.parseBoolean
+_WORKER_PREFIXES = (
+    "offset.storage", "config.storage", "status.storage", "key.converter", "value.converter",
+    "header.converter", "task", "worker",
+)  # fmt: skip
+_MISNOMERS = {"sync.topic.configs.exclude": "config.properties.exclude"}
+_ROLE_PREFIXES = {
+    f"{side}{role}.": role for side in ("", "source.", "target.") for role in mm2_defs.CLIENT_ROLES
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem: where, which key, what is wrong and how to fix it."""
+
+    severity: Severity
+    location: Location
+    key: str
+    problem: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.location}: {self.severity}: {self.key}: {self.problem}; fix: {self.fix}"
+
+    def to_dict(self) -> dict[str, object]:
+        return {**asdict(self), "location": str(self.location)}
+
+
+def exit_code(findings: list[Finding]) -> int:
+    """0 without findings, 1 with warnings only, 2 with any error."""
+    if any(f.severity == "error" for f in findings):
+        return EXIT_ERRORS
+    return EXIT_WARNINGS if findings else EXIT_OK
+
+
+def validate(topology: Topology) -> list[Finding]:
+    """Every finding for the topology, in file and line order."""
+    findings: list[Finding] = []
+    findings += _cluster_list(topology)
+    findings += _duplicates(topology)
+    aliases = _intended_aliases(topology)
+    for prop in topology.props.values():
+        findings += _definition(prop, aliases)
+    findings += _bootstrap_servers(topology)
+    findings += _identity_cycles(topology)
+    order = {f: i for i, f in enumerate(topology.files)}
+    return sorted(findings, key=lambda f: (order.get(f.location.file, 0), f.location.line))
+
+
+def _cluster_list(topology: Topology) -> list[Finding]:
+    clusters = topology.props.get("clusters")
+    if clusters is None:
+        guessed = _guess_aliases(topology)
+        first = topology.files[0] if topology.files else "<no file>"
+        fix = f"add `clusters = {', '.join(guessed)}`" if guessed else "add `clusters = A, B`"
+        return [
+            Finding(
+                "error",
+                Location(first, 1),
+                "clusters",
+                "missing: MirrorMaker 2 refuses to start without the list of cluster aliases",
+                fix,
+            )
+        ]
+    found = []
+    separator = topology.props.get("replication.policy.separator")
+    sep = separator.value if separator else "."
+    for alias in mm2_defs.parse_list(clusters.value):
+        if alias == "":
+            problem = "an empty alias (a stray comma)"
+            found.append(Finding("error", clusters.location, "clusters", problem, "remove it"))
+        elif sep and sep in alias and not _TRAILING_COMMENT.search(alias):
+            found.append(
+                Finding(
+                    "warning",
+                    clusters.location,
+                    "clusters",
+                    f"alias {alias!r} contains the separator {sep!r}: its remote topics look "
+                    f"like they come from {alias.split(sep)[0]!r}, so cycle detection fails",
+                    f"rename the alias without {sep!r}",
+                )
+            )
+    return found
+
+
+def _intended_aliases(topology: Topology) -> list[str]:
+    """The aliases the author meant, to tell cluster and flow keys apart: the listed ones (before
+    a trailing comment, reported on its own), or those the keys use if none are listed."""
+    clusters = topology.props.get("clusters")
+    if clusters is None:
+        return _guess_aliases(topology)
+    return mm2_defs.parse_list(_TRAILING_COMMENT.split(clusters.value)[0])
+
+
+def _guess_aliases(topology: Topology) -> list[str]:
+    """Aliases the keys use: flow sources and targets, owners of ``*.bootstrap.servers``."""
+    guessed: dict[str, None] = {}
+    for key in topology.props:
+        source, arrow, rest = key.partition("->")
+        if arrow and "." in rest:
+            guessed[source] = guessed[rest.split(".")[0]] = None
+        elif key.endswith(".bootstrap.servers"):
+            owner = key.removesuffix(".bootstrap.servers")
+            for role in mm2_defs.CLIENT_ROLES:
+                owner = owner.removesuffix("." + role)
+            guessed[owner] = None
+    return [a for a in guessed if a and a != "bootstrap.servers"]
+
+
+def _duplicates(topology: Topology) -> list[Finding]:
+    by_key: dict[str, list[Property]] = defaultdict(list)
+    for prop in topology.definitions:
+        by_key[prop.key].append(prop)
+    found = []
+    for key, props in by_key.items():
+        for earlier, later in itertools.pairwise(props):
+            if earlier.value == later.value:
+                continue
+            values = (mm2_defs.redact(key, earlier.value), mm2_defs.redact(key, later.value))
+            if earlier.location.file == later.location.file:
+                found.append(
+                    Finding(
+                        "warning",
+                        later.location,
+                        key,
+                        f"defined again ({values[1]!r}; line {earlier.location.line} says "
+                        f"{values[0]!r}): Java keeps only this last one",
+                        "delete the definition you do not want",
+                    )
+                )
+            else:
+                found.append(
+                    Finding(
+                        "error",
+                        later.location,
+                        key,
+                        f"{values[1]!r} here but {values[0]!r} in {earlier.location}: MM2 "
+                        "processes given different files fight over the configuration they "
+                        "share through the target cluster",
+                        "define the key once, in one file every process uses",
+                    )
+                )
+    return found
+
+
+def _definition(prop: Property, aliases: list[str]) -> list[Finding]:
+    """Findings for one effective definition: its key, then its value. ``aliases`` are the
+    listed clusters (or, when ``clusters`` is missing, those the keys use)."""
+    if prop.key == "clusters":
+        return _value(prop, None)
+    if prop.key == "":
+        problem = f"no key before the value {prop.value!r} (the line starts with = or :)"
+        return [_at(prop, "error", problem + ": MM2 ignores it", "write the key before the value")]
+    section, owner, rest = flowfiles.classify(prop.key, aliases)
+    if section == "flows":
+        source, target = owner.split("->")
+        if source == target:
+            return [_at(prop, "error", "a flow from a cluster to itself: MM2 never runs it",
+                        "remove the key")]  # fmt: skip
+        return _flow_key(prop, rest) + _value(prop, rest, raw_booleans=True)
+    if section == "clusters":
+        return _cluster_key(prop, owner, rest) + _value(prop, None)
+    raw_boolean = prop.key == "emit.heartbeats.enabled"
+    return _top_level_key(prop, aliases) + _value(prop, prop.key, raw_booleans=raw_boolean)
+
+
+def _at(prop: Property, severity: Severity, problem: str, fix: str) -> Finding:
+    return Finding(severity, prop.location, prop.key, problem, fix)
+
+
+def _flow_key(prop: Property, rest: str) -> list[Finding]:
+    if rest in mm2_defs.flow_settings() or rest in mm2_defs.REMOVED_IN_4:
+        return _legacy(prop, rest)
+    role = next((p for p in _ROLE_PREFIXES if rest.startswith(p)), None)
+    if role and rest[len(role) :] in mm2_defs.client_names(_ROLE_PREFIXES[role]):
+        return []
+    if rest.startswith(("source.cluster.", "target.cluster.")):
+        return []
+    candidates = [*mm2_defs.flow_settings(), *_role_keys("")]
+    return [_unknown(prop, rest, candidates)]
+
+
+def _cluster_key(prop: Property, alias: str, rest: str) -> list[Finding]:
+    if _is_cluster_setting(rest):
+        return []
+    if rest in mm2_defs.flow_settings():
+        return [
+            _at(
+                prop,
+                "warning",
+                f"{rest} has no effect on a cluster: MM2 only passes cluster keys to clients "
+                "and Connect workers",
+                f"set `{rest}` (every flow) or `<source>->{alias}.{rest}` (one flow)",
+            )
+        ]
+    candidates = [*mm2_defs.worker_names(), *mm2_defs.client_security_names(), *_role_keys("")]
+    return [_unknown(prop, rest, candidates)]
+
+
+def _is_cluster_setting(rest: str) -> bool:
+    role = next((p for p in mm2_defs.CLIENT_ROLES if rest.startswith(p + ".")), None)
+    if role:
+        return rest[len(role) + 1 :] in mm2_defs.client_names(role)
+    return (
+        rest in mm2_defs.worker_names()
+        or rest in mm2_defs.client_security_names()
+        or rest in mm2_defs.mirrormaker_names()
+        or rest.startswith(("key.converter.", "value.converter.", "header.converter."))
+    )
+
+
+def _role_keys(prefix: str) -> list[str]:
+    return [f"{prefix}{r}.{n}" for r in mm2_defs.CLIENT_ROLES for n in mm2_defs.client_names(r)]
+
+
+def _top_level_key(prop: Property, aliases: list[str]) -> list[Finding]:
+    key = prop.key
+    if key in mm2_defs.REMOVED_IN_4:
+        return _legacy(prop, key)
+    if key in mm2_defs.connector_settings():
+        if key == "enabled" and mm2_defs.parse_boolean(mm2_defs.java_trim(prop.value)):
+            return [
+                _at(
+                    prop,
+                    "warning",
+                    "turns on every flow between the listed clusters (each pair has a "
+                    "heartbeats herder, so each pair replicates)",
+                    "enable flows one by one with `<source>-><target>.enabled = true`",
+                )
+            ]
+        return _legacy(prop, key)
+    if key in mm2_defs.FILTER_ONLY:
+        return [
+            _at(
+                prop,
+                "warning",
+                "MM2 drops it at top level (no connector defines it)",
+                f"set it per flow: `<source>-><target>.{key}`",
+            )
+        ]
+    if (
+        key in mm2_defs.mirrormaker_names()
+        or key in mm2_defs.client_security_names()
+        or key.startswith("config.providers")
+        or (key.startswith(_WORKER_PREFIXES) and _is_cluster_setting(key))
+    ):
+        return []
+    typo = _alias_typo(key, aliases)
+    if typo:
+        return [_at(prop, *typo)]
+    role = next((r for r in mm2_defs.CLIENT_ROLES if key.startswith(r + ".")), None)
+    is_client_key = any(key in mm2_defs.client_names(r) for r in mm2_defs.CLIENT_ROLES)
+    if role or is_client_key or _is_cluster_setting(key):
+        where = f"<cluster>.{key}" if role else f"<cluster>.{key} or <cluster>.consumer.{key}"
+        return [
+            _at(
+                prop,
+                "warning",
+                "MM2 ignores this client or worker setting at top level",
+                f"set it per cluster: `{where}` (or per flow: `<source>-><target>.{key}`)",
+            )
+        ]
+    candidates = [*mm2_defs.connector_settings(), *mm2_defs.mirrormaker_names()]
+    return [_unknown(prop, key, candidates)]
+
+
+def _alias_typo(key: str, aliases: list[str]) -> tuple[Severity, str, str] | None:
+    """For a key that belongs to no listed cluster: the alias it probably misspells."""
+    source, arrow, rest = key.partition("->")
+    if arrow and "." not in rest:
+        return "error", "not a flow setting: MM2 ignores it", "write <source>-><target>.<setting>"
+    if arrow:
+        if source not in aliases:
+            bad, tail = source, "->" + rest
+        else:
+            splits = [(rest[:i], rest[i:]) for i, ch in enumerate(rest) if ch == "."]
+            bad, tail = max(splits or [(rest, "")], key=lambda s: _similarity(s[0], aliases))
+        good = closest(bad, aliases)
+        fixed = key.replace(bad + tail, good + tail, 1) if good else None
+        problem = f"names the cluster {bad!r}, which is not in `clusters`: MM2 ignores the key"
+        return "error", problem, f"write `{fixed}`" if fixed else f"add {bad} to `clusters`"
+    for i, ch in enumerate(key):
+        if ch == "." and _is_cluster_setting(key[i + 1 :]):
+            prefix = key[:i]
+            good = closest(prefix, aliases)
+            if good:
+                return (
+                    "error",
+                    f"names the cluster {prefix!r}, which is not in `clusters`: MM2 ignores it",
+                    f"write `{good}{key[i:]}`",
+                )
+            return (
+                "warning",
+                f"configures the cluster {prefix!r}, which is not in `clusters`: MM2 ignores it",
+                f"add {prefix} to `clusters` or remove the key",
+            )
+    return None
+
+
+def _similarity(name: str, aliases: list[str]) -> float:
+    folded = name.casefold()
+    return max((SequenceMatcher(None, folded, a.casefold()).ratio() for a in aliases), default=0)
+
+
+def _unknown(prop: Property, name: str, candidates: list[str]) -> Finding:
+    suggestion = _MISNOMERS.get(name) or closest(name, candidates)
+    fix = f"did you mean {suggestion}?" if suggestion else "remove it or check the MM2 docs"
+    return _at(prop, "warning", f"unknown key {name!r}: MirrorMaker 2 ignores it", fix)
+
+
+def _legacy(prop: Property, name: str) -> list[Finding]:
+    if name in mm2_defs.LEGACY_ALIASES:
+        current = mm2_defs.LEGACY_ALIASES[name]
+        return [
+            _at(
+                prop,
+                "warning",
+                f"removed in MirrorMaker 2 4.0, which ignores it; mirrorflow still applies it as "
+                f"{current} (3.x behaviour: {current} wins if both are set)",
+                f"rename it to {prop.key.removesuffix(name)}{current}",
+            )
+        ]
+    if name in mm2_defs.REMOVED_IN_4:
+        return [
+            _at(
+                prop,
+                "warning",
+                f"removed in MirrorMaker 2 4.0 ({mm2_defs.REMOVED_IN_4[name]}): it is ignored",
+                "delete it",
+            )
+        ]
+    return []
+
+
+def _value(prop: Property, name: str | None, raw_booleans: bool = False) -> list[Finding]:
+    """Findings about the value of ``prop``. ``name`` is its setting name (prefix stripped) when
+    it is a flow setting whose type to check; ``raw_booleans`` when MM2 also reads ``enabled``
+    and ``emit.heartbeats.enabled`` there with ``Boolean.parseBoolean``."""
+    value = prop.value
+    shown = mm2_defs.redact(prop.key, value)
+    if not mm2_defs.is_sensitive(prop.key) and _TRAILING_COMMENT.search(value):
+        return [
+            _at(
+                prop,
+                "error",
+                f"the value {shown!r} ends in a comment, but .properties files have no trailing "
+                "comments: MM2 reads the comment as part of the value",
+                "move the comment to a line of its own",
+            )
+        ]
+    found = []
+    if prop.location.file.endswith(".properties") and not (prop.key + value).isascii():
+        found.append(
+            _at(
+                prop,
+                "warning",
+                "non-ASCII text: MM2 reads properties files as ISO-8859-1, so UTF-8 arrives "
+                "garbled",
+                "write such characters as \\uXXXX escapes (mirrorflow convert does)",
+            )
+        )
+    if raw_booleans and name in _RAW_BOOLEANS and value.lower() not in ("true", "false"):
+        return [
+            *found,
+            _at(
+                prop,
+                "error",
+                f"{shown!r} is not exactly true or false: MM2 decides which flows run with "
+                "Boolean.parseBoolean, which reads it as false",
+                "write true or false, nothing else on the line",
+            ),
+        ]
+    dropped = next(
+        (m for m in _ESCAPE.finditer(prop.source or "") if m.group(1) not in _KNOWN_ESCAPES), None
+    )
+    if dropped:
+        found.append(
+            _at(
+                prop,
+                "warning",
+                f"the properties format drops the backslash of \\{dropped.group(1)}, so MM2 "
+                f"reads {shown!r}",
+                f"write \\\\{dropped.group(1)} to pass a backslash (e.g. a regex \\.)",
+            )
+        )
+    if prop.key.endswith("bootstrap.servers"):
+        found += _bootstrap_format(prop)
+    definition = mm2_defs.flow_settings().get(name) if name else None
+    if definition is None:
+        return found
+    try:
+        parsed = mm2_defs.parse_value(definition.type, value)
+    except mm2_defs.InvalidValue as exc:
+        return [
+            *found,
+            _at(prop, "error", f"{shown!r} is invalid ({exc}): MM2's connectors refuse to start",
+                "correct the value"),
+        ]  # fmt: skip
+    if name.endswith((".interval.seconds", ".timeout.ms")) and parsed <= 0:
+        found.append(_interval(prop, name, parsed))
+    if name in _PATTERN_KEYS or name in mm2_defs.LEGACY_ALIASES:
+        try:
+            filters.compile_pattern_list(parsed)
+        except filters.JavaRegexError as exc:
+            found.append(_at(prop, "error", f"invalid pattern list {shown!r}: {exc}",
+                             "fix the regular expression"))  # fmt: skip
+    if name in _CLASS_KEYS:
+        try:
+            if name == "replication.policy.class":
+                policy.load_policy(parsed, {})
+            else:
+                filters.filter_class(name, parsed)
+        except MirrorflowError as exc:
+            found.append(_at(prop, "error", exc.message, exc.hint or "name another class"))
+    return found
+
+
+def _interval(prop: Property, name: str, value: int) -> Finding:
+    if value == 0:
+        return _at(prop, "error", "zero: MM2 would spin without pause or fail to schedule it",
+                   "use a positive value")  # fmt: skip
+    feature = name.removesuffix(".interval.seconds")
+    if name.endswith(".interval.seconds"):
+        fix = f"write `{prop.key.removesuffix(name)}{feature}.enabled = false` instead"
+        return _at(prop, "warning", "negative: MM2 silently never runs this task", fix)
+    return _at(prop, "error", "negative: every wait would time out at once", "use a positive value")
+
+
+def _bootstrap_format(prop: Property) -> list[Finding]:
+    if "${" in prop.value:
+        return []
+    bad = []
+    for entry in mm2_defs.parse_list(prop.value):
+        match = _HOST_PORT.fullmatch(entry)
+        if not match or not match.group(1):
+            bad.append(entry)
+    if not bad:
+        return []
+    return [
+        _at(prop, "error", f"{', '.join(map(repr, bad))} is not host:port: clients refuse it",
+            "list brokers as host:port, separated by commas")
+    ]  # fmt: skip
+
+
+def _bootstrap_servers(topology: Topology) -> list[Finding]:
+    clusters = topology.props.get("clusters")
+    used = {alias for pair in topology.herder_pairs for alias in pair.split("->")}
+    found = []
+    for alias in topology.aliases:
+        if _TRAILING_COMMENT.search(alias):
+            continue  # the comment in `clusters` is reported on its own
+        if alias in used and "bootstrap.servers" not in topology.cluster(alias).props:
+            found.append(
+                Finding(
+                    "error",
+                    clusters.location,
+                    "clusters",
+                    f"cluster {alias!r} has no bootstrap.servers: MM2 cannot connect to it",
+                    f"add `{alias}.bootstrap.servers = host:9092`",
+                )
+            )
+    return found
+
+
+def _identity_cycles(topology: Topology) -> list[Finding]:
+    """A cycle of enabled flows with an identity policy on it replicates records forever."""
+    edges: dict[str, list[str]] = defaultdict(list)
+    for flow in topology.flows:
+        edges[flow.source].append(flow.target)
+    found = []
+    for flow in topology.flows:
+        try:
+            identity = isinstance(flow.policy, policy.IdentityReplicationPolicy)
+        except MirrorflowError:
+            continue  # reported with the class key
+        path = _path(edges, flow.target, flow.source) if identity else None
+        if path:
+            setting = flow.config["replication.policy.class"]
+            loop = "->".join([flow.source, *path])
+            found.append(
+                Finding(
+                    "error",
+                    setting.location or topology.props["clusters"].location,
+                    setting.source_key or "replication.policy.class",
+                    f"flow {flow.name} uses IdentityReplicationPolicy on the cycle {loop}: it "
+                    "cannot tell copies from originals, so records loop forever",
+                    f"use DefaultReplicationPolicy for {flow.name}, or break the cycle",
+                )
+            )
+    return found
+
+
+def _path(edges: dict[str, list[str]], start: str, goal: str) -> list[str] | None:
+    """A path of cluster aliases from ``start`` to ``goal`` along ``edges`` (breadth first)."""
+    previous: dict[str, str | None] = {start: None}
+    queue = [start]
+    while queue:
+        node = queue.pop(0)
+        if node == goal:
+            path = [node]
+            while previous[path[-1]] is not None:
+                path.append(previous[path[-1]])
+            return path[::-1]
+        for nxt in edges.get(node, []):
+            if nxt not in previous:
+                previous[nxt] = node
+                queue.append(nxt)
+    return None
