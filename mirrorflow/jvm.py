@@ -6,6 +6,7 @@ by the hash of those poms, so a changed pom resolves again and an unchanged one 
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -85,10 +86,14 @@ def classpath(artifact_set: str) -> str:
 
 
 def spark_home() -> Path:
-    """The Spark distribution inside the installed (full) pyspark package."""
-    import pyspark
+    """The Spark distribution: ``$SPARK_HOME`` (set by spark-submit), else the installed
+    (full) pyspark package."""
+    if env := os.environ.get("SPARK_HOME"):
+        home = Path(env)
+    else:
+        import pyspark
 
-    home = Path(pyspark.__file__).parent
+        home = Path(pyspark.__file__).parent
     if not (home / "jars").is_dir() or not (home / "bin" / "spark-submit").exists():
         raise MirrorflowError(
             f"the pyspark package at {home} has no jars/ or bin/spark-submit: the thin "

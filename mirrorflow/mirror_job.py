@@ -49,8 +49,10 @@ class MirrorSpec:
     source: str
     target: str
     source_spark_options: dict[str, str] = field(repr=False)  # kafka.* options, Java client
-    source_client: dict[str, str] = field(repr=False)  # librdkafka settings
+    source_client: dict[str, str] = field(repr=False)  # librdkafka producer settings
     target_client: dict[str, str] = field(repr=False)
+    source_admin: dict[str, str] = field(repr=False)  # librdkafka admin settings
+    target_admin: dict[str, str] = field(repr=False)
     subscribe_pattern: str
     should_replicate: Callable[[str], bool]
     remote_topic: Callable[[str], str]
@@ -102,16 +104,8 @@ class MirrorJob:
         self.stats = BatchStats()
         self._stop_requested = threading.Event()
         self.admins = {
-            spec.source: ClusterAdmin(
-                spec.source,
-                AdminClient(spec.source_client),
-                spec.source_client.get("sasl.username", "?"),
-            ),
-            spec.target: ClusterAdmin(
-                spec.target,
-                AdminClient(spec.target_client),
-                spec.target_client.get("sasl.username", "?"),
-            ),
+            alias: ClusterAdmin(alias, AdminClient(conf), conf.get("sasl.username", "?"))
+            for alias, conf in ((spec.source, spec.source_admin), (spec.target, spec.target_admin))
         }
         self.remote_topics = RemoteTopics(
             self.admins[spec.source],

@@ -42,9 +42,7 @@ class Cluster:
     controller_port: int
     directory: str
     passwords: dict[str, str] = field(repr=False)
-    cluster_id: str = field(
-        default_factory=lambda: base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-    )
+    cluster_id: str = field(default_factory=lambda: _new_cluster_id())
     pid: int | None = None
 
     @property
@@ -208,6 +206,15 @@ def down(directory: Path, names: Iterable[str] | None = None) -> list[str]:
     if sandbox.clusters:
         sandbox.save()
     return stopped
+
+
+def _new_cluster_id() -> str:
+    """A KRaft cluster id like Kafka's ``Uuid.randomUuid()``: never starting with '-', which
+    the storage tool would read as an option."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 def _plain_login(user: str, password: str) -> str:

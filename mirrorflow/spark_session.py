@@ -35,14 +35,19 @@ def kafka_jars_conf() -> str:
     return ",".join(str(p) for p in jvm.spark_kafka_jars())
 
 
-def build_session(app_name: str, master: str = "local[*]", **conf: str) -> SparkSession:
-    """A SparkSession with the Kafka connector; ``conf`` adds or overrides settings."""
+def build_session(app_name: str, master: str | None = None, **conf: str) -> SparkSession:
+    """A SparkSession with the Kafka connector; ``conf`` adds or overrides settings.
+
+    Without ``master`` the session runs where ``spark-submit --master`` said, ``local[*]``
+    when nothing did.
+    """
     from pyspark.sql import SparkSession
 
+    builder = SparkSession.builder.appName(app_name)
+    if master:
+        builder = builder.master(master)
     builder = (
-        SparkSession.builder.appName(app_name)
-        .master(master)
-        .config("spark.jars", kafka_jars_conf())
+        builder.config("spark.jars", kafka_jars_conf())
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
     )

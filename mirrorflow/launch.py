@@ -1,0 +1,94 @@
+"""How a mirror job is launched: the one ``spark-submit`` command line for a flow.
+
+Used by ``mirrorflow mirror``, the generated Airflow DAGs, the tests and the benchmark, so all
+of them run the job the same way: Spark's Kafka connector on ``--jars`` (the driver needs it
+before the application starts), quiet Spark logging, and only file paths and the flow's name on
+the command line; credentials stay in the flow files.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from mirrorflow import jvm
+from mirrorflow.errors import MirrorflowError
+from mirrorflow.paths import PROJECT_ROOT
+
+MIRROR_JOB = PROJECT_ROOT / "spark_jobs" / "mirror.py"
+SPARK_LOG_CONFIG = PROJECT_ROOT / "spark_jobs" / "log4j2.properties"
+
+
+def spark_submit() -> str:
+    """The ``spark-submit`` of the running environment (next to its Python), else on PATH."""
+    beside = Path(sys.executable).parent / "spark-submit"
+    found = str(beside) if beside.exists() else shutil.which("spark-submit")
+    if not found:
+        raise MirrorflowError(
+            "spark-submit was not found", "run scripts/bootstrap.sh and activate its environment"
+        )
+    return found
+
+
+def spark_conf(master: str) -> dict[str, str]:
+    """Spark settings every mirror job gets (``spark.jars`` ships the connector to executors)."""
+    return {
+        "spark.jars": ",".join(str(p) for p in jvm.spark_kafka_jars()),
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{SPARK_LOG_CONFIG}",
+        "spark.sql.shuffle.partitions": "2",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.speculation": "false",
+        "spark.submit.deployMode": "client",
+    }
+
+
+def job_args(
+    configs: Iterable[Path],
+    flow: str,
+    *,
+    state_dir: Path | None = None,
+    once: bool = False,
+    stop_file: Path | None = None,
+    starting_offsets: str | None = None,
+) -> list[str]:
+    """The mirror job's own arguments."""
+    args = [arg for config in configs for arg in ("--config", str(Path(config).resolve()))]
+    args += ["--flow", flow]
+    if state_dir:
+        args += ["--state-dir", str(Path(state_dir).resolve())]
+    if once:
+        args.append("--once")
+    if stop_file:
+        args += ["--stop-file", str(stop_file)]
+    if starting_offsets:
+        args += ["--starting-offsets", starting_offsets]
+    return args
+
+
+def mirror_command(
+    configs: Sequence[Path],
+    flow: str,
+    *,
+    master: str = "local[*]",
+    driver_memory: str = "1g",
+    **job_options,
+) -> list[str]:
+    """The full ``spark-submit`` command that runs ``flow`` of the flow files ``configs``."""
+    command = [spark_submit(), "--master", master, "--name", f"mirrorflow {flow}"]
+    command += ["--driver-memory", driver_memory]
+    for key, value in spark_conf(master).items():
+        command += ["--conf", f"{key}={value}"]
+    return [*command, str(MIRROR_JOB), *job_args(configs, flow, **job_options)]
+
+
+def job_environment(base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a mirror job: this Python for Spark's workers, mirrorflow importable."""
+    env = dict(os.environ if base is None else base)
+    env["PYSPARK_PYTHON"] = sys.executable
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p
+    )
+    return env

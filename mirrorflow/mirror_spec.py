@@ -1,0 +1,88 @@
+"""From a flow definition to what one mirror job runs: :class:`~mirrorflow.mirror_job.MirrorSpec`.
+
+This is where MirrorMaker 2's settings of a flow ``S->T`` become the job's inputs: clients
+(secrets resolved from the flow files or their config providers, never from the command line),
+the topic rule, naming, replication factors, heartbeats, offset syncs and start position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from mirrorflow.errors import MirrorflowError
+from mirrorflow.flowconfig import Flow, load_topology
+from mirrorflow.mirror_job import MirrorSpec
+from mirrorflow.policy import DefaultReplicationPolicy, IdentityReplicationPolicy
+from mirrorflow.spark_session import kafka_options
+
+
+def spec_for_flow(
+    config_paths: Iterable[Path],
+    flow_name: str,
+    state_dir: Path,
+    starting_offsets: str | None = None,
+) -> MirrorSpec:
+    """The mirror job's spec for ``flow_name`` (``S->T``) of the given flow files."""
+    topology = load_topology(config_paths)
+    flow = topology.flow(flow_name)
+    if not flow.enabled:
+        raise MirrorflowError(
+            f"flow {flow_name} is not enabled in {', '.join(map(str, config_paths))}",
+            f"set {flow_name}.enabled = true (`mirrorflow plan` shows the enabled flows)",
+        )
+    source_consumer = flow.client_config("source.consumer", label="mirror")
+    reset = source_consumer.get("auto.offset.reset", "earliest")
+    location = str(flow.setting("offset-syncs.topic.location"))
+    return MirrorSpec(
+        source=flow.source,
+        target=flow.target,
+        source_spark_options=kafka_options(source_consumer),
+        source_client=flow.client_config("source.producer", librdkafka=True, label="mirror"),
+        target_client=flow.client_config("target.producer", librdkafka=True, label="mirror"),
+        source_admin=flow.client_config("source.admin", librdkafka=True, label="mirror"),
+        target_admin=flow.client_config("target.admin", librdkafka=True, label="mirror"),
+        subscribe_pattern=subscribe_pattern(flow),
+        should_replicate=flow.should_replicate_topic,
+        remote_topic=flow.remote_topic,
+        replicate_config=flow.config_property_filter.should_replicate_config_property,
+        replication_factor=int(flow.setting("replication.factor")),
+        heartbeats_topic=flow.policy.heartbeats_topic(),
+        emit_heartbeats=bool(flow.setting("emit.heartbeats.enabled")),
+        heartbeats_interval_s=float(flow.setting("emit.heartbeats.interval.seconds")),
+        heartbeats_replication_factor=int(flow.setting("heartbeats.topic.replication.factor")),
+        emit_offset_syncs=bool(flow.setting("emit.offset-syncs.enabled")),
+        offset_syncs_topic=flow.policy.offset_syncs_topic(
+            flow.target if location == "source" else flow.source
+        ),
+        offset_syncs_location=location,
+        offset_syncs_replication_factor=int(flow.setting("offset-syncs.topic.replication.factor")),
+        max_offset_lag=int(flow.setting("offset.lag.max")),
+        checkpoint_dir=str(state_dir / f"{flow.source}-{flow.target}" / "checkpoint"),
+        starting_offsets=starting_offsets or reset,
+    )
+
+
+def subscribe_pattern(flow: Flow) -> str:
+    """A Java regex for Spark's ``subscribePattern`` that matches every topic the flow may
+    replicate and, where cheap, none it may not: the include list minus the exclude list,
+    plus heartbeat topics, minus (default policy) topics named after the target.
+
+    It over-approximates; :meth:`Flow.should_replicate_topic` decides exactly per batch.
+    """
+    include = "|".join(flow.setting("topics"))
+    exclude = "|".join(flow.setting("topics.exclude"))
+    included = (
+        f"(?!(?:{exclude})$)(?:{include})" if exclude else f"(?:{include})" if include else "(?!)"
+    )
+    branches = [included]
+    if flow.setting("heartbeats.replication.enabled"):
+        branches.append(".*heartbeats")
+    pattern = "|".join(f"(?:{b})" for b in branches)
+    policy = flow.policy
+    if isinstance(policy, DefaultReplicationPolicy) and not isinstance(
+        policy, IdentityReplicationPolicy
+    ):
+        prefix = policy.format_remote_topic(flow.target, "")
+        pattern = f"(?!\\Q{prefix}\\E)(?:{pattern})"
+    return f"^{pattern}$"

@@ -1,0 +1,79 @@
+"""Spark entry point of a mirror job: replicate one flow (``A->B``) of a flow definition.
+
+    spark-submit [--master local[*]|spark://host:7077] spark_jobs/mirror.py \\
+        --config mm2.properties --flow primary->secondary [--once] [--stop-file PATH]
+
+Credentials stay in the flow definition (or the secret references it names) and never appear
+on this command line. All the logic lives in :mod:`mirrorflow.mirror_job`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from mirrorflow import paths
+from mirrorflow.errors import MirrorflowError
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="mirror", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--config",
+        action="append",
+        required=True,
+        type=Path,
+        help="flow definition (mm2.properties or YAML); repeatable",
+    )
+    parser.add_argument("--flow", required=True, help="the flow to run, e.g. primary->secondary")
+    parser.add_argument(
+        "--once", action="store_true", help="copy everything available now, then exit"
+    )
+    parser.add_argument(
+        "--stop-file", type=Path, help="stop after the current batch once this file exists"
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="where checkpoints live (default: $MIRRORFLOW_STATE/flows)",
+    )
+    parser.add_argument(
+        "--starting-offsets",
+        default=None,
+        help="for a flow with no progress yet: earliest, latest, or epoch ms",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    for noisy in ("py4j", "py4j.clientserver", "py4j.java_gateway"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        from mirrorflow import spark_session
+        from mirrorflow.mirror_job import MirrorJob
+        from mirrorflow.mirror_spec import spec_for_flow
+
+        spec = spec_for_flow(
+            args.config,
+            args.flow,
+            state_dir=args.state_dir or paths.state_dir() / "flows",
+            starting_offsets=args.starting_offsets,
+        )
+        spark = spark_session.build_session(f"mirrorflow {spec.flow}")
+        spark.sparkContext.setLogLevel("WARN")
+        MirrorJob(spark, spec).run(once=args.once, stop_file=args.stop_file)
+    except MirrorflowError as exc:
+        print(f"mirrorflow: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

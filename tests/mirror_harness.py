@@ -1,0 +1,150 @@
+"""Helpers for tests that run the real mirror job with spark-submit against sandbox clusters."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from mirrorflow import launch
+from mirrorflow import sandbox as sandbox_mod
+from mirrorflow.formats import OffsetSync
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def write_flow_file(
+    path: Path, box: sandbox_mod.Sandbox, aliases: Iterable[str], lines: Iterable[str]
+) -> Path:
+    """An mm2.properties for sandbox clusters: connection settings, single-broker RFs, lines."""
+    aliases = list(aliases)
+    text = [f"clusters = {', '.join(aliases)}"]
+    for alias in aliases:
+        text += [f"{alias}.{k} = {v}" for k, v in box[alias].java_client_config().items()]
+    text += [
+        "replication.factor = 1",
+        "heartbeats.topic.replication.factor = 1",
+        "checkpoints.topic.replication.factor = 1",
+        "offset-syncs.topic.replication.factor = 1",
+        "emit.heartbeats.interval.seconds = 1",
+        *lines,
+    ]
+    path.write_text("\n".join(text) + "\n")
+    return path
+
+
+def mirror_command(config: Path, flow: str, state: Path, *extra: str) -> list[str]:
+    """The command that runs ``flow``: the same one ``mirrorflow mirror`` and the DAGs use."""
+    once = "--once" in extra
+    stop = extra[extra.index("--stop-file") + 1] if "--stop-file" in extra else None
+    return launch.mirror_command(
+        [config],
+        flow,
+        master="local[2]",
+        driver_memory="768m",
+        state_dir=state,
+        once=once,
+        stop_file=stop,
+    )
+
+
+def run_mirror_once(config: Path, flow: str, state: Path, timeout: float = 240) -> str:
+    """Run a flow until it has copied everything available; return its output."""
+    result = subprocess.run(
+        mirror_command(config, flow, state, "--once"),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=launch.job_environment(),
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    return result.stdout + result.stderr
+
+
+def start_mirror(config: Path, flow: str, state: Path, log: Path, *extra: str) -> subprocess.Popen:
+    """Start a long-running flow in the background (its output goes to ``log``)."""
+    handle = open(log, "ab")  # noqa: SIM115 (closed when the process is waited for)
+    return subprocess.Popen(
+        mirror_command(config, flow, state, *extra),
+        stdout=handle,
+        stderr=subprocess.STDOUT,
+        env=launch.job_environment(),
+        cwd=ROOT,
+        start_new_session=True,
+    )
+
+
+def read_topic(cluster: sandbox_mod.Cluster, topic: str, timeout: float = 60.0) -> dict[int, list]:
+    """Every record of ``topic`` up to its current end, per partition in offset order.
+
+    Each record is ``(offset, key, value, headers, timestamp)``.
+    """
+    admin = AdminClient(cluster.client_config())
+    partitions = admin.list_topics(topic, timeout=10).topics[topic].partitions
+    consumer = Consumer(
+        {
+            **cluster.client_config(),
+            "group.id": "read-topic",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    result: dict[int, list] = {p: [] for p in partitions}
+    try:
+        ends = {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            for p in partitions
+        }
+        pending = {p for p, (low, high) in ends.items() if high > low}
+        consumer.assign([TopicPartition(topic, p, ends[p][0]) for p in pending])
+        deadline = time.monotonic() + timeout
+        while pending and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None or msg.error() or msg.partition() not in pending:
+                continue
+            result[msg.partition()].append(
+                (msg.offset(), msg.key(), msg.value(), msg.headers() or [], msg.timestamp()[1])
+            )
+            if msg.offset() >= ends[msg.partition()][1] - 1:
+                pending.discard(msg.partition())
+        assert not pending, f"could not read {topic} partitions {sorted(pending)} to their end"
+    finally:
+        consumer.close()
+    return result
+
+
+def watermarks(cluster: sandbox_mod.Cluster, topic: str, partitions: list[int]) -> dict[int, tuple]:
+    """(log start offset, end offset) of each partition, from the partition leader."""
+    admin = AdminClient(cluster.client_config())
+    bounds = {}
+    for spec, index in ((OffsetSpec.earliest(), 0), (OffsetSpec.latest(), 1)):
+        futures = admin.list_offsets({TopicPartition(topic, p): spec for p in partitions})
+        for tp, future in futures.items():
+            bounds.setdefault(tp.partition, [0, 0])[index] = future.result(timeout=30).offset
+    return {p: tuple(b) for p, b in bounds.items()}
+
+
+def topic_names(cluster: sandbox_mod.Cluster) -> set[str]:
+    return set(AdminClient(cluster.client_config()).list_topics(timeout=10).topics)
+
+
+def wait_for(condition, timeout: float, what: str, interval: float = 1.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def offset_syncs(cluster: sandbox_mod.Cluster, topic: str) -> list[OffsetSync]:
+    return [
+        OffsetSync.from_record(key, value)
+        for _o, key, value, _h, _t in read_topic(cluster, topic).get(0, [])
+    ]

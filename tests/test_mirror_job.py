@@ -1,0 +1,262 @@
+"""The Spark mirror job against real clusters: MirrorMaker 2's replication semantics."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewPartitions
+
+from mirrorflow.formats import Heartbeat
+from tests.conftest import create_topics
+from tests.mirror_harness import (
+    mirror_command,
+    offset_syncs,
+    read_topic,
+    run_mirror_once,
+    start_mirror,
+    topic_names,
+    wait_for,
+    write_flow_file,
+)
+
+pytestmark = [pytest.mark.kafka, pytest.mark.spark]
+
+
+def produce(cluster, topic: str, partitions: int, count: int, start: int = 0) -> list:
+    """Keyed, headered, timestamped records spread over explicit partitions."""
+    producer = Producer({**cluster.client_config(), "enable.idempotence": True})
+    # Distinct timestamps from an hour ago: old enough to tell a copied timestamp from the
+    # time of copying, recent enough that retention (7 days) leaves the records alone.
+    base_ms = int(time.time() * 1000) - 3_600_000
+    sent = []
+    for i in range(start, start + count):
+        record = dict(
+            topic=topic,
+            partition=i % partitions,
+            key=None if i % 11 == 0 else f"key-{i}".encode(),
+            value=None if i % 13 == 0 else f"value-{i}-".encode() * (1 + i % 5),
+            headers=[("trace", f"t{i}".encode()), ("empty", b"")] if i % 3 else None,
+            timestamp=base_ms + i,
+        )
+        producer.produce(**record)
+        sent.append(record)
+    assert producer.flush(30) == 0
+    return sent
+
+
+def copied(records: dict[int, list]) -> dict[int, list]:
+    """Records without their offsets: what a faithful copy must reproduce per partition."""
+    return {p: [r[1:] for r in rs] for p, rs in records.items()}
+
+
+def test_records_are_copied_byte_for_byte_per_partition_and_in_order(sandbox, topic_name, tmp_path):
+    primary, secondary = sandbox["primary"], sandbox["secondary"]
+    orders, users, skipped = topic_name("orders"), topic_name("users"), topic_name("scratch")
+    create_topics(primary, orders, partitions=3)
+    create_topics(primary, users, partitions=2)
+    create_topics(primary, skipped)
+    create_topics(primary, f"{orders}.internal", f"__{users}")
+    produce(primary, orders, 3, 300)
+    produce(primary, users, 2, 120)
+    produce(primary, skipped, 1, 10)
+    produce(primary, f"{orders}.internal", 1, 5)
+    config = write_flow_file(
+        tmp_path / "mm2.properties",
+        sandbox,
+        ["primary", "secondary"],
+        [
+            "primary->secondary.enabled = true",
+            f"primary->secondary.topics = {orders}, {users}, {skipped}, "
+            f"{orders}.internal, __{users}",
+            f"primary->secondary.topics.exclude = {skipped}, .*\\.internal, __.*",
+        ],
+    )
+    run_mirror_once(config, "primary->secondary", tmp_path / "state")
+
+    for topic in (orders, users):
+        source, target = read_topic(primary, topic), read_topic(secondary, f"primary.{topic}")
+        assert copied(target) == copied(source), topic
+    remote = topic_names(secondary)
+    assert f"primary.{skipped}" not in remote, "an excluded topic was replicated"
+    assert not {f"primary.{orders}.internal", f"primary.__{users}"} & remote, (
+        "internal topic copied"
+    )
+
+    syncs = offset_syncs(primary, "mm2-offset-syncs.secondary.internal")
+    mine = [s for s in syncs if s.topic in (orders, users)]
+    assert {(s.topic, s.partition) for s in mine} == {(orders, p) for p in range(3)} | {
+        (users, p) for p in range(2)
+    }
+    for sync in mine:  # every sync pairs a record with the offset of its copy
+        source = {r[0]: r[1:] for r in read_topic(primary, sync.topic)[sync.partition]}
+        target = {
+            r[0]: r[1:] for r in read_topic(secondary, f"primary.{sync.topic}")[sync.partition]
+        }
+        assert target[sync.downstream_offset] == source[sync.upstream_offset]
+
+
+def test_heartbeats_prove_the_flow_is_alive_in_mirrormaker_format(sandbox, tmp_path):
+    secondary = sandbox["secondary"]
+    config = write_flow_file(
+        tmp_path / "mm2.properties",
+        sandbox,
+        ["primary", "secondary"],
+        ["primary->secondary.enabled = true", "primary->secondary.topics = nothing-at-all"],
+    )
+    started = int(time.time() * 1000)
+    run_mirror_once(config, "primary->secondary", tmp_path / "state")
+    on_target = [Heartbeat.from_record(r[1], r[2]) for r in read_topic(secondary, "heartbeats")[0]]
+    assert any(
+        h.source_cluster_alias == "primary"
+        and h.target_cluster_alias == "secondary"
+        and h.timestamp >= started
+        for h in on_target
+    )
+    replicated = read_topic(secondary, "primary.heartbeats")[0]
+    assert replicated, "the source's heartbeats were not replicated as primary.heartbeats"
+    assert all(Heartbeat.from_record(r[1], r[2]) for r in replicated)
+
+
+def test_active_active_flows_do_not_loop_and_forwarding_prefixes_each_hop(
+    sandbox, topic_name, tmp_path
+):
+    primary, secondary, tertiary = sandbox["primary"], sandbox["secondary"], sandbox["tertiary"]
+    t = topic_name("events")
+    create_topics(primary, t, partitions=2)
+    create_topics(secondary, t, partitions=2)
+    produce(primary, t, 2, 40)
+    produce(secondary, t, 2, 30)
+    config = write_flow_file(
+        tmp_path / "mm2.properties",
+        sandbox,
+        ["primary", "secondary", "tertiary"],
+        [
+            "primary->secondary.enabled = true",
+            "secondary->primary.enabled = true",
+            "secondary->tertiary.enabled = true",
+            f"topics = {t}|.*\\.{t}",
+        ],
+    )
+    state = tmp_path / "state"
+    for _ in range(2):  # a second round would copy the copies back, if cycles were not stopped
+        run_mirror_once(config, "primary->secondary", state)
+        run_mirror_once(config, "secondary->primary", state)
+    run_mirror_once(config, "secondary->tertiary", state)
+
+    assert f"primary.{t}" in topic_names(secondary) and f"secondary.{t}" in topic_names(primary)
+    assert not {f"primary.secondary.{t}", f"secondary.primary.{t}"} & (
+        topic_names(primary) | topic_names(secondary)
+    ), "a flow sent a topic back to the cluster it came from"
+    assert copied(read_topic(tertiary, f"secondary.primary.{t}")) == copied(read_topic(primary, t))
+    assert copied(read_topic(tertiary, f"secondary.{t}")) == copied(read_topic(secondary, t))
+
+
+def test_identity_policy_keeps_topic_names_one_way(sandbox, topic_name, tmp_path):
+    primary, tertiary = sandbox["primary"], sandbox["tertiary"]
+    t = topic_name("ledger")
+    create_topics(primary, t, partitions=2)
+    produce(primary, t, 2, 25)
+    config = write_flow_file(
+        tmp_path / "mm2.properties",
+        sandbox,
+        ["primary", "tertiary"],
+        [
+            "primary->tertiary.enabled = true",
+            f"primary->tertiary.topics = {t}",
+            "replication.policy.class = org.apache.kafka.connect.mirror.IdentityReplicationPolicy",
+        ],
+    )
+    run_mirror_once(config, "primary->tertiary", tmp_path / "state")
+    assert copied(read_topic(tertiary, t)) == copied(read_topic(primary, t))
+    assert f"primary.{t}" not in topic_names(tertiary)
+
+
+def test_new_topics_and_partitions_are_picked_up_live_and_a_sigkill_loses_nothing(
+    sandbox, topic_name, tmp_path
+):
+    primary, secondary = sandbox["primary"], sandbox["secondary"]
+    base = topic_name("live")
+    first, later = f"{base}-a", f"{base}-b"
+    create_topics(primary, first, partitions=2)
+    produce(primary, first, 2, 200)
+    config = write_flow_file(
+        tmp_path / "mm2.properties",
+        sandbox,
+        ["primary", "secondary"],
+        ["primary->secondary.enabled = true", f"primary->secondary.topics = {base}-.*"],
+    )
+    state, log = tmp_path / "state", tmp_path / "mirror.log"
+    job = start_mirror(config, "primary->secondary", state, log)
+    try:
+        wait_for(
+            lambda: (
+                sum(map(len, read_topic(secondary, f"primary.{first}").values())) >= 200
+                if f"primary.{first}" in topic_names(secondary)
+                else False
+            ),
+            120,
+            "the first copy",
+        )
+        create_topics(primary, later, partitions=1)
+        produce(primary, later, 1, 50)
+        AdminClient(primary.client_config()).create_partitions([NewPartitions(first, 3)])[
+            first
+        ].result()
+        produce(primary, first, 3, 300, start=200)
+        wait_for(lambda: f"primary.{later}" in topic_names(secondary), 60, "the new topic's remote")
+        time.sleep(2)
+        os.killpg(job.pid, signal.SIGKILL)  # the driver dies mid-stream, no clean shutdown
+        job.wait(30)
+        produce(primary, first, 3, 100, start=500)
+        job = start_mirror(config, "primary->secondary", state, log)
+
+        def complete():
+            target = read_topic(secondary, f"primary.{first}")
+            return len(target) == 3 and all(
+                {r[1:] for r in target[p]} >= {r[1:] for r in source}
+                for p, source in read_topic(primary, first).items()
+            )
+
+        wait_for(complete, 120, "every record, including those produced while the job was down")
+        assert copied(read_topic(secondary, f"primary.{later}")) == copied(
+            read_topic(primary, later)
+        )
+        (tmp_path / "stop").touch()
+    finally:
+        if job.poll() is None:
+            job.send_signal(signal.SIGTERM)
+            try:
+                job.wait(60)
+            except Exception:
+                os.killpg(job.pid, signal.SIGKILL)
+    for sync in offset_syncs(primary, "mm2-offset-syncs.secondary.internal"):
+        if sync.topic != first:
+            continue
+        source = {r[0]: r[1:] for r in read_topic(primary, first)[sync.partition]}
+        target = {r[0]: r[1:] for r in read_topic(secondary, f"primary.{first}")[sync.partition]}
+        assert target[sync.downstream_offset] == source[sync.upstream_offset]
+
+
+def test_a_wrong_password_stops_the_job_at_once_naming_cluster_and_principal(sandbox, tmp_path):
+    config = write_flow_file(
+        tmp_path / "mm2.properties",
+        sandbox,
+        ["primary", "secondary"],
+        ["primary->secondary.enabled = true"],
+    )
+    text = config.read_text().replace(sandbox["secondary"].passwords["admin"], "not-the-password")
+    config.write_text(text)
+    result = subprocess.run(
+        mirror_command(config, "primary->secondary", tmp_path / "state", "--once"),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert result.returncode == 2
+    assert "secondary" in result.stderr and "admin" in result.stderr
+    assert "not-the-password" not in result.stdout + result.stderr
