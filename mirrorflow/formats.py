@@ -18,6 +18,7 @@ what is wrong. MirrorMaker 2's readers skip such records; callers can do the sam
 
 from __future__ import annotations
 
+import json
 import struct
 from dataclasses import dataclass
 from typing import NamedTuple, Self
@@ -222,3 +223,44 @@ class OffsetSync:
             upstream_offset=v.int(_INT64, "upstreamOffset"),
             downstream_offset=v.int(_INT64, "offset"),
         )
+
+
+@dataclass(frozen=True)
+class SourceOffset:
+    """A ``MirrorSourceConnector`` position in Connect's offsets topic (``mm2-offsets.<source>
+    .internal`` on the target): the last upstream offset of ``topic``-``partition`` that was
+    replicated. Written by Connect's ``JsonConverter`` (schemas disabled) as the compact JSON
+    key ``["MirrorSourceConnector",{"cluster":…,"partition":…,"topic":…}]`` and value
+    ``{"offset":…}``; MirrorMaker 2 resumes at ``offset + 1``.
+    """
+
+    cluster: str
+    topic: str
+    partition: int
+    offset: int
+
+    CONNECTOR = "MirrorSourceConnector"
+
+    def key(self) -> bytes:
+        partition = {"cluster": self.cluster, "partition": self.partition, "topic": self.topic}
+        return json.dumps([self.CONNECTOR, partition], separators=(",", ":")).encode()
+
+    def value(self) -> bytes:
+        return json.dumps({"offset": self.offset}, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_record(cls, key: bytes | None, value: bytes | None) -> Self | None:
+        """The position in a record of the offsets topic; None for other connectors' records
+        and for tombstones."""
+        try:
+            connector, partition = json.loads(key or b"null")
+            if connector != cls.CONNECTOR or value is None:
+                return None
+            return cls(
+                partition["cluster"],
+                partition["topic"],
+                int(partition["partition"]),
+                int(json.loads(value)["offset"]),
+            )
+        except (ValueError, TypeError, KeyError):
+            return None

@@ -53,6 +53,7 @@ def job_args(
     once: bool = False,
     stop_file: Path | None = None,
     starting_offsets: str | None = None,
+    max_records_per_batch: int | None = None,
 ) -> list[str]:
     """The mirror job's own arguments."""
     args = [arg for config in configs for arg in ("--config", str(Path(config).resolve()))]
@@ -65,6 +66,8 @@ def job_args(
         args += ["--stop-file", str(stop_file)]
     if starting_offsets:
         args += ["--starting-offsets", starting_offsets]
+    if max_records_per_batch:
+        args += ["--max-records-per-batch", str(max_records_per_batch)]
     return args
 
 

@@ -25,7 +25,7 @@ import threading
 import time
 import zipfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,6 +34,7 @@ from mirrorflow.errors import MirrorflowError
 from mirrorflow.formats import OffsetSync
 from mirrorflow.heartbeats import HeartbeatEmitter
 from mirrorflow.remote_topics import ClusterAdmin, RemoteTopics, ensure_internal_topic
+from mirrorflow.source_offsets import OFFSETS_TOPIC_PARTITIONS, SourceOffsetReader
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -71,6 +72,12 @@ class MirrorSpec:
     starting_offsets: str = "earliest"  # earliest | latest | epoch milliseconds
     trigger_interval: str = "1 second"
     max_records_per_batch: int = 500_000
+    # Exactly-once (``<target>.exactly.once.source.support = enabled``): positions commit with
+    # the copies, in Connect's offsets topic on the target.
+    exactly_once: bool = False
+    offsets_topic: str = ""
+    offsets_replication_factor: int = 3
+    target_consumer: dict[str, str] = field(default_factory=dict, repr=False)
 
     @property
     def flow(self) -> str:
@@ -98,13 +105,12 @@ class MirrorJob:
 
     def __init__(self, spark: SparkSession, spec: MirrorSpec) -> None:
         from confluent_kafka import Producer
-        from confluent_kafka.admin import AdminClient
 
         self.spark, self.spec = spark, spec
         self.stats = BatchStats()
         self._stop_requested = threading.Event()
         self.admins = {
-            alias: ClusterAdmin(alias, AdminClient(conf), conf.get("sasl.username", "?"))
+            alias: ClusterAdmin(alias, conf)
             for alias, conf in ((spec.source, spec.source_admin), (spec.target, spec.target_admin))
         }
         self.remote_topics = RemoteTopics(
@@ -131,6 +137,7 @@ class MirrorJob:
             "message.max.bytes": 1_000_000_000,
         }
         self.heartbeats: HeartbeatEmitter | None = None
+        self.positions: SourceOffsetReader | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
     def prepare(self) -> None:
@@ -153,6 +160,17 @@ class MirrorJob:
                     spec.heartbeats_replication_factor,
                     "heartbeats.topic.replication.factor",
                 )
+        if spec.exactly_once:
+            ensure_internal_topic(
+                self.admins[spec.target],
+                spec.offsets_topic,
+                spec.offsets_replication_factor,
+                "offset.storage.replication.factor",
+                partitions=OFFSETS_TOPIC_PARTITIONS,
+            )
+            self.positions = SourceOffsetReader(
+                spec.target_consumer, spec.offsets_topic, spec.source
+            )
         self.remote_topics.prepare()
 
     def start(self, once: bool = False) -> StreamingQuery:
@@ -202,6 +220,8 @@ class MirrorJob:
         """
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self._stop_requested.set())
+        from pyspark.errors import StreamingQueryException
+
         query = self.start(once=once)
         try:
             while query.isActive:
@@ -213,6 +233,8 @@ class MirrorJob:
                 query.awaitTermination(1.0)
             if query.exception() is not None:
                 raise _query_error(self.spec, query.exception())
+        except StreamingQueryException as exc:
+            raise _query_error(self.spec, exc) from None
         finally:
             if self.heartbeats is not None:
                 self.heartbeats.stop()
@@ -255,6 +277,14 @@ class MirrorJob:
             max_message_bytes=dict(self.remote_topics.max_message_bytes),
             max_offset_lag=spec.max_offset_lag,
         )
+        if self.positions is not None:
+            settings = replace(
+                settings,
+                transactional_id_prefix=f"mirrorflow-{spec.source}->{spec.target}",
+                committed=self.positions.read_to_end(),
+                offsets_topic=spec.offsets_topic,
+                consumer_config=spec.target_consumer,
+            )
 
         def copy(batches):
             return mirror_writer.copy_records(settings, batches)

@@ -14,6 +14,7 @@ from mirrorflow.errors import MirrorflowError
 from mirrorflow.flowconfig import Flow, load_topology
 from mirrorflow.mirror_job import MirrorSpec
 from mirrorflow.policy import DefaultReplicationPolicy, IdentityReplicationPolicy
+from mirrorflow.source_offsets import offsets_topic
 from mirrorflow.spark_session import kafka_options
 
 
@@ -34,6 +35,7 @@ def spec_for_flow(
     source_consumer = flow.client_config("source.consumer", label="mirror")
     reset = source_consumer.get("auto.offset.reset", "earliest")
     location = str(flow.setting("offset-syncs.topic.location"))
+    exactly_once = _exactly_once(flow, source_consumer)
     return MirrorSpec(
         source=flow.source,
         target=flow.target,
@@ -60,7 +62,45 @@ def spec_for_flow(
         max_offset_lag=int(flow.setting("offset.lag.max")),
         checkpoint_dir=str(state_dir / f"{flow.source}-{flow.target}" / "checkpoint"),
         starting_offsets=starting_offsets or reset,
+        exactly_once=exactly_once,
+        offsets_topic=offsets_topic(flow.source),
+        offsets_replication_factor=_worker_int(flow, "offset.storage.replication.factor", 3),
+        target_consumer=flow.client_config("target.consumer", librdkafka=True, label="mirror"),
     )
+
+
+def _worker_setting(flow: Flow, name: str) -> str | None:
+    """A worker setting of the flow's herder: ``<target>.name``, else the top-level ``name``."""
+    cluster = flow.topology.cluster(flow.target).props.get(name)
+    if cluster is not None:
+        return cluster.value.strip()
+    top = flow.topology.props.get(name)
+    return top.value.strip() if top is not None else None
+
+
+def _worker_int(flow: Flow, name: str, default: int) -> int:
+    value = _worker_setting(flow, name)
+    try:
+        return default if value is None else int(value)
+    except ValueError:
+        raise MirrorflowError(f"{name} = {value!r} is not a whole number") from None
+
+
+def _exactly_once(flow: Flow, source_consumer: dict[str, str]) -> bool:
+    """Whether the target's worker enables exactly-once source support, as MM2 reads it."""
+    mode = (_worker_setting(flow, "exactly.once.source.support") or "disabled").lower()
+    if mode != "enabled":
+        return False
+    if source_consumer.get("isolation.level") != "read_committed":
+        raise MirrorflowError(
+            f"{flow.target}.exactly.once.source.support = enabled, but flow {flow.name} reads "
+            f"{flow.source} with isolation.level = "
+            f"{source_consumer.get('isolation.level', 'read_uncommitted')}: aborted "
+            "transactions would be copied",
+            f"set {flow.source}.consumer.isolation.level = read_committed "
+            f"(or {flow.name}.consumer.isolation.level), as MirrorMaker 2 requires",
+        )
+    return True
 
 
 def subscribe_pattern(flow: Flow) -> str:

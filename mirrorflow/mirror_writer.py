@@ -62,6 +62,17 @@ class CopySettings:
     max_message_bytes: dict[str, int]
     max_offset_lag: int
     flush_timeout_s: float = 300.0
+    # Exactly-once (set by the driver when the target enables it): each source partition's
+    # copies and its position record commit in one transaction; offsets at or below the
+    # committed position are already on the target and are skipped.
+    transactional_id_prefix: str | None = None
+    committed: dict[tuple[str, int], int] = field(default_factory=dict)
+    offsets_topic: str = ""
+    consumer_config: dict[str, str] = field(default_factory=dict, repr=False)
+
+    @property
+    def exactly_once(self) -> bool:
+        return self.transactional_id_prefix is not None
 
 
 _PRODUCERS: dict[tuple, object] = {}
@@ -75,6 +86,41 @@ def _producer(config: dict[str, str]):
     producer = _PRODUCERS.get(key)
     if producer is None:
         producer = _PRODUCERS[key] = Producer(config)
+    return producer
+
+
+def _transactional_producer(settings: CopySettings, topic: str, partition: int):
+    """The transactional producer of one source partition, with a transaction begun.
+
+    Its ``transactional.id`` is stable per flow and partition, so a producer of a previous
+    attempt or job (a zombie) is fenced off and its open transaction aborted.
+    """
+    from confluent_kafka import KafkaException, Producer
+
+    txn_id = f"{settings.transactional_id_prefix}-{topic}-{partition}"
+    config = {
+        **settings.producer_config,
+        "transactional.id": txn_id,
+        "partitioner": "murmur2_random",  # Java's partitioner, as Connect's offsets topic uses
+    }
+    key = tuple(sorted(config.items()))
+    producer = _PRODUCERS.get(key)
+    if producer is not None:
+        try:
+            producer.begin_transaction()
+            return producer
+        except KafkaException:
+            _PRODUCERS.pop(key, None)  # left in a failed state by an earlier task: start over
+    producer = Producer(config)
+    try:
+        producer.init_transactions(settings.flush_timeout_s)
+        producer.begin_transaction()
+    except KafkaException as exc:
+        raise CopyError(
+            f"starting a transaction ({txn_id}) on {settings.target_alias} failed: "
+            f"{exc.args[0].str()}"
+        ) from None
+    _PRODUCERS[key] = producer
     return producer
 
 
@@ -100,6 +146,8 @@ class _Partition:
     topic: str
     partition: int
     remote: str
+    producer: object
+    skip_through: int = -1  # exactly-once: upstream offsets already committed on the target
     acks: _Acks = field(default_factory=_Acks)
     upstream: list[int] = field(default_factory=list)
     bytes: int = 0
@@ -110,29 +158,63 @@ def copy_records(
     settings: CopySettings, batches: Iterable[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:
     """Copy the records in ``batches`` to the target; yield syncs and per-partition totals."""
-    producer = _producer(settings.producer_config)
+    committed = dict(settings.committed)
+    if settings.exactly_once and _task_attempt() > 0:
+        # A retried task may follow an attempt that committed before it failed.
+        from mirrorflow.source_offsets import SourceOffsetReader
+
+        reader = SourceOffsetReader(
+            settings.consumer_config, settings.offsets_topic, settings.source_alias
+        )
+        try:
+            committed.update(reader.read_to_end())
+        finally:
+            reader.close()
     partitions: dict[tuple[str, int], _Partition] = {}
     for batch in batches:
-        _produce_batch(producer, settings, batch, partitions)
-    _wait_for_acks(producer, settings, partitions)
+        _produce_batch(settings, batch, partitions, committed)
+    if settings.exactly_once:
+        _commit_transactions(settings, partitions)
+    else:
+        _wait_for_acks(_producer(settings.producer_config), settings, partitions)
+    _check_acks(settings, partitions)
     yield _results(settings, partitions)
 
 
-def _produce_batch(producer, settings: CopySettings, batch: pa.RecordBatch, partitions) -> None:
+def _task_attempt() -> int:
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return context.attemptNumber() if context is not None else 0
+
+
+def _new_partition(settings: CopySettings, topic: str, part: int, committed) -> _Partition:
+    remote = settings.remote_topics.get(topic)
+    if remote is None:
+        raise CopyError(f"no remote topic was prepared for source topic {topic}")
+    if settings.exactly_once:
+        producer = _transactional_producer(settings, topic, part)
+    else:
+        producer = _producer(settings.producer_config)
+    return _Partition(topic, part, remote, producer, committed.get((topic, part), -1))
+
+
+def _produce_batch(settings: CopySettings, batch: pa.RecordBatch, partitions, committed) -> None:
     cols = {name: batch.column(name).to_pylist() for name in INPUT_COLUMNS}
     now_ms = int(time.time() * 1000)
-    produce, poll = producer.produce, producer.poll
     current = None
     for i in range(batch.num_rows):
         topic, part = cols["topic"][i], cols["partition"][i]
         if current is None or current.topic != topic or current.partition != part:
             current = partitions.get((topic, part))
             if current is None:
-                remote = settings.remote_topics.get(topic)
-                if remote is None:
-                    raise CopyError(f"no remote topic was prepared for source topic {topic}")
-                current = partitions[(topic, part)] = _Partition(topic, part, remote)
+                current = partitions[(topic, part)] = _new_partition(
+                    settings, topic, part, committed
+                )
             limit = settings.max_message_bytes.get(current.remote, 1 << 62)
+            produce, poll = current.producer.produce, current.producer.poll
+        if cols["offset"][i] <= current.skip_through:
+            continue
         key, value, headers, ts = (
             cols["key"][i],
             cols["value"][i],
@@ -180,6 +262,33 @@ def _wait_for_acks(producer, settings: CopySettings, partitions) -> None:
                 f"{len(producer)} records to {settings.target_alias} were not acknowledged "
                 f"within {settings.flush_timeout_s:.0f}s; is the target cluster reachable?"
             )
+
+
+def _commit_transactions(settings: CopySettings, partitions) -> None:
+    """Add each partition's position to its transaction and commit it."""
+    from confluent_kafka import KafkaException
+
+    from mirrorflow.formats import SourceOffset
+
+    for p in partitions.values():
+        try:
+            if p.upstream:
+                position = SourceOffset(settings.source_alias, p.topic, p.partition, p.upstream[-1])
+                p.producer.produce(settings.offsets_topic, position.value(), position.key())
+                p.producer.commit_transaction(settings.flush_timeout_s)
+            else:
+                p.producer.abort_transaction(settings.flush_timeout_s)
+        except KafkaException as exc:
+            error = exc.args[0]
+            if error.txn_requires_abort():
+                p.producer.abort_transaction(settings.flush_timeout_s)
+            raise CopyError(
+                f"committing the copies of {p.topic}-{p.partition} to {p.remote} on "
+                f"{settings.target_alias} failed: {error.str()} (nothing of it was committed)"
+            ) from None
+
+
+def _check_acks(settings: CopySettings, partitions) -> None:
     for p in partitions.values():
         if p.acks.error is not None:
             err = p.acks.error

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import (
@@ -29,19 +28,45 @@ from mirrorflow.errors import MirrorflowError
 ADMIN_TIMEOUT_S = 30.0
 
 
-@dataclass(frozen=True)
 class ClusterAdmin:
-    """An admin client with the alias and principal to name in errors."""
+    """An admin client of one cluster that names the cluster and principal in its errors.
 
-    alias: str
-    client: AdminClient
-    principal: str = "?"
+    Authentication failures reach librdkafka's error callback, not the failing call, so they
+    are collected here and end a metadata request at once instead of after its timeout.
+    """
+
+    def __init__(self, alias: str, config: dict[str, str]) -> None:
+        self.alias = alias
+        self.principal = config.get("sasl.username", "(no SASL user)")
+        self.auth_error: KafkaError | None = None
+        self.client = AdminClient({**config, "error_cb": self._on_error})
+
+    def _on_error(self, error: KafkaError) -> None:
+        if error.code() in _AUTH_ERRORS:
+            self.auth_error = error
 
     def metadata(self):
-        try:
-            return self.client.list_topics(timeout=ADMIN_TIMEOUT_S)
-        except KafkaException as exc:
-            raise cluster_error(self, "listing topics", exc) from None
+        deadline = time.monotonic() + ADMIN_TIMEOUT_S
+        while True:
+            try:
+                return self.client.list_topics(timeout=2)
+            except KafkaException as exc:
+                self.client.poll(0.1)  # serves the error callback
+                if self.auth_error is not None:
+                    raise cluster_error(
+                        self, "connecting", KafkaException(self.auth_error)
+                    ) from None
+                if time.monotonic() > deadline:
+                    raise cluster_error(self, "listing topics", exc) from None
+
+
+_AUTH_ERRORS = (
+    KafkaError._AUTHENTICATION,
+    KafkaError.SASL_AUTHENTICATION_FAILED,
+    KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+    KafkaError.GROUP_AUTHORIZATION_FAILED,
+)
 
 
 def cluster_error(admin: ClusterAdmin, action: str, exc: Exception) -> MirrorflowError:
@@ -49,13 +74,7 @@ def cluster_error(admin: ClusterAdmin, action: str, exc: Exception) -> Mirrorflo
     err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
     code = err.code() if err else None
     text = err.str() if err else str(exc)
-    if code in (
-        KafkaError.TOPIC_AUTHORIZATION_FAILED,
-        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
-        KafkaError.GROUP_AUTHORIZATION_FAILED,
-        KafkaError._AUTHENTICATION,
-        KafkaError.SASL_AUTHENTICATION_FAILED,
-    ):
+    if code in _AUTH_ERRORS:
         return MirrorflowError(
             f"cluster {admin.alias} refused principal {admin.principal} while {action}: {text}",
             f"check the credentials and ACLs of {admin.principal} on {admin.alias}",
@@ -69,14 +88,14 @@ def cluster_error(admin: ClusterAdmin, action: str, exc: Exception) -> Mirrorflo
 
 
 def ensure_internal_topic(
-    admin: ClusterAdmin, topic: str, replication_factor: int, setting: str
+    admin: ClusterAdmin, topic: str, replication_factor: int, setting: str, partitions: int = 1
 ) -> None:
-    """Create a single-partition compacted topic (heartbeats, offset syncs) if it is missing."""
+    """Create a compacted internal topic (heartbeats, offset syncs: one partition) if missing."""
     metadata = admin.metadata()
     if topic in metadata.topics:
         return
     _check_replication_factor(admin, metadata, replication_factor, setting)
-    new = NewTopic(topic, 1, replication_factor, config={"cleanup.policy": "compact"})
+    new = NewTopic(topic, partitions, replication_factor, config={"cleanup.policy": "compact"})
     _create(admin, [new])
 
 

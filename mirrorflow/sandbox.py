@@ -226,8 +226,11 @@ def _plain_login(user: str, password: str) -> str:
 
 def _require_free_port(port: int, cluster: str) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # As the broker binds: connections of a stopped broker in TIME_WAIT do not count.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
+            sock.listen()
         except OSError:
             raise MirrorflowError(
                 f"port {port} on 127.0.0.1, needed by sandbox cluster {cluster}, is in use",

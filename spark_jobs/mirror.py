@@ -45,6 +45,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=None,
         help="for a flow with no progress yet: earliest, latest, or epoch ms",
     )
+    parser.add_argument(
+        "--max-records-per-batch",
+        type=int,
+        default=None,
+        help="upper bound of records per micro-batch (default 500000)",
+    )
     return parser.parse_args(argv)
 
 
@@ -66,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
             state_dir=args.state_dir or paths.state_dir() / "flows",
             starting_offsets=args.starting_offsets,
         )
+        if args.max_records_per_batch:
+            spec.max_records_per_batch = args.max_records_per_batch
         spark = spark_session.build_session(f"mirrorflow {spec.flow}")
         spark.sparkContext.setLogLevel("WARN")
         MirrorJob(spark, spec).run(once=args.once, stop_file=args.stop_file)

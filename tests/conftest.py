@@ -39,7 +39,9 @@ SANDBOX_CLUSTERS = ("primary", "secondary", "tertiary")
 
 def _free_port_block(count: int) -> int:
     """A base port such that ``count`` consecutive ports from it are free on loopback."""
-    for base in range(23000, 60000, 97):
+    # Start where this process's id points, so concurrent test sessions rarely collide.
+    start = 23000 + (os.getpid() % 300) * 97
+    for base in [*range(start, 60000, 97), *range(23000, start, 97)]:
         sockets = []
         try:
             for port in range(base, base + count):

@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from mirrorflow import launch
@@ -39,16 +39,19 @@ def write_flow_file(
 
 def mirror_command(config: Path, flow: str, state: Path, *extra: str) -> list[str]:
     """The command that runs ``flow``: the same one ``mirrorflow mirror`` and the DAGs use."""
-    once = "--once" in extra
-    stop = extra[extra.index("--stop-file") + 1] if "--stop-file" in extra else None
+
+    def option(name: str):
+        return extra[extra.index(name) + 1] if name in extra else None
+
     return launch.mirror_command(
         [config],
         flow,
         master="local[2]",
         driver_memory="768m",
         state_dir=state,
-        once=once,
-        stop_file=stop,
+        once="--once" in extra,
+        stop_file=option("--stop-file"),
+        max_records_per_batch=option("--max-records-per-batch"),
     )
 
 
@@ -92,6 +95,7 @@ def read_topic(cluster: sandbox_mod.Cluster, topic: str, timeout: float = 60.0) 
             "group.id": "read-topic",
             "enable.auto.commit": False,
             "auto.offset.reset": "earliest",
+            "enable.partition.eof": True,  # the end: transaction markers are never delivered
         }
     )
     result: dict[int, list] = {p: [] for p in partitions}
@@ -105,13 +109,15 @@ def read_topic(cluster: sandbox_mod.Cluster, topic: str, timeout: float = 60.0) 
         deadline = time.monotonic() + timeout
         while pending and time.monotonic() < deadline:
             msg = consumer.poll(0.5)
-            if msg is None or msg.error() or msg.partition() not in pending:
+            if msg is None or msg.partition() not in pending:
+                continue
+            if msg.error():
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    pending.discard(msg.partition())
                 continue
             result[msg.partition()].append(
                 (msg.offset(), msg.key(), msg.value(), msg.headers() or [], msg.timestamp()[1])
             )
-            if msg.offset() >= ends[msg.partition()][1] - 1:
-                pending.discard(msg.partition())
         assert not pending, f"could not read {topic} partitions {sorted(pending)} to their end"
     finally:
         consumer.close()

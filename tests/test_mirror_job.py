@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
 
 import pytest
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewPartitions
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
+from mirrorflow import launch
 from mirrorflow.formats import Heartbeat
 from tests.conftest import create_topics
 from tests.mirror_harness import (
@@ -47,6 +49,11 @@ def produce(cluster, topic: str, partitions: int, count: int, start: int = 0) ->
         sent.append(record)
     assert producer.flush(30) == 0
     return sent
+
+
+def distinct(records: list) -> set:
+    """A partition's records as a set (offsets left out), to check that none is missing."""
+    return {(key, value, tuple(headers), ts) for _offset, key, value, headers, ts in records}
 
 
 def copied(records: dict[int, list]) -> dict[int, list]:
@@ -204,9 +211,8 @@ def test_new_topics_and_partitions_are_picked_up_live_and_a_sigkill_loses_nothin
         )
         create_topics(primary, later, partitions=1)
         produce(primary, later, 1, 50)
-        AdminClient(primary.client_config()).create_partitions([NewPartitions(first, 3)])[
-            first
-        ].result()
+        admin = AdminClient(primary.client_config())
+        admin.create_partitions([NewPartitions(first, 3)])[first].result()
         produce(primary, first, 3, 300, start=200)
         wait_for(lambda: f"primary.{later}" in topic_names(secondary), 60, "the new topic's remote")
         time.sleep(2)
@@ -218,7 +224,7 @@ def test_new_topics_and_partitions_are_picked_up_live_and_a_sigkill_loses_nothin
         def complete():
             target = read_topic(secondary, f"primary.{first}")
             return len(target) == 3 and all(
-                {r[1:] for r in target[p]} >= {r[1:] for r in source}
+                distinct(target[p]) >= distinct(source)
                 for p, source in read_topic(primary, first).items()
             )
 
@@ -257,6 +263,135 @@ def test_a_wrong_password_stops_the_job_at_once_naming_cluster_and_principal(san
         text=True,
         timeout=180,
     )
-    assert result.returncode == 2
-    assert "secondary" in result.stderr and "admin" in result.stderr
-    assert "not-the-password" not in result.stdout + result.stderr
+    output = result.stdout + result.stderr  # spark-submit merges the driver's stderr into stdout
+    assert result.returncode == 2, output[-3000:]
+    error = next(line for line in output.splitlines() if line.startswith("mirrorflow: error:"))
+    assert "secondary" in error and "admin" in error
+    assert "not-the-password" not in output
+
+
+def test_a_record_too_large_for_the_target_stops_the_flow_naming_topic_partition_and_offset(
+    sandbox, topic_name, tmp_path
+):
+    primary, secondary = sandbox["primary"], sandbox["secondary"]
+    t = topic_name("blobs")
+    create_topics(primary, t)
+    admin = AdminClient(secondary.client_config())
+    remote = NewTopic(f"primary.{t}", 1, 1, config={"max.message.bytes": "2000"})
+    admin.create_topics([remote])[remote.topic].result(30)
+    producer = Producer(primary.client_config())
+    for i in range(5):
+        producer.produce(t, key=b"k%d" % i, value=b"x" * (5000 if i == 3 else 100))
+    producer.flush(30)
+    config = write_flow_file(
+        tmp_path / "mm2.properties",
+        sandbox,
+        ["primary", "secondary"],
+        ["primary->secondary.enabled = true", f"primary->secondary.topics = {t}"],
+    )
+    result = subprocess.run(
+        mirror_command(config, "primary->secondary", tmp_path / "state", "--once"),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=launch.job_environment(),
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output[-3000:]
+    error = next(line for line in output.splitlines() if line.startswith("mirrorflow: error:"))
+    assert f"{t}-0@3" in error and "max.message.bytes" in error
+    copied_values = [r[2] for r in read_topic(secondary, f"primary.{t}")[0]]
+    assert b"x" * 5000 not in copied_values
+    assert len(copied_values) <= 3, "records after the oversized one were copied"
+
+
+def test_at_least_once_loses_nothing_when_the_target_broker_restarts_mid_run(
+    sandbox, topic_name, tmp_path
+):
+    from mirrorflow import sandbox as sandbox_mod
+
+    primary, secondary = sandbox["primary"], sandbox["secondary"]
+    t = topic_name("restart")
+    create_topics(primary, t, partitions=2)
+    produce(primary, t, 2, 2000)
+    config = write_flow_file(
+        tmp_path / "mm2.properties",
+        sandbox,
+        ["primary", "secondary"],
+        ["primary->secondary.enabled = true", f"primary->secondary.topics = {t}"],
+    )
+    job = start_mirror(config, "primary->secondary", tmp_path / "state", tmp_path / "job.log")
+    try:
+        wait_for(lambda: f"primary.{t}" in topic_names(secondary), 120, "the first copies")
+        sandbox_mod.down(sandbox.directory, ["secondary"])
+        produce(primary, t, 2, 1000, start=2000)
+        sandbox_mod.up(["secondary"], sandbox.directory)
+        produce(primary, t, 2, 500, start=3000)
+        wait_for(
+            lambda: all(
+                distinct(read_topic(secondary, f"primary.{t}")[p]) >= distinct(records)
+                for p, records in read_topic(primary, t).items()
+            ),
+            180,
+            "every record on the restarted target",
+        )
+        assert job.poll() is None, "the job gave up while the target was down"
+    finally:
+        job.send_signal(signal.SIGTERM)
+        try:
+            job.wait(90)
+        except subprocess.TimeoutExpired:
+            os.killpg(job.pid, signal.SIGKILL)
+
+
+def test_exactly_once_copies_each_committed_record_once_despite_sigkill(
+    sandbox, topic_name, tmp_path
+):
+    primary, secondary = sandbox["primary"], sandbox["secondary"]
+    t = topic_name("payments")
+    create_topics(primary, t, partitions=3)
+    transactional = Producer({**primary.client_config(), "transactional.id": f"src-{t}"})
+    transactional.init_transactions(30)
+    expected = set()
+    for txn in range(40):
+        transactional.begin_transaction()
+        for i in range(250):
+            key = f"{txn}-{i}".encode()
+            transactional.produce(t, key=key, value=key * 4, partition=i % 3)
+        if txn % 5 == 4:
+            transactional.abort_transaction(30)
+        else:
+            transactional.commit_transaction(30)
+            expected |= {f"{txn}-{i}".encode() for i in range(250)}
+    config = write_flow_file(
+        tmp_path / "mm2.properties",
+        sandbox,
+        ["primary", "secondary"],
+        [
+            "primary->secondary.enabled = true",
+            f"primary->secondary.topics = {t}",
+            "secondary.exactly.once.source.support = enabled",
+            "primary.consumer.isolation.level = read_committed",
+            "offset.storage.replication.factor = 1",
+        ],
+    )
+    state, log = tmp_path / "state", tmp_path / "job.log"
+    job = start_mirror(config, "primary->secondary", state, log, "--max-records-per-batch", "600")
+    try:
+        wait_for(lambda: f"primary.{t}" in topic_names(secondary), 120, "the first copies")
+        os.killpg(job.pid, signal.SIGKILL)  # between or inside small batches
+        job.wait(30)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    run_mirror_once(config, "primary->secondary", state)
+    keys = [r[1] for records in read_topic(secondary, f"primary.{t}").values() for r in records]
+    assert len(keys) == len(set(keys)), f"{len(keys) - len(set(keys))} records copied twice"
+    assert set(keys) == expected
+
+    # Spark's own progress lost: every batch replays, and only the positions committed on
+    # the target with the copies keep them from being copied again.
+    shutil.rmtree(state)
+    run_mirror_once(config, "primary->secondary", state)
+    again = [r[1] for records in read_topic(secondary, f"primary.{t}").values() for r in records]
+    assert sorted(again) == sorted(keys)
