@@ -52,7 +52,7 @@ from confluent_kafka import (  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec  # noqa: E402
 
 from benchmarks import procstats  # noqa: E402
-from mirrorflow import jvm  # noqa: E402
+from mirrorflow import jvm, launch  # noqa: E402
 from mirrorflow import sandbox as sandbox_mod  # noqa: E402
 
 SOURCE, TARGET = "bench-a", "bench-b"
@@ -782,24 +782,13 @@ def mirrorflow_launches(bench: Bench, case: Case, run_no: int) -> list[Launch]:
     state = bench.workdir / "state" / f"{case.name}-mirrorflow-{run_no}"
     shutil.rmtree(state, ignore_errors=True)
     state.mkdir(parents=True)
-    venv_bin = Path(sys.executable).parent
-    spark_submit = venv_bin / "spark-submit"
-    if not spark_submit.exists():
-        spark_submit = Path(jvm.require_tool("spark-submit", "to run the mirrorflow job"))
-    command = [str(spark_submit), "--master", bench.args.spark_master]
-    if not bench.args.no_spark_jars:
-        command += ["--jars", ",".join(map(str, jvm.spark_kafka_jars()))]
+    # The same command `mirrorflow mirror` and the generated DAGs run.
+    command = launch.mirror_command(
+        [flow_file(bench, case)], FLOW, master=bench.args.spark_master, state_dir=state, once=True
+    )
     for conf in bench.args.spark_conf:
-        command += ["--conf", conf]
-    command += [str(MIRROR_JOB), "--config", str(flow_file(bench, case)), "--flow", FLOW, "--once"]
-    env = {
-        **os.environ,
-        "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}",
-        "PYTHONPATH": str(REPO),
-        "PYSPARK_PYTHON": sys.executable,
-        "PYSPARK_DRIVER_PYTHON": sys.executable,
-        "MIRRORFLOW_STATE": str(state),
-    }
+        command[1:1] = ["--conf", conf]
+    env = {**launch.job_environment(), "MIRRORFLOW_STATE": str(state)}
     return [Launch("mirrorflow", command, env=env, cwd=state, exits=True)]
 
 
@@ -1074,9 +1063,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     runs.add_argument("--spark-master", default="local[*]")
     runs.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE")
-    runs.add_argument(
-        "--no-spark-jars", action="store_true", help="the job adds the Kafka jars itself"
-    )
     runs.add_argument("--mm2-log-level", default="INFO")
     runs.add_argument("--verify", choices=("full", "offsets"), default="full")
     limits = parser.add_argument_group("limits and sampling")

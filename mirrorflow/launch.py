@@ -95,3 +95,48 @@ def job_environment(base: dict[str, str] | None = None) -> dict[str, str]:
         p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p
     )
     return env
+
+
+def stop_file_for(state_dir: Path, flow: str) -> Path:
+    """The file whose appearance asks the running job of ``flow`` to stop after its batch."""
+    source, _, target = flow.partition("->")
+    return Path(state_dir) / f"{source}-{target}" / "stop"
+
+
+def supervise(command: list[str], stop_file: Path, grace_s: float = 120.0) -> int:
+    """Run a mirror job in the foreground; on SIGTERM or SIGINT ask it to stop after its
+    current batch (through ``stop_file``), and end it only if it has not within ``grace_s``.
+
+    spark-submit's JVM is the parent of the Python driver, so a signal sent to it ends the
+    job mid-batch; this is how a caller gets a clean stop instead.
+    """
+    import signal
+    import subprocess
+    import time
+
+    stop_file.parent.mkdir(parents=True, exist_ok=True)
+    stop_file.unlink(missing_ok=True)
+    requested: list[float] = []
+
+    def request_stop(*_):
+        if not requested:
+            requested.append(time.monotonic())
+            stop_file.touch()
+
+    previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    job = subprocess.Popen(command, env=job_environment(), start_new_session=True)
+    try:
+        while job.poll() is None:
+            if requested and time.monotonic() - requested[0] > grace_s:
+                os.killpg(job.pid, signal.SIGTERM)
+                try:
+                    job.wait(30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(job.pid, signal.SIGKILL)
+                break
+            time.sleep(0.2)
+        return job.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        stop_file.unlink(missing_ok=True)

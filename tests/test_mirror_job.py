@@ -6,6 +6,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -395,3 +396,55 @@ def test_exactly_once_copies_each_committed_record_once_despite_sigkill(
     run_mirror_once(config, "primary->secondary", state)
     again = [r[1] for records in read_topic(secondary, f"primary.{t}").values() for r in records]
     assert sorted(again) == sorted(keys)
+
+
+def test_sigterm_to_mirrorflow_mirror_stops_the_flow_after_its_current_batch(
+    sandbox, topic_name, tmp_path
+):
+    primary, secondary = sandbox["primary"], sandbox["secondary"]
+    t = topic_name("graceful")
+    create_topics(primary, t, partitions=2)
+    produce(primary, t, 2, 3000)
+    config = write_flow_file(
+        tmp_path / "mm2.properties",
+        sandbox,
+        ["primary", "secondary"],
+        ["primary->secondary.enabled = true", f"primary->secondary.topics = {t}"],
+    )
+    log = open(tmp_path / "mirror.log", "wb")  # noqa: SIM115
+    job = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mirrorflow.cli",
+            "mirror",
+            str(config),
+            "--flow",
+            "primary->secondary",
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--master",
+            "local[2]",
+            "--max-records-per-batch",
+            "500",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=launch.job_environment(),
+    )
+    try:
+        wait_for(lambda: f"primary.{t}" in topic_names(secondary), 120, "the first copies")
+        job.send_signal(signal.SIGTERM)
+        assert job.wait(150) == 0
+    finally:
+        if job.poll() is None:
+            job.kill()
+        log.close()
+    output = (tmp_path / "mirror.log").read_text(errors="replace")
+    assert "stop requested: finishing the batch in progress" in output
+    assert "Traceback" not in output
+    # Whatever was copied before the stop is whole: every copy is a record of the source,
+    # in the source's order, from the start of each partition.
+    source = read_topic(primary, t)
+    for p, records in read_topic(secondary, f"primary.{t}").items():
+        assert copied({p: records})[p] == copied(source)[p][: len(records)]

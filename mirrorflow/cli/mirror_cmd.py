@@ -1,0 +1,55 @@
+"""``mirrorflow mirror FILE… --flow S->T``: run one flow's Spark mirror job in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from mirrorflow import launch, paths
+from mirrorflow.errors import MirrorflowError
+from mirrorflow.flowconfig import load_topology
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "mirror",
+        help="run one flow's mirror job (SIGTERM/Ctrl-C: stop after the current batch)",
+    )
+    parser.add_argument("files", nargs="+", type=Path, help="flow files (mm2.properties, YAML)")
+    parser.add_argument("--flow", required=True, help="the flow to run, e.g. primary->secondary")
+    parser.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
+    parser.add_argument("--once", action="store_true", help="copy what is there now, then exit")
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="checkpoints (default: $MIRRORFLOW_STATE/flows)",
+    )
+    parser.add_argument("--starting-offsets", help="new flows: earliest, latest or epoch ms")
+    parser.add_argument("--max-records-per-batch", type=int, default=None)
+    parser.add_argument(
+        "--grace",
+        type=float,
+        default=120.0,
+        help="seconds a stop request waits for the current batch (default 120)",
+    )
+    parser.set_defaults(handler=_mirror)
+
+
+def _mirror(args: argparse.Namespace) -> int:
+    flow = load_topology(args.files).flow(args.flow)  # unknown clusters and flows end here
+    if not flow.enabled:
+        raise MirrorflowError(f"flow {args.flow} is not enabled", f"set {args.flow}.enabled = true")
+    state_dir = args.state_dir or paths.state_dir() / "flows"
+    stop_file = launch.stop_file_for(state_dir, args.flow)
+    command = launch.mirror_command(
+        args.files,
+        args.flow,
+        master=args.master,
+        state_dir=state_dir,
+        once=args.once,
+        stop_file=stop_file,
+        starting_offsets=args.starting_offsets,
+        max_records_per_batch=args.max_records_per_batch,
+    )
+    return launch.supervise(command, stop_file, grace_s=args.grace)
