@@ -14,6 +14,8 @@ Nothing here imports Spark: the function is plain Python over ``pyarrow`` batche
 
 from __future__ import annotations
 
+import base64
+import json
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -223,7 +225,7 @@ def _produce_batch(settings: CopySettings, batch: pa.RecordBatch, partitions, co
         )
         size = (len(key) if key else 0) + (len(value) if value else 0)
         if headers:
-            headers = [(h["key"], h["value"]) for h in headers]
+            headers = _decode_headers(headers)
             size += sum(len(k) + (len(v) if v else 0) for k, v in headers)
         if size + _RECORD_OVERHEAD > limit:
             raise CopyError(
@@ -251,6 +253,12 @@ def _produce_batch(settings: CopySettings, batch: pa.RecordBatch, partitions, co
             current.max_age_ms = now_ms - ts
         if i % 1000 == 0:
             poll(0)
+
+
+def _decode_headers(text: str) -> list[tuple[str, bytes | None]]:
+    """Headers as the driver encodes them: JSON ``[{"k": key, "v": base64 value}]``, with
+    ``v`` absent for a null value."""
+    return [(h["k"], base64.b64decode(h["v"]) if "v" in h else None) for h in json.loads(text)]
 
 
 def _wait_for_acks(producer, settings: CopySettings, partitions) -> None:

@@ -179,13 +179,15 @@ def up(
         _prepare(cluster)
         started.append(cluster)
     _format_storage(java, classpath, started)
+    processes = {}
     for cluster in started:
-        cluster.pid = _launch(java, classpath, cluster, heap)
+        processes[cluster.name] = _launch(java, classpath, cluster, heap)
+        cluster.pid = processes[cluster.name].pid
         sandbox.clusters[cluster.name] = cluster
     sandbox.save()
     deadline = time.monotonic() + timeout
     for cluster in started:
-        _wait_until_serving(cluster, deadline, timeout)
+        _wait_until_serving(cluster, processes[cluster.name], deadline, timeout)
     return sandbox
 
 
@@ -327,7 +329,7 @@ def _format_storage(java: str, classpath: str, clusters: list[Cluster]) -> None:
             )
 
 
-def _launch(java: str, classpath: str, cluster: Cluster, heap: str) -> int:
+def _launch(java: str, classpath: str, cluster: Cluster, heap: str) -> subprocess.Popen:
     data = Path(cluster.directory)
     cmd = [
         java,
@@ -351,15 +353,17 @@ def _launch(java: str, classpath: str, cluster: Cluster, heap: str) -> int:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-    return proc.pid
+    return proc
 
 
-def _wait_until_serving(cluster: Cluster, deadline: float, timeout: float) -> None:
+def _wait_until_serving(
+    cluster: Cluster, process: subprocess.Popen, deadline: float, timeout: float
+) -> None:
     from confluent_kafka.admin import AdminClient
 
     admin = AdminClient({**cluster.client_config(), "log_level": 0})
     while True:
-        if not cluster.is_running():
+        if process.poll() is not None:  # the handle, not /proc: right after fork it is not java yet
             raise MirrorflowError(
                 f"the broker of sandbox cluster {cluster.name} exited during start-up: "
                 f"{_last_error(cluster.log_file)}",
