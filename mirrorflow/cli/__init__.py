@@ -14,14 +14,21 @@ from mirrorflow.errors import MirrorflowError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from mirrorflow.cli import demo_cmd, flows_cmd, sandbox_cmd, setup_cmd
+    from mirrorflow.cli import (
+        demo_cmd,
+        flows_cmd,
+        mirror_cmd,
+        render_cmd,
+        sandbox_cmd,
+        setup_cmd,
+    )
 
     parser = argparse.ArgumentParser(
         prog="mirrorflow",
         description="Kafka replication with MirrorMaker 2 semantics on Airflow and Spark.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (setup_cmd, sandbox_cmd, demo_cmd, flows_cmd):
+    for module in (setup_cmd, sandbox_cmd, flows_cmd, mirror_cmd, render_cmd, demo_cmd):
         module.register(commands)
     return parser
 

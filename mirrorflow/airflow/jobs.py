@@ -1,0 +1,233 @@
+"""A flow's mirror job as files and processes: where its state lives and how it is stopped.
+
+Per flow ``S->T``, under the flows state directory (``$MIRRORFLOW_STATE/flows`` by default, the
+job's own default)::
+
+    S-T/checkpoint/   Spark's progress (read positions): a restarted job resumes from it
+    S-T/stop          the stop file: once it exists the job finishes its batch, then exits
+    S-T/job.json      the running job: its process id (the leader of its own process group)
+
+The job runs in a process group of its own, so a signal meant for the Airflow task (SIGTERM
+when a task is marked failed, then SIGKILL 5 seconds later) never cuts a batch short: the task
+asks the job to stop through the stop file, and a detached reaper enforces the grace period
+even if the task itself is killed. No Airflow import here: ``mirrorflow demo down`` uses it too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from mirrorflow import launch, paths
+from mirrorflow.errors import MirrorflowError
+
+PID_FILE = "job.json"
+CHECKPOINT = "checkpoint"
+KILL_WAIT = 10.0  # seconds between SIGTERM and SIGKILL to a job that outlived its grace period
+
+Log = Callable[[str], None]
+
+
+def default_state_dir() -> Path:
+    """Where mirror jobs keep their state unless told otherwise (as ``spark_jobs/mirror.py``)."""
+    return paths.state_dir() / "flows"
+
+
+def split_flow(flow: str) -> tuple[str, str]:
+    source, arrow, target = flow.partition("->")
+    if not arrow or not source or not target:
+        raise MirrorflowError(f"{flow!r} is not a flow name", "write it as SOURCE->TARGET")
+    return source, target
+
+
+@dataclass(frozen=True)
+class JobFiles:
+    """The files through which a flow's job is found, stopped and restarted."""
+
+    state_dir: Path
+    source: str
+    target: str
+
+    @classmethod
+    def for_flow(cls, flow: str, state_dir: Path | str | None = None) -> JobFiles:
+        source, target = split_flow(flow)
+        base = Path(state_dir) if state_dir else default_state_dir()
+        return cls(base.resolve(), source, target)
+
+    @property
+    def flow(self) -> str:
+        return f"{self.source}->{self.target}"
+
+    @property
+    def directory(self) -> Path:
+        return self.state_dir / f"{self.source}-{self.target}"  # as mirror_spec names it
+
+    @property
+    def stop_file(self) -> Path:
+        return launch.stop_file_for(self.state_dir, self.flow)  # where `mirrorflow mirror` puts it
+
+    @property
+    def pid_file(self) -> Path:
+        return self.directory / PID_FILE
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.directory / CHECKPOINT
+
+    def request_stop(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.stop_file.touch()
+
+    def clear_stop_request(self) -> None:
+        self.stop_file.unlink(missing_ok=True)
+
+    def record(self, pid: int) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        partial = self.pid_file.with_suffix(".partial")
+        partial.write_text(json.dumps({"pid": pid, "flow": self.flow}) + "\n")
+        partial.replace(self.pid_file)
+
+    def forget(self, pid: int) -> None:
+        if self.recorded_pid() == pid:
+            self.pid_file.unlink(missing_ok=True)
+
+    def recorded_pid(self) -> int | None:
+        try:
+            return int(json.loads(self.pid_file.read_text())["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def running_pid(self) -> int | None:
+        """The recorded job's process id if that process is still this flow's job."""
+        pid = self.recorded_pid()
+        return pid if pid is not None and self.is_job(pid) else None
+
+    def is_job(self, pid: int) -> bool:
+        """Whether ``pid`` is alive and is a mirror job started with this stop file."""
+        if not process_alive(pid):
+            return False
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            return False
+        return str(self.stop_file).encode() in argv
+
+    def has_progress(self) -> bool:
+        return self.checkpoint.is_dir() and any(self.checkpoint.iterdir())
+
+    def archive_checkpoint(self) -> Path | None:
+        """Move the job's progress aside (kept, not deleted); return where it went."""
+        if not self.checkpoint.exists():
+            return None
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+        target = self.directory / f"{CHECKPOINT}.discarded-{stamp}"
+        self.checkpoint.rename(target)
+        return target
+
+
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, exited but not yet reaped, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+
+
+def wait_for_exit(pid: int, timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds for ``pid`` to end; True if it did."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if not process_alive(pid):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.25)
+
+
+def kill_job(files: JobFiles, pid: int, log: Log = print) -> None:
+    """End the job's whole process group now: SIGTERM, then SIGKILL if it lingers."""
+    for sig, wait in ((signal.SIGTERM, KILL_WAIT), (signal.SIGKILL, KILL_WAIT)):
+        if not files.is_job(pid):
+            return
+        log(f"sending {sig.name} to the mirror job of {files.flow} (process group {pid})")
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, sig)
+        if wait_for_exit(pid, wait):
+            return
+
+
+def stop_job(files: JobFiles, pid: int, grace: float, log: Log = print) -> bool:
+    """Ask the job to stop (stop file), wait up to ``grace`` seconds, then kill it.
+
+    Returns True if the job stopped by itself, after finishing its batch.
+    """
+    files.request_stop()
+    if wait_for_exit(pid, grace):
+        return True
+    log(f"the mirror job of {files.flow} did not stop within {grace:.0f}s")
+    kill_job(files, pid, log)
+    return False
+
+
+def spawn_reaper(files: JobFiles, pid: int, grace: float) -> None:
+    """A detached process that kills the job if it is still running after ``grace`` seconds
+    (in case whoever asked it to stop is killed before it can check)."""
+    command = [sys.executable, "-m", "mirrorflow.airflow.jobs", "reap", "--flow", files.flow]
+    command += ["--state-dir", str(files.state_dir), "--pid", str(pid), "--grace", str(grace)]
+    subprocess.Popen(
+        command,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env={**os.environ, "PYTHONPATH": str(paths.PROJECT_ROOT)},
+    )
+
+
+def stop_all(state_dir: Path, grace: float, log: Log = print) -> list[str]:
+    """Stop every running mirror job recorded under ``state_dir``; return their flows."""
+    stopped = []
+    for pid_file in sorted(state_dir.glob(f"*/{PID_FILE}")):
+        try:
+            flow = json.loads(pid_file.read_text())["flow"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        files = JobFiles.for_flow(flow, state_dir)
+        pid = files.running_pid()
+        if pid is None:
+            continue
+        log(f"stopping the mirror job of {flow} (finishing its batch, at most {grace:.0f}s)")
+        stop_job(files, pid, grace, log)
+        files.forget(pid)
+        stopped.append(flow)
+    return stopped
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mirrorflow.airflow.jobs")
+    commands = parser.add_subparsers(dest="command", required=True)
+    reap = commands.add_parser("reap", help="kill a job still running after its grace period")
+    reap.add_argument("--flow", required=True)
+    reap.add_argument("--state-dir", required=True, type=Path)
+    reap.add_argument("--pid", required=True, type=int)
+    reap.add_argument("--grace", required=True, type=float)
+    args = parser.parse_args(argv)
+    files = JobFiles.for_flow(args.flow, args.state_dir)
+    if not wait_for_exit(args.pid, args.grace):
+        kill_job(files, args.pid, log=lambda _line: None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,290 @@
+"""``MirrorFlowOperator``: a flow's Spark mirror job as one long-running Airflow task.
+
+It is the provider's ``SparkSubmitOperator`` with the mirror job's command filled in at run
+time (never at parse time: no file is read when the DAG is parsed):
+
+* **Spark connection** ``conn_id`` (default ``spark_default``): ``local[*]``, or
+  ``spark://host:7077`` for a standalone cluster. Without a ``spark_default`` connection the job
+  runs on ``local[*]`` (the provider would fall back to YARN). The driver always runs in client
+  mode, beside the task: the stop file and the pid file are local files.
+* **Only paths on the command line**: flow files (relative ones against the project root, which
+  is also the job's working directory, so the flow files' ``${file:…}`` references resolve as
+  they do for ``mirrorflow`` commands), the flow's name, the state directory, the stop file.
+* **A clean stop**: the job runs in its own process group. ``on_kill`` (task marked failed,
+  timeout) creates the stop file, waits ``stop_grace_period`` for the batch in progress to
+  finish, and only then falls back to the provider's kill. Pausing the DAG while the job runs
+  has the same effect, and the task then ends successfully.
+* **Restarts without loss**: a job that dies fails the task; the DAG's retries start it again
+  and it resumes from its checkpoint. A job left over from an earlier try (its task killed) is
+  stopped before a new one starts, so two never share a checkpoint.
+* **Params** of a manual run: ``starting_offsets`` (default/earliest/latest/timestamp) with
+  ``starting_timestamp``, and ``restart`` (move the progress aside first).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import BaseHook
+from airflow.sdk.exceptions import AirflowException, AirflowNotFoundException
+
+from mirrorflow import launch
+from mirrorflow.airflow import jobs
+from mirrorflow.paths import PROJECT_ROOT
+
+DEFAULT_CONN_ID = "spark_default"
+LOCAL_SPARK_CONNECTION = {"conn_type": "spark", "host": "local[*]"}
+STARTING_OFFSETS = ("default", "earliest", "latest", "timestamp")
+
+
+class MirrorFlowOperator(SparkSubmitOperator):
+    """Run the mirror job of ``flow`` (``"SOURCE->TARGET"``) defined by ``flow_files``.
+
+    :param flow: the flow to run, e.g. ``"primary->secondary"``
+    :param flow_files: its flow files (mm2.properties or YAML), merged in order
+    :param state_dir: where the job keeps checkpoints (default ``$MIRRORFLOW_STATE/flows``)
+    :param stop_grace_period: how long a stop waits for the batch in progress to finish
+    :param pause_check_interval: seconds between checks whether the DAG was paused
+    """
+
+    ui_color = "#e0f0ff"
+
+    def __init__(
+        self,
+        *,
+        flow: str,
+        flow_files: Sequence[str],
+        state_dir: str | None = None,
+        stop_grace_period: timedelta | float = timedelta(seconds=60),
+        pause_check_interval: float = 10.0,
+        conn_id: str = DEFAULT_CONN_ID,
+        driver_memory: str = "1g",
+        **kwargs: Any,
+    ) -> None:
+        jobs.split_flow(flow)
+        if not flow_files:
+            raise ValueError(f"flow {flow}: no flow files given")
+        if kwargs.get("deploy_mode") not in (None, "client"):
+            raise ValueError("a mirror job runs in client mode (its stop file is local)")
+        kwargs.setdefault("name", f"mirrorflow {flow}")
+        super().__init__(
+            application="",
+            conn_id=conn_id,
+            driver_memory=driver_memory,
+            deploy_mode="client",
+            durable=False,
+            **kwargs,
+        )
+        self.flow = flow
+        self.flow_files = list(flow_files)
+        self.state_dir = state_dir
+        grace = stop_grace_period
+        self.stop_grace_period = grace.total_seconds() if isinstance(grace, timedelta) else grace
+        self.pause_check_interval = pause_check_interval
+        self._job_files: jobs.JobFiles | None = None
+        self._told_local = False
+
+    # -- running ---------------------------------------------------------------------------
+    def execute(self, context: Any) -> None:
+        files = jobs.JobFiles.for_flow(self.flow, self.state_dir)
+        self._job_files = files
+        flow_files = self._flow_file_paths()
+        leftover = files.running_pid()
+        if leftover is not None:
+            self.log.warning(
+                "a mirror job of %s from an earlier try is still running (pid %d): "
+                "stopping it before starting a new one",
+                self.flow,
+                leftover,
+            )
+            jobs.stop_job(files, leftover, self.stop_grace_period, self.log.warning)
+        files.clear_stop_request()
+        first_try = getattr(context.get("ti"), "try_number", 1) <= 1
+        starting_offsets = self._start_position(context.get("params") or {}, files, first_try)
+        self.application = str(launch.MIRROR_JOB)
+        self.application_args = launch.job_args(
+            flow_files,
+            self.flow,
+            state_dir=files.state_dir,
+            stop_file=files.stop_file,
+            starting_offsets=starting_offsets,
+        )
+        environment = launch.job_environment()
+        self.env_vars = {k: environment[k] for k in ("PYSPARK_PYTHON", "PYTHONPATH")}
+        self._spark_binary = self._spark_binary or launch.spark_submit()
+        master = self._get_hook()._connection["master"]
+        self.conf = {**launch.spark_conf(master), **(self.conf or {})}
+        self._hook = hook = self._get_hook()
+        self.log.info("running flow %s on Spark master %s", self.flow, master)
+        watcher = _JobWatcher(self, hook, files, context)
+        watcher.start()
+        try:
+            hook.submit(self.application, cwd=str(PROJECT_ROOT), start_new_session=True)
+        finally:
+            watcher.stop()
+            if hook._submit_sp is not None:
+                files.forget(hook._submit_sp.pid)
+        if watcher.paused:
+            self.log.info("the DAG was paused: the mirror job of %s has stopped", self.flow)
+        elif files.stop_file.exists():
+            self.log.info("the mirror job of %s stopped on request (stop file)", self.flow)
+
+    def _flow_file_paths(self) -> list[Path]:
+        resolved = [p if p.is_absolute() else PROJECT_ROOT / p for p in map(Path, self.flow_files)]
+        missing = [str(p) for p in resolved if not p.is_file()]
+        if missing:
+            raise AirflowException(
+                f"flow {self.flow}: flow file(s) not found: {', '.join(missing)} "
+                f"(relative paths are read from {PROJECT_ROOT})"
+            )
+        return resolved
+
+    def _start_position(
+        self, params: dict[str, Any], files: jobs.JobFiles, first_try: bool = True
+    ) -> str | None:
+        """``--starting-offsets`` from the run's Params; on restart, the first try moves the
+        progress aside (a retry resumes from what the first try copied)."""
+        choice = params.get("starting_offsets") or "default"
+        if choice not in STARTING_OFFSETS:
+            raise AirflowException(f"starting_offsets must be one of {', '.join(STARTING_OFFSETS)}")
+        position = None
+        if choice == "timestamp":
+            stamp = params.get("starting_timestamp")
+            if not stamp:
+                raise AirflowException("starting_offsets 'timestamp' needs starting_timestamp")
+            when = datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
+            if when.tzinfo is None:
+                raise AirflowException("starting_timestamp needs a time zone, e.g. ...Z")
+            position = str(int(when.timestamp() * 1000))
+        elif choice != "default":
+            position = choice
+        if params.get("restart") and first_try:
+            moved = files.archive_checkpoint()
+            if moved is not None:
+                self.log.warning("restart: the progress of %s was moved to %s", self.flow, moved)
+        elif params.get("restart"):
+            self.log.info("restart was done by this run's first try: resuming from its progress")
+        elif position is not None and files.has_progress():
+            self.log.warning(
+                "flow %s resumes from its progress; starting_offsets=%s applies only to a flow "
+                "without progress, or with restart",
+                self.flow,
+                choice,
+            )
+        return position
+
+    def _get_hook(self):
+        if _connection_exists(self._conn_id):
+            return super()._get_hook()
+        if self._conn_id != DEFAULT_CONN_ID:
+            raise AirflowException(f"the Spark connection {self._conn_id!r} does not exist")
+        if not self._told_local:
+            self._told_local = True
+            self.log.info("no Airflow connection %r: running Spark on local[*]", self._conn_id)
+        with _environment("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps(LOCAL_SPARK_CONNECTION)):
+            return super()._get_hook()
+
+    # -- stopping --------------------------------------------------------------------------
+    def on_kill(self) -> None:
+        files, hook = self._job_files, self._hook
+        process = hook._submit_sp if hook is not None else None
+        if files is None or process is None or process.poll() is not None:
+            super().on_kill()
+            return
+        self.log.info(
+            "stopping the mirror job of %s: finishing its batch (at most %.0fs)",
+            self.flow,
+            self.stop_grace_period,
+        )
+        files.request_stop()
+        # If this task is killed before the grace period ends, the reaper still ends the job.
+        jobs.spawn_reaper(files, process.pid, self.stop_grace_period)
+        if jobs.wait_for_exit(process.pid, self.stop_grace_period):
+            self.log.info("the mirror job of %s stopped cleanly", self.flow)
+        super().on_kill()  # the provider's kill, if it is still running
+        jobs.kill_job(files, process.pid, self.log.warning)
+
+
+class _JobWatcher:
+    """While the job runs: records its process id, and stops it if the DAG gets paused."""
+
+    def __init__(self, operator: MirrorFlowOperator, hook, files: jobs.JobFiles, context) -> None:
+        self.operator, self.hook, self.files = operator, hook, files
+        self.ti = context.get("ti")
+        self.dag_id = getattr(self.ti, "dag_id", None)
+        self.paused = False
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="mirrorflow-watcher", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        recorded = None
+        seen_unpaused = False
+        next_check = 0.0
+        clock = threading.Event()
+        while not self._done.is_set():
+            process = self.hook._submit_sp
+            if process is not None and recorded != process.pid:
+                recorded = process.pid
+                self.files.record(process.pid)
+            now = time.monotonic()
+            if now >= next_check and self.dag_id is not None:
+                next_check = now + self.operator.pause_check_interval
+                paused = self._dag_paused()
+                if paused is None:
+                    self.dag_id = None  # this Airflow cannot tell: stop asking
+                elif not paused:
+                    seen_unpaused = True
+                elif seen_unpaused and not self.paused:
+                    # Paused while running (a run of a DAG that was already paused, as with
+                    # dag.test(), is the user's explicit choice and keeps going).
+                    self.paused = True
+                    self.operator.log.info(
+                        "the DAG %s was paused: stopping the mirror job after its batch",
+                        self.dag_id,
+                    )
+                    self.files.request_stop()
+            clock.wait(0.5)
+
+    def _dag_paused(self) -> bool | None:
+        try:
+            return bool(self.ti.get_dag(self.dag_id).is_paused)
+        except Exception as exc:
+            self.operator.log.info("cannot watch whether the DAG is paused: %s", exc)
+            return None
+
+
+def _connection_exists(conn_id: str) -> bool:
+    try:
+        BaseHook.get_connection(conn_id)
+    except AirflowNotFoundException:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def _environment(name: str, value: str) -> Iterator[None]:
+    previous = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = previous

@@ -1,0 +1,240 @@
+"""The generated mirror DAG run by Airflow (``dag.test()``) against real clusters and Spark."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from mirrorflow import dag_render
+from mirrorflow.airflow import jobs
+from tests.conftest import create_topics
+from tests.mirror_harness import read_topic, topic_names, wait_for, write_flow_file
+
+pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.airflow]
+
+ROOT = Path(__file__).resolve().parent.parent
+# Fast restarts for the test; everything else as in production DAGs.
+OPTIONS = dag_render.RenderOptions(retry_delay_seconds=1, stop_grace_seconds=30)
+
+
+def produce(cluster, topic: str, partitions: int, count: int, start: int = 0) -> list[dict]:
+    """Keyed records with headers and distinct timestamps, spread over the partitions."""
+    from confluent_kafka import Producer
+
+    producer = Producer({**cluster.client_config(), "enable.idempotence": True})
+    base_ms = int(time.time() * 1000) - 3_600_000
+    sent = []
+    for i in range(start, start + count):
+        record = dict(
+            topic=topic,
+            partition=i % partitions,
+            key=f"key-{i}".encode(),
+            value=f"value-{i}".encode(),
+            headers=[("n", str(i).encode())],
+            timestamp=base_ms + i,
+        )
+        producer.produce(**record)
+        sent.append(record)
+    assert producer.flush(30) == 0
+    return sent
+
+
+def records(by_partition: dict[int, list]) -> set[tuple]:
+    """Each distinct record as (partition, key, value, headers, timestamp), offsets left out."""
+    return {(p, r[1], r[2], tuple(r[3]), r[4]) for p, rs in by_partition.items() for r in rs}
+
+
+def render_into_dags_folder(flow_file: Path) -> Path:
+    """Render the flow file's DAG where Airflow looks for DAGs; return the DAG file."""
+    folder = Path(os.environ["AIRFLOW__CORE__DAGS_FOLDER"]) / "mirrorflow"
+    rendering = dag_render.render([flow_file], OPTIONS)
+    dag_render.write(rendering, folder)
+    (dag,) = rendering.dags
+    return folder / dag.filename
+
+
+def start_dag_test(dag_file: Path, state: Path, log: Path, **env: str) -> subprocess.Popen:
+    """``dag.test()`` of the DAG file in a fresh Python, as a developer would run it."""
+    script = textwrap.dedent(f"""
+        import json, runpy
+        dag = runpy.run_path({str(dag_file)!r})["dag"]
+        run = dag.test()
+        tries = {{ti.task_id: [str(ti.state), ti.try_number] for ti in run.get_task_instances()}}
+        print("RESULT=" + json.dumps({{"state": str(run.state), "tasks": tries}}), flush=True)
+    """)
+    environment = {**os.environ, "MIRRORFLOW_STATE": str(state), **env}
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-c", script],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env=environment,
+            start_new_session=True,
+        )
+
+
+def finish(run: subprocess.Popen, log: Path, timeout: float = 120) -> dict:
+    """Wait for ``dag.test()`` to return; its run's state and each task's (state, tries)."""
+    try:
+        run.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(run.pid, signal.SIGKILL)
+        raise AssertionError("dag.test() did not return:\n" + log.read_text()[-4000:]) from None
+    lines = [ln for ln in log.read_text().splitlines() if ln.startswith("RESULT=")]
+    assert lines, log.read_text()[-6000:]
+    return json.loads(lines[-1].removeprefix("RESULT="))
+
+
+def stop_everything(run: subprocess.Popen, files: jobs.JobFiles) -> None:
+    """Clean-up after a failed test: no dag.test() or Spark job may outlive it."""
+    if run.poll() is None:
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait(10)
+    pid = files.recorded_pid()
+    if pid is not None:
+        jobs.kill_job(files, pid, log=lambda _line: None)
+
+
+def count(cluster, topic: str) -> int:
+    if topic not in topic_names(cluster):
+        return 0
+    return sum(map(len, read_topic(cluster, topic).values()))
+
+
+def test_the_mirror_dag_runs_the_spark_job_that_replicates_until_asked_to_stop(
+    sandbox, airflow_home, topic_name, tmp_path
+):
+    primary, secondary = sandbox["primary"], sandbox["secondary"]
+    topic = topic_name("orders")
+    create_topics(primary, topic, partitions=2)
+    produce(primary, topic, 2, 60)
+    flow_file = write_flow_file(
+        tmp_path / "mm2.properties",
+        sandbox,
+        ["primary", "secondary"],
+        ["primary->secondary.enabled = true", f"primary->secondary.topics = {topic}"],
+    )
+    dag_file = render_into_dags_folder(flow_file)
+    state, log = tmp_path / "state", tmp_path / "dag-test.log"
+    files = jobs.JobFiles.for_flow("primary->secondary", state / "flows")
+    # Through a Spark connection, as a deployment configures it (here: two local cores).
+    spark = json.dumps({"conn_type": "spark", "host": "local[2]"})
+    run = start_dag_test(dag_file, state, log, AIRFLOW_CONN_SPARK_DEFAULT=spark)
+    try:
+        wait_for(lambda: count(secondary, f"primary.{topic}") >= 60, 180, "the first copy")
+        produce(primary, topic, 2, 40, start=60)  # the job keeps running: later records follow
+        wait_for(lambda: count(secondary, f"primary.{topic}") >= 100, 60, "the later records")
+        job = files.running_pid()
+        assert job is not None, "the running job is not recorded in its pid file"
+        assert run.poll() is None, "the DAG run ended while its job should keep running"
+        files.request_stop()  # what on_kill and a paused DAG do
+        result = finish(run, log)
+    finally:
+        stop_everything(run, files)
+    assert result == {"state": "success", "tasks": {"mirror": ["success", 1]}}
+    assert not jobs.process_alive(job) and files.recorded_pid() is None
+    output = log.read_text()
+    assert "running flow primary->secondary on Spark master local[2]" in output
+    assert "stopped on request (stop file)" in output
+    # Every record once, in order, per partition: a clean stop replays nothing.
+    source, target = read_topic(primary, topic), read_topic(secondary, f"primary.{topic}")
+    assert {p: [r[1:] for r in rs] for p, rs in target.items()} == {
+        p: [r[1:] for r in rs] for p, rs in source.items()
+    }
+
+
+def test_a_killed_spark_job_is_started_again_by_airflow_and_no_record_is_lost(
+    sandbox, airflow_home, topic_name, tmp_path
+):
+    primary, tertiary = sandbox["primary"], sandbox["tertiary"]
+    topic = topic_name("payments")
+    create_topics(primary, topic, partitions=3)
+    sent = produce(primary, topic, 3, 150)
+    flow_file = write_flow_file(
+        tmp_path / "mm2.properties",
+        sandbox,
+        ["primary", "tertiary"],
+        ["primary->tertiary.enabled = true", f"primary->tertiary.topics = {topic}"],
+    )
+    dag_file = render_into_dags_folder(flow_file)
+    state, log = tmp_path / "state", tmp_path / "dag-test.log"
+    files = jobs.JobFiles.for_flow("primary->tertiary", state / "flows")
+    run = start_dag_test(dag_file, state, log)  # no Spark connection: local[*]
+    remote = f"primary.{topic}"
+    try:
+        wait_for(lambda: count(tertiary, remote) >= 150, 180, "the first copy")
+        first_job = files.running_pid()
+        assert first_job is not None
+        os.killpg(first_job, signal.SIGKILL)  # the driver dies: no clean shutdown, no batch end
+        sent += produce(primary, topic, 3, 150, start=150)  # while no job runs
+        second_job = wait_for(
+            lambda: (pid := files.running_pid()) not in (None, first_job) and pid,
+            120,
+            "Airflow to start the job again",
+        )
+
+        def every_record_arrived():
+            target = records(read_topic(tertiary, remote))
+            return all(
+                (r["partition"], r["key"], r["value"], tuple(r["headers"]), r["timestamp"])
+                in target
+                for r in sent
+            )
+
+        wait_for(every_record_arrived, 120, "every record, including those sent while down")
+        files.request_stop()
+        result = finish(run, log)
+    finally:
+        stop_everything(run, files)
+    # One task: its first try failed with the job, its retry ran the restarted job to the end.
+    assert result == {"state": "success", "tasks": {"mirror": ["success", 2]}}
+    assert not jobs.process_alive(second_job)
+    output = log.read_text()
+    assert "no Airflow connection 'spark_default': running Spark on local[*]" in output
+    # At-least-once: a record may have been copied twice, none may be missing or made up.
+    assert records(read_topic(tertiary, remote)) == records(read_topic(primary, topic))
+
+
+def test_a_stop_request_lets_a_job_finish_and_one_that_hangs_is_killed_after_its_grace(
+    tmp_path,
+):
+    files = jobs.JobFiles.for_flow("a->b", tmp_path)
+    files.directory.mkdir(parents=True)
+
+    def fake_job(obeys_stop_file: bool) -> subprocess.Popen:
+        # Like the mirror job: its own process group, the stop file on its command line.
+        loop = (
+            "import pathlib, sys, time\n"
+            "stop = pathlib.Path(sys.argv[2])\n"
+            f"while not ({obeys_stop_file} and stop.exists()): time.sleep(0.1)\n"
+            "time.sleep(1)  # finishing its batch\n"
+        )
+        return subprocess.Popen(
+            [sys.executable, "-c", loop, "--stop-file", str(files.stop_file)],
+            start_new_session=True,
+        )
+
+    polite = fake_job(obeys_stop_file=True)
+    files.record(polite.pid)
+    wait_for(lambda: files.running_pid() == polite.pid, 10, "the job to start", interval=0.1)
+    started = time.monotonic()
+    assert jobs.stop_job(files, polite.pid, grace=20) is True
+    assert polite.wait(1) == 0 and time.monotonic() - started < 10  # it ended by itself
+
+    files.clear_stop_request()
+    stubborn = fake_job(obeys_stop_file=False)
+    files.record(stubborn.pid)
+    started = time.monotonic()
+    assert jobs.stop_job(files, stubborn.pid, grace=2, log=lambda _line: None) is False
+    assert stubborn.wait(1) == -signal.SIGTERM  # it had to be killed, after the grace period
+    assert 2 <= time.monotonic() - started < 2 + jobs.KILL_WAIT
+    assert files.running_pid() is None

@@ -1,0 +1,144 @@
+"""MirrorFlowOperator's stop paths and Params, with stand-in job processes (no Spark)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
+
+import pytest
+
+from mirrorflow.airflow import jobs
+
+pytestmark = pytest.mark.airflow
+
+
+@pytest.fixture
+def operator(tmp_path, monkeypatch):
+    # A Spark connection from the environment, as a deployment may define it.
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[1]"})
+    )
+    from mirrorflow.airflow.operators import MirrorFlowOperator
+
+    op = MirrorFlowOperator(
+        task_id="mirror",
+        flow="primary->secondary",
+        flow_files=["examples/active-passive.properties"],
+        state_dir=str(tmp_path / "flows"),
+        stop_grace_period=timedelta(seconds=20),
+        pause_check_interval=0.2,
+    )
+    op._job_files = jobs.JobFiles.for_flow(op.flow, op.state_dir)
+    op._job_files.directory.mkdir(parents=True)
+    return op
+
+
+def fake_job(files: jobs.JobFiles, obeys_stop_file: bool) -> subprocess.Popen:
+    """A process like the mirror job: its own group, the stop file on its command line."""
+    loop = (
+        "import pathlib, sys, time\n"
+        "stop = pathlib.Path(sys.argv[2])\n"
+        f"while not ({obeys_stop_file} and stop.exists()): time.sleep(0.1)\n"
+        "time.sleep(1)  # finishing its batch\n"
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", loop, "--stop-file", str(files.stop_file)],
+        start_new_session=True,
+    )
+
+
+def test_killing_the_task_lets_the_job_finish_its_batch_instead_of_killing_it(operator):
+    operator._hook = operator._get_hook()
+    assert operator._hook._connection["master"] == "local[1]"
+    job = fake_job(operator._job_files, obeys_stop_file=True)
+    operator._hook._submit_sp = job
+    started = time.monotonic()
+    operator.on_kill()  # what Airflow calls when the task is marked failed or times out
+    assert operator._job_files.stop_file.exists()
+    assert job.wait(1) == 0, "the job was killed instead of stopping by itself"
+    assert time.monotonic() - started < 15
+
+
+def test_a_job_that_ignores_the_stop_request_is_killed_after_the_grace_period(operator):
+    operator.stop_grace_period = 2
+    operator._hook = operator._get_hook()
+    job = fake_job(operator._job_files, obeys_stop_file=False)
+    operator._hook._submit_sp = job
+    started = time.monotonic()
+    operator.on_kill()
+    assert job.wait(5) < 0  # killed by a signal
+    assert 2 <= time.monotonic() - started < 2 + jobs.KILL_WAIT
+
+
+def test_pausing_the_dag_while_the_job_runs_asks_it_to_stop(operator):
+    from mirrorflow.airflow.operators import _JobWatcher
+
+    answers = iter([False, False, True])
+    ti = SimpleNamespace(
+        dag_id="mirror__primary__secondary",
+        get_dag=lambda dag_id: SimpleNamespace(is_paused=next(answers, True)),
+    )
+    watcher = _JobWatcher(
+        operator, SimpleNamespace(_submit_sp=None), operator._job_files, {"ti": ti}
+    )
+    watcher.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not operator._job_files.stop_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        watcher.stop()
+    assert watcher.paused and operator._job_files.stop_file.exists()
+
+
+def test_a_dag_already_paused_when_the_run_starts_keeps_its_job_running(operator):
+    from mirrorflow.airflow.operators import _JobWatcher
+
+    ti = SimpleNamespace(dag_id="d", get_dag=lambda dag_id: SimpleNamespace(is_paused=True))
+    watcher = _JobWatcher(
+        operator, SimpleNamespace(_submit_sp=None), operator._job_files, {"ti": ti}
+    )
+    watcher.start()
+    time.sleep(1)  # five checks
+    watcher.stop()
+    assert not watcher.paused and not operator._job_files.stop_file.exists()
+
+
+def test_params_choose_the_start_position_and_restart_moves_the_progress_aside(operator):
+    files = operator._job_files
+    assert operator._start_position({"starting_offsets": "default"}, files) is None
+    assert operator._start_position({"starting_offsets": "latest"}, files) == "latest"
+    when = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+    position = operator._start_position(
+        {"starting_offsets": "timestamp", "starting_timestamp": "2026-03-01T12:00:00Z"}, files
+    )
+    assert position == str(int(when.timestamp() * 1000))
+    (files.checkpoint / "offsets").mkdir(parents=True)
+    assert files.has_progress()
+    assert operator._start_position({"starting_offsets": "earliest", "restart": True}, files) == (
+        "earliest"
+    )
+    assert not files.checkpoint.exists()
+    (moved,) = files.directory.glob("checkpoint.discarded-*")
+    assert (moved / "offsets").is_dir()  # kept, not deleted
+    # A retry of the same run resumes from what its first try copied: no second restart.
+    (files.checkpoint / "offsets").mkdir(parents=True)
+    params = {"starting_offsets": "earliest", "restart": True}
+    assert operator._start_position(params, files, first_try=False) == "earliest"
+    assert (files.checkpoint / "offsets").is_dir()
+    from airflow.sdk.exceptions import AirflowException
+
+    with pytest.raises(AirflowException, match="needs starting_timestamp"):
+        operator._start_position({"starting_offsets": "timestamp"}, files)
+
+
+def test_a_missing_flow_file_fails_the_task_naming_it(operator):
+    from airflow.sdk.exceptions import AirflowException
+
+    operator.flow_files = ["examples/no-such-flow.properties"]
+    with pytest.raises(AirflowException, match=r"no-such-flow\.properties"):
+        operator._flow_file_paths()
