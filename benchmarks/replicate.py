@@ -25,7 +25,6 @@ import platform
 import resource
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -158,24 +157,6 @@ def write_private(path: Path, text: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as out:
         out.write(text)
-
-
-def free_port_block(count: int) -> int:
-    """A base port such that ``count`` consecutive loopback ports from it are free."""
-    for base in range(24000, 60000, 101):
-        sockets = []
-        try:
-            for port in range(base, base + count):
-                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                sockets.append(sock)
-                sock.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in sockets:
-                sock.close()
-    raise RuntimeError("no free block of loopback ports")
 
 
 def create_topic(admin: AdminClient, name: str, partitions: int) -> None:
@@ -1113,7 +1094,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     try:
         log(f"starting clusters {SOURCE}, {TARGET} in {sandbox_dir}")
-        base_port = free_port_block(2 * sandbox_mod.PORTS_PER_CLUSTER)
+        base_port = sandbox_mod.free_port_block(2 * sandbox_mod.PORTS_PER_CLUSTER)
         box = sandbox_mod.up([SOURCE, TARGET], sandbox_dir, base_port, heap=args.broker_heap)
         bench = Bench(args, workdir, box)
         for case in cases:

@@ -33,7 +33,7 @@ def spark_submit() -> str:
     return found
 
 
-def spark_conf(master: str) -> dict[str, str]:
+def spark_conf() -> dict[str, str]:
     """Spark settings every mirror job gets (``spark.jars`` ships the connector to executors)."""
     return {
         "spark.jars": ",".join(str(p) for p in jvm.spark_kafka_jars()),
@@ -82,7 +82,7 @@ def mirror_command(
     """The full ``spark-submit`` command that runs ``flow`` of the flow files ``configs``."""
     command = [spark_submit(), "--master", master, "--name", f"mirrorflow {flow}"]
     command += ["--driver-memory", driver_memory]
-    for key, value in spark_conf(master).items():
+    for key, value in spark_conf().items():
         command += ["--conf", f"{key}={value}"]
     return [*command, str(MIRROR_JOB), *job_args(configs, flow, **job_options)]
 

@@ -226,6 +226,29 @@ def _plain_login(user: str, password: str) -> str:
     )
 
 
+def free_port_block(count: int) -> int:
+    """A base port such that ``count`` consecutive loopback ports from it are free.
+
+    The search starts where this process's id points, so concurrent callers (two test
+    sessions, a benchmark) rarely pick the same block.
+    """
+    start = 23000 + (os.getpid() % 300) * 97
+    for base in [*range(start, 60000, 97), *range(23000, start, 97)]:
+        sockets = []
+        try:
+            for port in range(base, base + count):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sockets.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+    raise MirrorflowError(f"no block of {count} free ports on 127.0.0.1 between 23000 and 60000")
+
+
 def _require_free_port(port: int, cluster: str) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         # As the broker binds: connections of a stopped broker in TIME_WAIT do not count.

@@ -7,7 +7,6 @@ on free loopback ports in a temporary directory, so a developer's own sandbox ke
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,31 +36,11 @@ from mirrorflow import sandbox as sandbox_mod  # noqa: E402
 SANDBOX_CLUSTERS = ("primary", "secondary", "tertiary")
 
 
-def _free_port_block(count: int) -> int:
-    """A base port such that ``count`` consecutive ports from it are free on loopback."""
-    # Start where this process's id points, so concurrent test sessions rarely collide.
-    start = 23000 + (os.getpid() % 300) * 97
-    for base in [*range(start, 60000, 97), *range(23000, start, 97)]:
-        sockets = []
-        try:
-            for port in range(base, base + count):
-                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                sockets.append(sock)
-                sock.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in sockets:
-                sock.close()
-    raise RuntimeError("no free block of loopback ports")
-
-
 @pytest.fixture(scope="session")
 def sandbox() -> Iterator[sandbox_mod.Sandbox]:
     """Three independent Kafka clusters (primary, secondary, tertiary) for the session."""
     directory = _SESSION_DIR / "sandbox"
-    base = _free_port_block(len(SANDBOX_CLUSTERS) * sandbox_mod.PORTS_PER_CLUSTER)
+    base = sandbox_mod.free_port_block(len(SANDBOX_CLUSTERS) * sandbox_mod.PORTS_PER_CLUSTER)
     try:
         box = sandbox_mod.up(SANDBOX_CLUSTERS, directory, base_port=base)
         yield box

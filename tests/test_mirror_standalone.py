@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from mirrorflow import jvm, launch
-from tests.conftest import _free_port_block, create_topics
+from mirrorflow.sandbox import free_port_block
+from tests.conftest import create_topics
 from tests.mirror_harness import read_topic, write_flow_file
 from tests.test_mirror_job import copied, produce
 
@@ -23,7 +24,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 def standalone_master(tmp_path_factory) -> str:
     """A Spark standalone master and one worker (2 cores, 1 GiB) for this module."""
     spark_class = str(jvm.spark_home() / "bin" / "spark-class")
-    base = _free_port_block(4)
+    base = free_port_block(4)
     logs = tmp_path_factory.mktemp("spark-standalone")
     url = f"spark://127.0.0.1:{base}"
     env = {**launch.job_environment(), "SPARK_LOCAL_IP": "127.0.0.1"}

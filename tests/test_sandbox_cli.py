@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import _free_port_block
+from mirrorflow.sandbox import free_port_block
 
 MIRRORFLOW = [sys.executable, "-m", "mirrorflow.cli"]
 
@@ -46,7 +46,7 @@ def _assert_one_clear_error(result: subprocess.CompletedProcess, *fragments: str
 
 @pytest.mark.kafka
 def test_sandbox_up_status_down_manage_a_cluster_without_printing_passwords(tmp_path):
-    base = _free_port_block(10)
+    base = free_port_block(10)
     up = _run(
         "sandbox", "--dir", str(tmp_path), "up", "--clusters", "solo", "--base-port", str(base)
     )
@@ -71,7 +71,7 @@ def test_sandbox_up_status_down_manage_a_cluster_without_printing_passwords(tmp_
 
 
 def test_sandbox_up_names_the_port_in_use_and_the_cluster_that_needs_it(tmp_path):
-    base = _free_port_block(10)
+    base = free_port_block(10)
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", base))
         holder.listen()
@@ -88,7 +88,7 @@ def test_sandbox_up_without_java_says_java_is_missing(tmp_path):
 
 
 def test_sandbox_up_reports_a_broker_that_cannot_start_with_its_log(tmp_path):
-    base = _free_port_block(10)
+    base = free_port_block(10)
     result = _run(
         "sandbox",
         "--dir",

@@ -122,7 +122,7 @@ class MirrorFlowOperator(SparkSubmitOperator):
         self.env_vars = {k: environment[k] for k in ("PYSPARK_PYTHON", "PYTHONPATH")}
         self._spark_binary = self._spark_binary or launch.spark_submit()
         master = self._get_hook()._connection["master"]
-        self.conf = {**launch.spark_conf(master), **(self.conf or {})}
+        self.conf = {**launch.spark_conf(), **(self.conf or {})}
         self._hook = hook = self._get_hook()
         self.log.info("running flow %s on Spark master %s", self.flow, master)
         watcher = _JobWatcher(self, hook, files, context)
