@@ -767,8 +767,10 @@ def mirrorflow_launches(bench: Bench, case: Case, run_no: int) -> list[Launch]:
     command = launch.mirror_command(
         [flow_file(bench, case)], FLOW, master=bench.args.spark_master, state_dir=state, once=True
     )
-    for conf in bench.args.spark_conf:
-        command[1:1] = ["--conf", conf]
+    job = command.index(str(launch.MIRROR_JOB))
+    for conf in bench.args.spark_conf:  # after the launcher's own --conf: the last one wins
+        command[job:job] = ["--conf", conf]
+        job += 2
     env = {**launch.job_environment(), "MIRRORFLOW_STATE": str(state)}
     return [Launch("mirrorflow", command, env=env, cwd=state, exits=True)]
 

@@ -17,3 +17,7 @@ class MirrorflowError(Exception):
 
     def __str__(self) -> str:
         return f"{self.message} ({self.hint})" if self.hint else self.message
+
+
+class ClusterUnreachable(MirrorflowError):
+    """A cluster did not answer in time: worth trying again later, unlike other errors."""

@@ -1,7 +1,10 @@
-"""JVM artifacts from Maven Central: the Kafka broker, Spark's Kafka connector, MirrorMaker 2.
+"""JVM artifacts: the Kafka broker, Spark's Kafka connector, MirrorMaker 2, and mirrorflow's own
+producer interceptor.
 
-Each set is declared by a pom under ``jvm/`` and copied by Maven into a cache directory keyed
-by the hash of those poms, so a changed pom resolves again and an unchanged one never does.
+Each Maven set is declared by a pom under ``jvm/`` and copied by Maven into a cache directory
+keyed by the hash of those poms, so a changed pom resolves again and an unchanged one never does.
+The interceptor (``jvm/mirror-interceptor``, one Java file) is compiled against the connector's
+``kafka-clients`` into a cache directory keyed by its source.
 """
 
 from __future__ import annotations
@@ -10,12 +13,18 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
+import zipfile
 from pathlib import Path
 
 from mirrorflow.errors import MirrorflowError
 from mirrorflow.paths import PROJECT_ROOT, cache_dir, content_hash
 
 JVM_DIR = PROJECT_ROOT / "jvm"
+INTERCEPTOR_SOURCES = JVM_DIR / "mirror-interceptor" / "src"
+INTERCEPTOR_CLASS = "org.mirrorflow.kafka.MirrorCopyInterceptor"
+COPY_HEADER = "mirrorflow.copy"
+"""The header the mirror job adds to each copy for the interceptor, which removes it."""
 ARTIFACT_SETS = ("kafka", "spark-kafka", "mirrormaker")
 _VERSIONED_JAR = re.compile(r"^(?P<name>.+?)-\d[\w.\-]*\.jar$")
 
@@ -114,3 +123,33 @@ def spark_kafka_jars() -> list[Path]:
 def _jar_name(filename: str) -> str:
     match = _VERSIONED_JAR.match(filename)
     return match.group("name") if match else filename
+
+
+def interceptor_jar() -> Path:
+    """The jar of mirrorflow's producer interceptor (:data:`INTERCEPTOR_CLASS`), compiled on
+    first use against the ``kafka-clients`` that Spark's connector ships."""
+    sources = sorted(INTERCEPTOR_SOURCES.rglob("*.java"))
+    clients = sorted(_resolved("spark-kafka").glob("kafka-clients-*.jar"))
+    target = cache_dir() / f"interceptor-{content_hash([*sources, *clients])}"
+    jar = target / "mirrorflow-interceptor.jar"
+    if jar.exists():
+        return jar
+    javac = require_tool("javac", "to compile mirrorflow's producer interceptor")
+    slf4j = sorted(_resolved("spark-kafka").glob("slf4j-api-*.jar"))
+    target.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target) as tmp:
+        classes = Path(tmp) / "classes"
+        cmd = [javac, "--release", "17", "-nowarn", "-d", str(classes)]
+        cmd += ["-cp", os.pathsep.join(str(p) for p in [*clients, *slf4j]), *map(str, sources)]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise MirrorflowError(
+                f"compiling {INTERCEPTOR_SOURCES} failed: {result.stderr.strip()[-800:]}",
+                "check the Java 17 JDK (javac) and the jars in " + str(clients[0].parent),
+            )
+        partial = Path(tmp) / jar.name
+        with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as zf:
+            for path in sorted(classes.rglob("*.class")):
+                zf.write(path, path.relative_to(classes).as_posix())
+        partial.replace(jar)
+    return jar

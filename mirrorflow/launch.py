@@ -14,9 +14,9 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from mirrorflow import jvm
 from mirrorflow.errors import MirrorflowError
 from mirrorflow.paths import PROJECT_ROOT
+from mirrorflow.spark_session import kafka_jars_conf
 
 MIRROR_JOB = PROJECT_ROOT / "spark_jobs" / "mirror.py"
 SPARK_LOG_CONFIG = PROJECT_ROOT / "spark_jobs" / "log4j2.properties"
@@ -36,7 +36,7 @@ def spark_submit() -> str:
 def spark_conf() -> dict[str, str]:
     """Spark settings every mirror job gets (``spark.jars`` ships the connector to executors)."""
     return {
-        "spark.jars": ",".join(str(p) for p in jvm.spark_kafka_jars()),
+        "spark.jars": kafka_jars_conf(),
         "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{SPARK_LOG_CONFIG}",
         "spark.sql.shuffle.partitions": "2",
         "spark.ui.showConsoleProgress": "false",

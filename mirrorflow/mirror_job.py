@@ -6,12 +6,18 @@ keeps the read positions in the query's checkpoint. Each micro-batch then:
 
 1. lists the source topics and keeps those the flow replicates (filter, heartbeats, not
    internal, no cycle), and creates or grows their remote topics on the target;
-2. copies the batch's records with :func:`mirrorflow.mirror_writer.copy_records` in the
-   Python workers (same partition, key, value, headers, timestamp; exact downstream offsets);
-3. writes the offset syncs the copy produced to MirrorMaker 2's offset-syncs topic, only after
-   every record of the batch is acknowledged, so a sync never points at data that is not there.
+2. copies the batch's records, same partition, key, value, headers and timestamp, in order:
 
-Spark records a batch as done only after step 3, so a crash anywhere replays the batch:
+   - **at-least-once** (the default): Spark's own Kafka sink writes them, all in the JVM. Each
+     copy carries a ``mirrorflow.copy`` header (upstream offset, timestamp, source topic) that
+     :data:`mirrorflow.jvm.INTERCEPTOR_CLASS`, a producer interceptor, takes off again: it sets
+     the timestamp and, from each copy's acknowledgement, writes MirrorMaker 2's offset syncs
+     (its ``OffsetSyncWriter`` rule), so a sync never points at data that is not there;
+   - **exactly-once**: :func:`mirrorflow.mirror_writer.copy_records` in the Python workers commits
+     each source partition's copies and its position in one Kafka transaction; the driver then
+     writes the offset syncs the copy produced.
+
+Spark records a batch as done only after it was written, so a crash anywhere replays the batch:
 records may be copied twice (at-least-once), never lost, and every sync stays exact because it
 pairs a record with the offset of the copy that was acknowledged.
 """
@@ -25,12 +31,12 @@ import threading
 import time
 import zipfile
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mirrorflow import mirror_writer
-from mirrorflow.errors import MirrorflowError
+from mirrorflow import jvm, mirror_writer
+from mirrorflow.errors import ClusterUnreachable, MirrorflowError
 from mirrorflow.formats import OffsetSync
 from mirrorflow.heartbeats import HeartbeatEmitter
 from mirrorflow.remote_topics import ClusterAdmin, RemoteTopics, ensure_internal_topic
@@ -50,6 +56,8 @@ class MirrorSpec:
     source: str
     target: str
     source_spark_options: dict[str, str] = field(repr=False)  # kafka.* options, Java client
+    target_spark_options: dict[str, str] = field(repr=False)  # kafka.* options, Java producer
+    offset_syncs_producer: dict[str, str] = field(repr=False)  # Java producer, syncs' cluster
     source_client: dict[str, str] = field(repr=False)  # librdkafka producer settings
     target_client: dict[str, str] = field(repr=False)
     source_admin: dict[str, str] = field(repr=False)  # librdkafka admin settings
@@ -68,9 +76,12 @@ class MirrorSpec:
     offset_syncs_location: str = "source"
     offset_syncs_replication_factor: int = 3
     max_offset_lag: int = 100
+    offset_syncs_interval_ms: int = 5000  # held-back syncs (MirrorMaker 2: at offset flush)
     checkpoint_dir: str = ""
     starting_offsets: str = "earliest"  # earliest | latest | epoch milliseconds
     trigger_interval: str = "1 second"
+    retry_backoff_s: float = 2.0  # first wait after a cluster did not answer, doubling
+    retry_backoff_max_s: float = 120.0
     max_records_per_batch: int = 500_000
     # Exactly-once (``<target>.exactly.once.source.support = enabled``): positions commit with
     # the copies, in Connect's offsets topic on the target.
@@ -88,18 +99,6 @@ class MirrorSpec:
         return self.source if self.offset_syncs_location == "source" else self.target
 
 
-@dataclass
-class BatchStats:
-    """What the last batches moved (for logs and metrics)."""
-
-    batches: int = 0
-    records: int = 0
-    bytes: int = 0
-    syncs: int = 0
-    max_age_ms: int = 0
-    last_batch_at: float = 0.0
-
-
 class MirrorJob:
     """Runs one flow as a Spark structured streaming query until told to stop."""
 
@@ -107,7 +106,6 @@ class MirrorJob:
         from confluent_kafka import Producer
 
         self.spark, self.spec = spark, spec
-        self.stats = BatchStats()
         self._stop_requested = threading.Event()
         self.admins = {
             alias: ClusterAdmin(alias, conf)
@@ -216,12 +214,30 @@ class MirrorJob:
     def run(self, once: bool = False, stop_file: Path | None = None) -> None:
         """Run until the query ends, SIGTERM/SIGINT arrives or ``stop_file`` appears.
 
-        A stop request lets the batch in progress finish, then stops the query.
+        A stop request lets the batch in progress finish, then stops the query. A cluster that
+        does not answer (at start or mid-run) is retried with exponential backoff, each retry
+        logged; the query then resumes from its checkpoint. Other errors end the run.
         """
+        import tenacity
+
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self._stop_requested.set())
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(ClusterUnreachable),
+            wait=tenacity.wait_exponential_jitter(
+                initial=self.spec.retry_backoff_s, max=self.spec.retry_backoff_max_s
+            ),
+            sleep=lambda seconds: self._sleep_unless_stopped(seconds, stop_file),
+            before_sleep=self._log_retry,
+            reraise=True,
+        )
+        retrying(self._run_query, once, stop_file)
+
+    def _run_query(self, once: bool, stop_file: Path | None) -> None:
         from pyspark.errors import StreamingQueryException
 
+        if self._stop_requested.is_set():
+            return
         query = self.start(once=once)
         try:
             while query.isActive:
@@ -240,6 +256,22 @@ class MirrorJob:
                 self.heartbeats.stop()
             for producer in self.producers.values():
                 producer.flush(10)
+
+    def _sleep_unless_stopped(self, seconds: float, stop_file: Path | None) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not self._stop_requested.is_set():
+            if stop_file is not None and stop_file.exists():
+                self._stop_requested.set()
+            time.sleep(0.2)
+
+    def _log_retry(self, state) -> None:
+        log.warning(
+            "%s: %s; retrying in %.0f s (attempt %d)",
+            self.spec.flow,
+            state.outcome.exception(),
+            state.next_action.sleep,
+            state.attempt_number,
+        )
 
     def _stop_after_current_batch(self, query: StreamingQuery) -> None:
         log.info("stop requested: finishing the batch in progress of %s", self.spec.flow)
@@ -265,10 +297,119 @@ class MirrorJob:
 
     # -- one micro-batch ---------------------------------------------------------------------
     def _copy_batch(self, batch: DataFrame, batch_id: int) -> None:
+        mapping = self.remote_topics.prepare()
+        if self.spec.exactly_once:
+            records, size, syncs = self._copy_in_transactions(batch, mapping)
+            log.info(
+                "%s batch %d: %d records, %d bytes, %d offset syncs",
+                self.spec.flow,
+                batch_id,
+                records,
+                size,
+                syncs,
+            )
+        else:
+            self._copy_with_spark_sink(batch, mapping)
+            log.info("%s batch %d copied (%d topics)", self.spec.flow, batch_id, len(mapping))
+
+    def _copy_with_spark_sink(self, batch: DataFrame, mapping: dict[str, str]) -> None:
+        """At-least-once: Spark's Kafka sink copies the batch; the interceptor restores each
+        record's timestamp and writes the offset syncs."""
         from pyspark.sql import functions as F
 
         spec = self.spec
-        mapping = self.remote_topics.prepare()
+        limits = {
+            source: self.remote_topics.max_message_bytes.get(remote, 1 << 62)
+            for source, remote in mapping.items()
+        }
+
+        def lookup(table: dict, column):
+            return F.element_at(
+                F.create_map(*[F.lit(x) for kv in table.items() for x in kv]), column
+            )
+
+        topic, partition, offset = F.col("topic"), F.col("partition"), F.col("offset")
+        header_bytes = F.aggregate(
+            "headers",
+            F.lit(0),
+            lambda acc, h: acc + F.length(h.key) + F.coalesce(F.length(h.value), F.lit(0)),
+        )
+        size = (
+            F.coalesce(F.length("key"), F.lit(0))
+            + F.coalesce(F.length("value"), F.lit(0))
+            + F.when(F.size("headers") > 0, header_bytes).otherwise(F.lit(0))
+        )
+        limit = lookup(limits, topic)
+        too_large = F.raise_error(
+            F.concat(
+                F.lit(f"{mirror_writer.ERROR_PREFIX}record "),
+                topic,
+                F.lit("-"),
+                partition.cast("string"),
+                F.lit("@"),
+                offset.cast("string"),
+                F.lit(" ("),
+                size.cast("string"),
+                F.lit(" bytes) is larger than max.message.bytes="),
+                limit.cast("string"),
+                F.lit(" of "),
+                lookup(mapping, topic),
+                F.lit(
+                    f" on {spec.target}; raise max.message.bytes on the target topic "
+                    "(nothing after it was copied)"
+                ),
+            )
+        )
+        ts_ms = F.expr("unix_millis(timestamp)")
+        copy_header = F.struct(
+            F.lit(jvm.COPY_HEADER).alias("key"),
+            F.concat_ws(",", offset, ts_ms, topic).cast("binary").alias("value"),
+        )
+        rows = batch.where(topic.isin(list(mapping))).select(
+            F.when(size + F.lit(mirror_writer.RECORD_OVERHEAD) > limit, too_large)
+            .otherwise(lookup(mapping, topic))
+            .alias("topic"),
+            partition,
+            "key",
+            "value",
+            F.concat(F.coalesce("headers", F.array()), F.array(copy_header)).alias("headers"),
+        )
+        rows.write.format("kafka").options(
+            **self._sink_options(max((n for n in limits.values() if n < 1 << 31), default=0))
+        ).save()
+
+    def _sink_options(self, largest_record: int) -> dict[str, str]:
+        """Options of Spark's Kafka sink: the target's producer, idempotent and batching, with
+        the interceptor and (if the flow emits them) where its offset syncs go."""
+        spec = self.spec
+        largest = min(max(largest_record, 1 << 20) + (64 << 10), (1 << 31) - 1)
+        options = {
+            **spec.target_spark_options,
+            "kafka.enable.idempotence": "true",
+            "kafka.acks": "all",
+            "kafka.linger.ms": spec.target_spark_options.get("kafka.linger.ms", "20"),
+            "kafka.batch.size": spec.target_spark_options.get("kafka.batch.size", "524288"),
+            "kafka.max.request.size": str(largest),
+            "kafka.buffer.memory": str(min(max(64 << 20, 2 * largest), 256 << 20)),
+            "kafka.interceptor.classes": jvm.INTERCEPTOR_CLASS,
+        }
+        if spec.emit_offset_syncs:
+            options["kafka.mirrorflow.offset.syncs.topic"] = spec.offset_syncs_topic
+            options["kafka.mirrorflow.offset.lag.max"] = str(spec.max_offset_lag)
+            options["kafka.mirrorflow.offset.syncs.interval.ms"] = str(
+                spec.offset_syncs_interval_ms
+            )
+            for key, value in spec.offset_syncs_producer.items():
+                options[f"kafka.mirrorflow.offset.syncs.producer.{key}"] = value
+        return options
+
+    def _copy_in_transactions(self, batch: DataFrame, mapping: dict[str, str]) -> tuple:
+        """Exactly-once: the Python workers copy each source partition in a transaction that
+        also commits its position; then the offset syncs go out. Returns (records, bytes, syncs)."""
+        from pyspark.sql import functions as F
+
+        spec = self.spec
+        assert self.positions is not None
         settings = mirror_writer.CopySettings(
             source_alias=spec.source,
             target_alias=spec.target,
@@ -276,15 +417,11 @@ class MirrorJob:
             remote_topics=mapping,
             max_message_bytes=dict(self.remote_topics.max_message_bytes),
             max_offset_lag=spec.max_offset_lag,
+            transactional_id_prefix=f"mirrorflow-{spec.source}->{spec.target}",
+            committed=self.positions.read_to_end(),
+            offsets_topic=spec.offsets_topic,
+            consumer_config=spec.target_consumer,
         )
-        if self.positions is not None:
-            settings = replace(
-                settings,
-                transactional_id_prefix=f"mirrorflow-{spec.source}->{spec.target}",
-                committed=self.positions.read_to_end(),
-                offsets_topic=spec.offsets_topic,
-                consumer_config=spec.target_consumer,
-            )
 
         def copy(batches):
             return mirror_writer.copy_records(settings, batches)
@@ -320,20 +457,7 @@ class MirrorJob:
         if spec.emit_offset_syncs and syncs:
             self._write_offset_syncs(syncs)
         lasts = [r for r in rows if r.kind == "last"]
-        self.stats.batches += 1
-        self.stats.records += sum(r.records for r in lasts)
-        self.stats.bytes += sum(r.bytes for r in lasts)
-        self.stats.syncs += len(syncs)
-        self.stats.max_age_ms = max((r.max_age_ms for r in lasts), default=0)
-        self.stats.last_batch_at = time.time()
-        log.info(
-            "%s batch %d: %d records, %d bytes, %d offset syncs",
-            spec.flow,
-            batch_id,
-            sum(r.records for r in lasts),
-            sum(r.bytes for r in lasts),
-            len(syncs),
-        )
+        return sum(r.records for r in lasts), sum(r.bytes for r in lasts), len(syncs)
 
     def _write_offset_syncs(self, syncs: list[OffsetSync]) -> None:
         producer = self.producers[self.spec.offset_syncs_cluster]
@@ -361,11 +485,27 @@ class MirrorJob:
             )
 
 
+_UNREACHABLE = re.compile(
+    r"TimeoutException|NetworkException|DisconnectException|Local: Timed out|"
+    r"_TRANSPORT|All broker connections are down|not acknowledged within"
+)
+
+
 def _query_error(spec: MirrorSpec, exc) -> MirrorflowError:
-    """The first line a user needs from a failed query (a copy error names the record)."""
+    """The first line a user needs from a failed query (a copy error names the record); a
+    cluster that did not answer gives :class:`ClusterUnreachable`, which is retried."""
     text = str(exc.desc if hasattr(exc, "desc") else exc)
     match = re.search(re.escape(mirror_writer.ERROR_PREFIX) + r"(.*)", text)
     if match:
-        return MirrorflowError(f"flow {spec.flow} stopped: {match.group(1).strip()}")
+        message = f"flow {spec.flow} stopped: {match.group(1).strip()}"
+        if _UNREACHABLE.search(match.group(1)):
+            return ClusterUnreachable(message)
+        return MirrorflowError(message)
     first = next((ln for ln in text.splitlines() if ln.strip()), text)
+    if _UNREACHABLE.search(text) and "AuthenticationException" not in text:
+        cause = next((ln for ln in text.splitlines() if _UNREACHABLE.search(ln)), first)
+        return ClusterUnreachable(
+            f"flow {spec.flow}: a cluster did not answer: {cause.strip()[:300]}",
+            f"check that {spec.source} and {spec.target} are up and reachable",
+        )
     return MirrorflowError(f"flow {spec.flow} stopped: {first[:500]}", "see the job's log")

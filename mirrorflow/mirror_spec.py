@@ -17,6 +17,11 @@ from mirrorflow.policy import DefaultReplicationPolicy, IdentityReplicationPolic
 from mirrorflow.source_offsets import offsets_topic
 from mirrorflow.spark_session import kafka_options
 
+DEFAULT_HELD_BACK_SYNCS_INTERVAL_MS = 5000
+"""How often held-back offset syncs are written unless ``offset.flush.interval.ms`` is set.
+MirrorMaker 2 writes them at each offset flush (Connect's default: every 60 s); sooner keeps
+checkpoints of caught-up groups closer to the end of the topic, at a few records per partition."""
+
 
 def spec_for_flow(
     config_paths: Iterable[Path],
@@ -36,10 +41,13 @@ def spec_for_flow(
     reset = source_consumer.get("auto.offset.reset", "earliest")
     location = str(flow.setting("offset-syncs.topic.location"))
     exactly_once = _exactly_once(flow, source_consumer)
+    syncs_side = "source" if location == "source" else "target"
     return MirrorSpec(
         source=flow.source,
         target=flow.target,
         source_spark_options=kafka_options(source_consumer),
+        target_spark_options=kafka_options(flow.client_config("target.producer", label="mirror")),
+        offset_syncs_producer=flow.client_config(f"{syncs_side}.producer", label="offset-syncs"),
         source_client=flow.client_config("source.producer", librdkafka=True, label="mirror"),
         target_client=flow.client_config("target.producer", librdkafka=True, label="mirror"),
         source_admin=flow.client_config("source.admin", librdkafka=True, label="mirror"),
@@ -60,6 +68,9 @@ def spec_for_flow(
         offset_syncs_location=location,
         offset_syncs_replication_factor=int(flow.setting("offset-syncs.topic.replication.factor")),
         max_offset_lag=int(flow.setting("offset.lag.max")),
+        offset_syncs_interval_ms=_worker_int(
+            flow, "offset.flush.interval.ms", DEFAULT_HELD_BACK_SYNCS_INTERVAL_MS
+        ),
         checkpoint_dir=str(state_dir / f"{flow.source}-{flow.target}" / "checkpoint"),
         starting_offsets=starting_offsets or reset,
         exactly_once=exactly_once,

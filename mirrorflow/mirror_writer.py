@@ -1,13 +1,17 @@
-"""The executor side of the mirror job: copy Kafka records to the target, exactly placed.
+"""The executor side of the exactly-once mirror job: copy Kafka records in transactions.
 
-Spark's Kafka source reads the source topics; each Spark task gets the records of one source
-partition and hands them, as Arrow batches, to :func:`copy_records`, which runs in a Python
-worker. It produces every record to the same partition of the remote topic with the same key,
-value, headers and timestamp through an idempotent confluent-kafka producer, waits until all
-are acknowledged, and learns the exact downstream offset of each copy from its delivery report.
-It returns the offset syncs that MirrorMaker 2's rule makes due (a fresh rule state per task, so
-never fewer syncs than MirrorMaker 2) plus the last copy of each partition, which the driver
-writes as the commit-time sync once the whole batch is acknowledged.
+In exactly-once mode (``<target>.exactly.once.source.support = enabled``) Spark's Kafka source
+reads the source topics; each Spark task gets the records of one source partition and hands
+them, as Arrow batches, to :func:`copy_records`, which runs in a Python worker. It produces
+every record to the same partition of the remote topic with the same key, value, headers and
+timestamp through that partition's transactional confluent-kafka producer, adds the partition's
+position as MirrorMaker 2's own record of Connect's offsets topic, and commits both together. The
+delivery reports give the exact downstream offset of each copy: it returns the offset syncs that
+MirrorMaker 2's rule makes due (a fresh rule state per task, so never fewer syncs than MirrorMaker
+2) plus the last copy of each partition, which the driver writes once the batch is committed.
+
+(At-least-once copies never come here: Spark's own Kafka sink writes them, see
+:mod:`mirrorflow.mirror_job`.)
 
 Nothing here imports Spark: the function is plain Python over ``pyarrow`` batches.
 """
@@ -43,7 +47,7 @@ RESULT_DDL = (
 )
 ERROR_PREFIX = "mirrorflow-copy-error: "
 # Extra bytes a record takes in a record batch beyond its key, value and headers.
-_RECORD_OVERHEAD = 100
+RECORD_OVERHEAD = 100
 
 
 class CopyError(RuntimeError):
@@ -63,32 +67,17 @@ class CopySettings:
     remote_topics: dict[str, str]
     max_message_bytes: dict[str, int]
     max_offset_lag: int
-    flush_timeout_s: float = 300.0
-    # Exactly-once (set by the driver when the target enables it): each source partition's
-    # copies and its position record commit in one transaction; offsets at or below the
-    # committed position are already on the target and are skipped.
-    transactional_id_prefix: str | None = None
+    # Each source partition's copies and its position record commit in one transaction;
+    # offsets at or below the committed position are already on the target and are skipped.
+    transactional_id_prefix: str
+    offsets_topic: str
     committed: dict[tuple[str, int], int] = field(default_factory=dict)
-    offsets_topic: str = ""
     consumer_config: dict[str, str] = field(default_factory=dict, repr=False)
-
-    @property
-    def exactly_once(self) -> bool:
-        return self.transactional_id_prefix is not None
+    flush_timeout_s: float = 300.0
 
 
+# Producers live as long as their Python worker (workers are reused across tasks).
 _PRODUCERS: dict[tuple, object] = {}
-
-
-def _producer(config: dict[str, str]):
-    """One producer per configuration and Python worker (workers are reused across tasks)."""
-    from confluent_kafka import Producer
-
-    key = tuple(sorted(config.items()))
-    producer = _PRODUCERS.get(key)
-    if producer is None:
-        producer = _PRODUCERS[key] = Producer(config)
-    return producer
 
 
 def _transactional_producer(settings: CopySettings, topic: str, partition: int):
@@ -161,7 +150,7 @@ def copy_records(
 ) -> Iterator[pa.RecordBatch]:
     """Copy the records in ``batches`` to the target; yield syncs and per-partition totals."""
     committed = dict(settings.committed)
-    if settings.exactly_once and _task_attempt() > 0:
+    if _task_attempt() > 0:
         # A retried task may follow an attempt that committed before it failed.
         from mirrorflow.source_offsets import SourceOffsetReader
 
@@ -175,10 +164,7 @@ def copy_records(
     partitions: dict[tuple[str, int], _Partition] = {}
     for batch in batches:
         _produce_batch(settings, batch, partitions, committed)
-    if settings.exactly_once:
-        _commit_transactions(settings, partitions)
-    else:
-        _wait_for_acks(_producer(settings.producer_config), settings, partitions)
+    _commit_transactions(settings, partitions)
     _check_acks(settings, partitions)
     yield _results(settings, partitions)
 
@@ -194,10 +180,7 @@ def _new_partition(settings: CopySettings, topic: str, part: int, committed) -> 
     remote = settings.remote_topics.get(topic)
     if remote is None:
         raise CopyError(f"no remote topic was prepared for source topic {topic}")
-    if settings.exactly_once:
-        producer = _transactional_producer(settings, topic, part)
-    else:
-        producer = _producer(settings.producer_config)
+    producer = _transactional_producer(settings, topic, part)
     return _Partition(topic, part, remote, producer, committed.get((topic, part), -1))
 
 
@@ -227,7 +210,7 @@ def _produce_batch(settings: CopySettings, batch: pa.RecordBatch, partitions, co
         if headers:
             headers = _decode_headers(headers)
             size += sum(len(k) + (len(v) if v else 0) for k, v in headers)
-        if size + _RECORD_OVERHEAD > limit:
+        if size + RECORD_OVERHEAD > limit:
             raise CopyError(
                 f"record {topic}-{part}@{cols['offset'][i]} ({size} bytes) is larger than "
                 f"max.message.bytes={limit} of {current.remote} on {settings.target_alias}; "
@@ -259,17 +242,6 @@ def _decode_headers(text: str) -> list[tuple[str, bytes | None]]:
     """Headers as the driver encodes them: JSON ``[{"k": key, "v": base64 value}]``, with
     ``v`` absent for a null value."""
     return [(h["k"], base64.b64decode(h["v"]) if "v" in h else None) for h in json.loads(text)]
-
-
-def _wait_for_acks(producer, settings: CopySettings, partitions) -> None:
-    deadline = time.monotonic() + settings.flush_timeout_s
-    while len(producer) > 0:
-        producer.flush(1.0)
-        if time.monotonic() > deadline:
-            raise CopyError(
-                f"{len(producer)} records to {settings.target_alias} were not acknowledged "
-                f"within {settings.flush_timeout_s:.0f}s; is the target cluster reachable?"
-            )
 
 
 def _commit_transactions(settings: CopySettings, partitions) -> None:

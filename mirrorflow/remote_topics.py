@@ -23,7 +23,7 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from mirrorflow.errors import MirrorflowError
+from mirrorflow.errors import ClusterUnreachable, MirrorflowError
 
 ADMIN_TIMEOUT_S = 30.0
 
@@ -80,7 +80,7 @@ def cluster_error(admin: ClusterAdmin, action: str, exc: Exception) -> Mirrorflo
             f"check the credentials and ACLs of {admin.principal} on {admin.alias}",
         )
     if code in (KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN):
-        return MirrorflowError(
+        return ClusterUnreachable(
             f"cluster {admin.alias} did not answer while {action}: {text}",
             f"check {admin.alias}.bootstrap.servers and that the cluster is up",
         )

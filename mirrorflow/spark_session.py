@@ -31,8 +31,9 @@ _SPARK_MANAGED = frozenset(
 
 
 def kafka_jars_conf() -> str:
-    """The value of ``spark.jars`` that puts Spark's Kafka connector on the classpath."""
-    return ",".join(str(p) for p in jvm.spark_kafka_jars())
+    """The value of ``spark.jars``: Spark's Kafka connector and mirrorflow's producer
+    interceptor, shipped to every executor."""
+    return ",".join(str(p) for p in [*jvm.spark_kafka_jars(), jvm.interceptor_jar()])
 
 
 def build_session(app_name: str, master: str | None = None, **conf: str) -> SparkSession:

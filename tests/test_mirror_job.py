@@ -312,43 +312,86 @@ def test_a_record_too_large_for_the_target_stops_the_flow_naming_topic_partition
     assert len(copied_values) <= 3, "records after the oversized one were copied"
 
 
-def test_at_least_once_loses_nothing_when_the_target_broker_restarts_mid_run(
-    sandbox, topic_name, tmp_path
+def produce_transactions(cluster, topic: str, partitions: int, txns: range, size: int) -> set:
+    """Transactions of ``size`` records over ``partitions``; every fifth one is aborted.
+    Returns the keys of the committed records."""
+    producer = Producer({**cluster.client_config(), "transactional.id": f"src-{topic}"})
+    producer.init_transactions(30)
+    committed = set()
+    for txn in txns:
+        producer.begin_transaction()
+        keys = [f"{txn}-{i}".encode() for i in range(size)]
+        for i, key in enumerate(keys):
+            producer.produce(topic, key=key, value=key * 4, partition=i % partitions)
+        if txn % 5 == 4:
+            producer.abort_transaction(30)
+        else:
+            producer.commit_transaction(30)
+            committed |= set(keys)
+    return committed
+
+
+EXACTLY_ONCE = [
+    "secondary.exactly.once.source.support = enabled",
+    "primary.consumer.isolation.level = read_committed",
+    "offset.storage.replication.factor = 1",
+]
+
+
+@pytest.mark.parametrize("restarted", ["secondary", "primary"], ids=["target", "source"])
+@pytest.mark.parametrize("mode", ["at-least-once", "exactly-once"])
+def test_a_broker_restart_mid_run_loses_no_record_and_duplicates_none_in_exactly_once_mode(
+    mode, restarted, sandbox, topic_name, tmp_path
 ):
     from mirrorflow import sandbox as sandbox_mod
 
     primary, secondary = sandbox["primary"], sandbox["secondary"]
     t = topic_name("restart")
     create_topics(primary, t, partitions=2)
-    produce(primary, t, 2, 2000)
+    expected = produce_transactions(primary, t, 2, range(0, 10), 200)
     config = write_flow_file(
         tmp_path / "mm2.properties",
         sandbox,
         ["primary", "secondary"],
-        ["primary->secondary.enabled = true", f"primary->secondary.topics = {t}"],
+        [
+            "primary->secondary.enabled = true",
+            f"primary->secondary.topics = {t}",
+            "primary.consumer.isolation.level = read_committed",  # aborted records stay out
+            *(EXACTLY_ONCE if mode == "exactly-once" else []),
+        ],
     )
-    job = start_mirror(config, "primary->secondary", tmp_path / "state", tmp_path / "job.log")
+
+    def copies() -> list:
+        return [r[1] for rs in read_topic(secondary, f"primary.{t}").values() for r in rs]
+
+    job = start_mirror(
+        config,
+        "primary->secondary",
+        tmp_path / "state",
+        tmp_path / "job.log",
+        "--max-records-per-batch",
+        "500",
+    )
     try:
         wait_for(lambda: f"primary.{t}" in topic_names(secondary), 120, "the first copies")
-        sandbox_mod.down(sandbox.directory, ["secondary"])
-        produce(primary, t, 2, 1000, start=2000)
-        sandbox_mod.up(["secondary"], sandbox.directory)
-        produce(primary, t, 2, 500, start=3000)
-        wait_for(
-            lambda: all(
-                distinct(read_topic(secondary, f"primary.{t}")[p]) >= distinct(records)
-                for p, records in read_topic(primary, t).items()
-            ),
-            180,
-            "every record on the restarted target",
-        )
-        assert job.poll() is None, "the job gave up while the target was down"
+        sandbox_mod.down(sandbox.directory, [restarted])
+        if restarted == "secondary":
+            expected |= produce_transactions(primary, t, 2, range(10, 15), 200)
+        time.sleep(5)
+        sandbox_mod.up([restarted], sandbox.directory)
+        expected |= produce_transactions(primary, t, 2, range(15, 20), 200)
+        wait_for(lambda: set(copies()) >= expected, 180, "every record after the restart")
+        assert job.poll() is None, "the job gave up during the restart"
     finally:
         job.send_signal(signal.SIGTERM)
         try:
             job.wait(90)
         except subprocess.TimeoutExpired:
             os.killpg(job.pid, signal.SIGKILL)
+    keys = copies()
+    assert set(keys) == expected, "aborted records were copied"
+    if mode == "exactly-once":
+        assert len(keys) == len(set(keys)), f"{len(keys) - len(set(keys))} records copied twice"
 
 
 def test_exactly_once_copies_each_committed_record_once_despite_sigkill(
@@ -357,30 +400,12 @@ def test_exactly_once_copies_each_committed_record_once_despite_sigkill(
     primary, secondary = sandbox["primary"], sandbox["secondary"]
     t = topic_name("payments")
     create_topics(primary, t, partitions=3)
-    transactional = Producer({**primary.client_config(), "transactional.id": f"src-{t}"})
-    transactional.init_transactions(30)
-    expected = set()
-    for txn in range(40):
-        transactional.begin_transaction()
-        for i in range(250):
-            key = f"{txn}-{i}".encode()
-            transactional.produce(t, key=key, value=key * 4, partition=i % 3)
-        if txn % 5 == 4:
-            transactional.abort_transaction(30)
-        else:
-            transactional.commit_transaction(30)
-            expected |= {f"{txn}-{i}".encode() for i in range(250)}
+    expected = produce_transactions(primary, t, 3, range(40), 250)
     config = write_flow_file(
         tmp_path / "mm2.properties",
         sandbox,
         ["primary", "secondary"],
-        [
-            "primary->secondary.enabled = true",
-            f"primary->secondary.topics = {t}",
-            "secondary.exactly.once.source.support = enabled",
-            "primary.consumer.isolation.level = read_committed",
-            "offset.storage.replication.factor = 1",
-        ],
+        ["primary->secondary.enabled = true", f"primary->secondary.topics = {t}", *EXACTLY_ONCE],
     )
     state, log = tmp_path / "state", tmp_path / "job.log"
     job = start_mirror(config, "primary->secondary", state, log, "--max-records-per-batch", "600")
@@ -454,3 +479,100 @@ def test_sigterm_to_mirrorflow_mirror_stops_the_flow_after_its_current_batch(
     source = read_topic(primary, t)
     for p, records in read_topic(secondary, f"primary.{t}").items():
         assert copied({p: records})[p] == copied(source)[p][: len(records)]
+
+
+def test_offset_syncs_include_every_one_mirrormaker_2_would_write_and_all_are_exact(
+    sandbox, topic_name, tmp_path
+):
+    """Transactions leave gaps (commit markers) in the source offsets; MirrorMaker 2's rule then
+    syncs after each gap, and every ``offset.lag.max`` records otherwise."""
+    from mirrorflow.offset_syncs import PartitionSyncState
+
+    primary, secondary = sandbox["primary"], sandbox["secondary"]
+    t = topic_name("ledger")
+    create_topics(primary, t, partitions=2)
+    producer = Producer({**primary.client_config(), "transactional.id": f"{t}-writer"})
+    producer.init_transactions(30)
+    for txn in range(6):
+        producer.begin_transaction()
+        for i in range(40):
+            producer.produce(
+                t, key=b"k%d" % i, value=b"txn %d record %d" % (txn, i), partition=i % 2
+            )
+        producer.commit_transaction(30)
+    config = write_flow_file(
+        tmp_path / "mm2.properties",
+        sandbox,
+        ["primary", "secondary"],
+        [
+            "primary->secondary.enabled = true",
+            f"primary->secondary.topics = {t}",
+            "primary->secondary.offset.lag.max = 7",
+            "primary.consumer.isolation.level = read_committed",
+        ],
+    )
+    run_mirror_once(config, "primary->secondary", tmp_path / "state")
+
+    source, target = read_topic(primary, t), read_topic(secondary, f"primary.{t}")
+    assert copied(target) == copied(source)
+    syncs = [
+        s for s in offset_syncs(primary, "mm2-offset-syncs.secondary.internal") if s.topic == t
+    ]
+    for p in source:
+        upstream = [r[0] for r in source[p]]
+        downstream = [r[0] for r in target[p]]
+        due = PartitionSyncState(max_offset_lag=7).update_batch(upstream, downstream)
+        expected = {(upstream[i], downstream[i]) for i in due}
+        written = {(s.upstream_offset, s.downstream_offset) for s in syncs if s.partition == p}
+        assert len(expected) > 6, "the gaps should make syncs due"
+        assert expected <= written, f"partition {p}: missing {sorted(expected - written)[:5]}"
+        exact = dict(zip(upstream, downstream, strict=True))
+        assert all(exact[up] == down for up, down in written), f"partition {p}: inexact sync"
+        assert (upstream[-1], downstream[-1]) in written, "the last copy's sync was held back"
+
+
+def test_an_unreachable_target_is_retried_with_backoff_and_logged_until_it_answers(
+    sandbox, topic_name, tmp_path
+):
+    from mirrorflow import sandbox as sandbox_mod
+
+    primary, secondary = sandbox["primary"], sandbox["secondary"]
+    t = topic_name("patient")
+    create_topics(primary, t, partitions=2)
+    produce(primary, t, 2, 200)
+    config = write_flow_file(
+        tmp_path / "mm2.properties",
+        sandbox,
+        ["primary", "secondary"],
+        ["primary->secondary.enabled = true", f"primary->secondary.topics = {t}"],
+    )
+    log = tmp_path / "job.log"
+    sandbox_mod.down(sandbox.directory, ["secondary"])
+    try:
+        job = start_mirror(config, "primary->secondary", tmp_path / "state", log)
+        wait_for(
+            lambda: "cluster secondary did not answer" in log.read_text(errors="replace"),
+            120,
+            "the job to log that the target does not answer",
+        )
+        retry = next(ln for ln in log.read_text().splitlines() if "retrying in" in ln)
+        assert "secondary.bootstrap.servers" in retry, retry
+        assert job.poll() is None, "the job gave up instead of retrying"
+    finally:
+        sandbox_mod.up(["secondary"], sandbox.directory)
+    try:
+        wait_for(
+            lambda: (
+                f"primary.{t}" in topic_names(secondary)
+                and copied(read_topic(secondary, f"primary.{t}")) == copied(read_topic(primary, t))
+            ),
+            180,
+            "every record once the target answers",
+        )
+    finally:
+        job.send_signal(signal.SIGTERM)
+        try:
+            job.wait(90)
+        except subprocess.TimeoutExpired:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert job.returncode == 0, log.read_text()[-2000:]

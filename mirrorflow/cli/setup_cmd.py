@@ -16,4 +16,5 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def _jars(args: argparse.Namespace) -> int:
     print(jvm.resolve())
+    jvm.interceptor_jar()
     return 0
