@@ -167,7 +167,7 @@ class MirrorJob:
                 partitions=OFFSETS_TOPIC_PARTITIONS,
             )
             self.positions = SourceOffsetReader(
-                spec.target_consumer, spec.offsets_topic, spec.source
+                spec.target_consumer, spec.target_admin, spec.offsets_topic, spec.source
             )
         self.remote_topics.prepare()
 
@@ -421,6 +421,7 @@ class MirrorJob:
             committed=self.positions.read_to_end(),
             offsets_topic=spec.offsets_topic,
             consumer_config=spec.target_consumer,
+            admin_config=spec.target_admin,
         )
 
         def copy(batches):
@@ -491,17 +492,28 @@ _UNREACHABLE = re.compile(
 )
 
 
+_KAFKA_CAUSE = re.compile(r"org\.apache\.kafka\.common\.errors\.\w+: .*")
+_DRIVER_ERROR = re.compile(r"mirrorflow\.errors\.(MirrorflowError|ClusterUnreachable): (.*)")
+
+
 def _query_error(spec: MirrorSpec, exc) -> MirrorflowError:
     """The first line a user needs from a failed query (a copy error names the record); a
     cluster that did not answer gives :class:`ClusterUnreachable`, which is retried."""
     text = str(exc.desc if hasattr(exc, "desc") else exc)
+    driver = _DRIVER_ERROR.search(text)  # raised by this driver inside foreachBatch
+    if driver:
+        kind = ClusterUnreachable if driver.group(1) == "ClusterUnreachable" else MirrorflowError
+        return kind(f"flow {spec.flow} stopped: {driver.group(2).strip()}")
     match = re.search(re.escape(mirror_writer.ERROR_PREFIX) + r"(.*)", text)
     if match:
         message = f"flow {spec.flow} stopped: {match.group(1).strip()}"
         if _UNREACHABLE.search(match.group(1)):
             return ClusterUnreachable(message)
         return MirrorflowError(message)
-    first = next((ln for ln in text.splitlines() if ln.strip()), text)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    # Kafka's own exception says more than Spark's wrappers around it.
+    causes = [m[0] for ln in lines if (m := _KAFKA_CAUSE.search(ln))]
+    first = causes[0] if causes else lines[0] if lines else text
     if _UNREACHABLE.search(text) and "AuthenticationException" not in text:
         cause = next((ln for ln in text.splitlines() if _UNREACHABLE.search(ln)), first)
         return ClusterUnreachable(

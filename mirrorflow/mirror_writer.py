@@ -73,36 +73,28 @@ class CopySettings:
     offsets_topic: str
     committed: dict[tuple[str, int], int] = field(default_factory=dict)
     consumer_config: dict[str, str] = field(default_factory=dict, repr=False)
+    admin_config: dict[str, str] = field(default_factory=dict, repr=False)
     flush_timeout_s: float = 300.0
 
 
-# Producers live as long as their Python worker (workers are reused across tasks).
-_PRODUCERS: dict[tuple, object] = {}
-
-
 def _transactional_producer(settings: CopySettings, topic: str, partition: int):
-    """The transactional producer of one source partition, with a transaction begun.
+    """A new transactional producer of one source partition, with a transaction begun.
 
-    Its ``transactional.id`` is stable per flow and partition, so a producer of a previous
-    attempt or job (a zombie) is fenced off and its open transaction aborted.
+    Its ``transactional.id`` is stable per flow and partition, so initialising it fences off
+    any earlier producer of that partition (a zombie of a previous attempt or job, or the one
+    another Python worker used for an earlier batch) and aborts its open transaction. A
+    producer is therefore never reused across tasks: another worker may have fenced it since.
     """
     from confluent_kafka import KafkaException, Producer
 
     txn_id = f"{settings.transactional_id_prefix}-{topic}-{partition}"
-    config = {
-        **settings.producer_config,
-        "transactional.id": txn_id,
-        "partitioner": "murmur2_random",  # Java's partitioner, as Connect's offsets topic uses
-    }
-    key = tuple(sorted(config.items()))
-    producer = _PRODUCERS.get(key)
-    if producer is not None:
-        try:
-            producer.begin_transaction()
-            return producer
-        except KafkaException:
-            _PRODUCERS.pop(key, None)  # left in a failed state by an earlier task: start over
-    producer = Producer(config)
+    producer = Producer(
+        {
+            **settings.producer_config,
+            "transactional.id": txn_id,
+            "partitioner": "murmur2_random",  # Java's partitioner, as Connect's offsets topic uses
+        }
+    )
     try:
         producer.init_transactions(settings.flush_timeout_s)
         producer.begin_transaction()
@@ -111,7 +103,6 @@ def _transactional_producer(settings: CopySettings, topic: str, partition: int):
             f"starting a transaction ({txn_id}) on {settings.target_alias} failed: "
             f"{exc.args[0].str()}"
         ) from None
-    _PRODUCERS[key] = producer
     return producer
 
 
@@ -155,7 +146,10 @@ def copy_records(
         from mirrorflow.source_offsets import SourceOffsetReader
 
         reader = SourceOffsetReader(
-            settings.consumer_config, settings.offsets_topic, settings.source_alias
+            settings.consumer_config,
+            settings.admin_config,
+            settings.offsets_topic,
+            settings.source_alias,
         )
         try:
             committed.update(reader.read_to_end())

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import time
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from mirrorflow.errors import MirrorflowError
+from mirrorflow.errors import ClusterUnreachable, MirrorflowError
 from mirrorflow.formats import SourceOffset
 
 # Connect's default number of partitions for its offsets topic (offset.storage.partitions).
@@ -27,9 +27,22 @@ def offsets_topic(source_alias: str) -> str:
 
 
 class SourceOffsetReader:
-    """Reads committed positions of one source cluster's partitions, incrementally."""
+    """Reads committed positions of one source cluster's partitions, incrementally.
 
-    def __init__(self, consumer_config: dict[str, str], topic: str, source_alias: str) -> None:
+    "The end" is each partition's last stable offset (what a ``read_committed`` reader can
+    reach), asked of the cluster on every call: a transaction that a fault left open does not
+    hold the reader back, and its records, aborted once its producer is fenced, never count.
+    """
+
+    def __init__(
+        self,
+        consumer_config: dict[str, str],
+        admin_config: dict[str, str],
+        topic: str,
+        source_alias: str,
+    ) -> None:
+        from confluent_kafka.admin import AdminClient
+
         self.topic, self.source_alias = topic, source_alias
         self.positions: dict[tuple[str, int], int] = {}
         self._consumer = Consumer(
@@ -38,42 +51,60 @@ class SourceOffsetReader:
                 "group.id": f"mirrorflow-offsets-reader-{source_alias}",
                 "enable.auto.commit": False,
                 "isolation.level": "read_committed",
-                "enable.partition.eof": True,
                 "auto.offset.reset": "earliest",
             }
         )
-        self._assigned = False
+        self._admin = AdminClient(admin_config)
+        self._partitions: list[TopicPartition] = []
+
+    def _stable_ends(self, timeout_s: float) -> dict[int, int]:
+        from confluent_kafka import IsolationLevel
+        from confluent_kafka.admin import OffsetSpec
+
+        futures = self._admin.list_offsets(
+            {tp: OffsetSpec.latest() for tp in self._partitions},
+            isolation_level=IsolationLevel.READ_COMMITTED,
+            request_timeout=timeout_s,
+        )
+        return {tp.partition: f.result().offset for tp, f in futures.items()}
 
     def read_to_end(self, timeout_s: float = 60.0) -> dict[tuple[str, int], int]:
         """Every committed position up to the end of the topic: (topic, partition) -> offset."""
-        if not self._assigned:
+        if not self._partitions:
             metadata = self._consumer.list_topics(self.topic, timeout=10).topics[self.topic]
             if metadata.error is not None:
                 raise MirrorflowError(f"cannot read {self.topic}: {metadata.error}")
+            self._partitions = [TopicPartition(self.topic, p) for p in metadata.partitions]
             self._consumer.assign(
                 [TopicPartition(self.topic, p, -2) for p in metadata.partitions]  # -2: beginning
             )
-            self._assigned = True
-        remaining = {tp.partition for tp in self._consumer.assignment()}
         deadline = time.monotonic() + timeout_s
+        try:
+            ends = self._stable_ends(timeout_s)
+        except KafkaException as exc:
+            raise ClusterUnreachable(
+                f"reading exactly-once positions from {self.topic}: {exc.args[0].str()}",
+                "check the target cluster; the batch is retried",
+            ) from None
+        remaining = {p for p, end in ends.items() if end > 0}
         while remaining:
             if time.monotonic() > deadline:
-                raise MirrorflowError(
+                raise ClusterUnreachable(
                     f"reading exactly-once positions from {self.topic} did not reach its end "
                     f"within {timeout_s:.0f}s",
-                    "check the target cluster; the job retries the batch when restarted",
+                    "check the target cluster; the batch is retried",
                 )
-            msg = self._consumer.poll(0.5)
-            if msg is None:
-                continue
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    remaining.discard(msg.partition())
-                    continue
+            msg = self._consumer.poll(0.2)
+            if msg is not None and msg.error() is None:
+                position = SourceOffset.from_record(msg.key(), msg.value())
+                if position is not None and position.cluster == self.source_alias:
+                    self.positions[(position.topic, position.partition)] = position.offset
+            elif msg is not None and msg.error().code() != KafkaError._PARTITION_EOF:
                 raise MirrorflowError(f"reading {self.topic} failed: {msg.error().str()}")
-            position = SourceOffset.from_record(msg.key(), msg.value())
-            if position is not None and position.cluster == self.source_alias:
-                self.positions[(position.topic, position.partition)] = position.offset
+            # The position moves past transaction markers too, which no message shows.
+            for tp in self._consumer.position([TopicPartition(self.topic, p) for p in remaining]):
+                if tp.offset >= ends[tp.partition]:
+                    remaining.discard(tp.partition)
         return dict(self.positions)
 
     def close(self) -> None:

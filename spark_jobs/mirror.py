@@ -10,7 +10,9 @@ on this command line. All the logic lives in :mod:`mirrorflow.mirror_job`.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -56,6 +58,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    faulthandler.register(signal.SIGUSR2, all_threads=True)  # kill -USR2: where is it stuck?
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

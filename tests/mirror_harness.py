@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from mirrorflow import launch
@@ -35,6 +37,68 @@ def write_flow_file(
     ]
     path.write_text("\n".join(text) + "\n")
     return path
+
+
+def flow_file(
+    directory: Path,
+    box: sandbox_mod.Sandbox,
+    topics: str,
+    *lines: str,
+    source: str = "primary",
+    target: str = "secondary",
+) -> Path:
+    """``directory/mm2.properties`` with one enabled flow ``source->target`` of ``topics``."""
+    flow = f"{source}->{target}"
+    return write_flow_file(
+        directory / "mm2.properties",
+        box,
+        [source, target],
+        [f"{flow}.enabled = true", f"{flow}.topics = {topics}", *lines],
+    )
+
+
+def produce(cluster, topic: str, partitions: int, count: int, start: int = 0) -> list:
+    """Keyed, headered, timestamped records spread over explicit partitions."""
+    producer = Producer({**cluster.client_config(), "enable.idempotence": True})
+    # Distinct timestamps from an hour ago: old enough to tell a copied timestamp from the
+    # time of copying, recent enough that retention (7 days) leaves the records alone.
+    base_ms = int(time.time() * 1000) - 3_600_000
+    sent = []
+    for i in range(start, start + count):
+        record = dict(
+            topic=topic,
+            partition=i % partitions,
+            key=None if i % 11 == 0 else f"key-{i}".encode(),
+            value=None if i % 13 == 0 else f"value-{i}-".encode() * (1 + i % 5),
+            headers=[("trace", f"t{i}".encode()), ("empty", b"")] if i % 3 else None,
+            timestamp=base_ms + i,
+        )
+        producer.produce(**record)
+        sent.append(record)
+    assert producer.flush(30) == 0
+    return sent
+
+
+def copied(records: dict[int, list]) -> dict[int, list]:
+    """Records without their offsets: what a faithful copy must reproduce per partition."""
+    return {p: [r[1:] for r in rs] for p, rs in records.items()}
+
+
+def distinct(records: list) -> set:
+    """A partition's records as a set (offsets left out), to check that none is missing."""
+    return {(key, value, tuple(headers), ts) for _offset, key, value, headers, ts in records}
+
+
+def stop_job(job: subprocess.Popen, timeout: float = 90) -> int:
+    """Ask a running mirror job to stop (SIGTERM: after its batch); kill it if it does not."""
+    if job.poll() is None:
+        job.send_signal(signal.SIGTERM)
+        try:
+            job.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait(30)
+    return job.returncode
 
 
 def mirror_command(config: Path, flow: str, state: Path, *extra: str) -> list[str]:

@@ -16,35 +16,13 @@ import pytest
 from mirrorflow import dag_render
 from mirrorflow.airflow import jobs
 from tests.conftest import create_topics
-from tests.mirror_harness import read_topic, topic_names, wait_for, write_flow_file
+from tests.mirror_harness import copied, flow_file, produce, read_topic, topic_names, wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.airflow]
 
 ROOT = Path(__file__).resolve().parent.parent
 # Fast restarts for the test; everything else as in production DAGs.
 OPTIONS = dag_render.RenderOptions(retry_delay_seconds=1, stop_grace_seconds=30)
-
-
-def produce(cluster, topic: str, partitions: int, count: int, start: int = 0) -> list[dict]:
-    """Keyed records with headers and distinct timestamps, spread over the partitions."""
-    from confluent_kafka import Producer
-
-    producer = Producer({**cluster.client_config(), "enable.idempotence": True})
-    base_ms = int(time.time() * 1000) - 3_600_000
-    sent = []
-    for i in range(start, start + count):
-        record = dict(
-            topic=topic,
-            partition=i % partitions,
-            key=f"key-{i}".encode(),
-            value=f"value-{i}".encode(),
-            headers=[("n", str(i).encode())],
-            timestamp=base_ms + i,
-        )
-        producer.produce(**record)
-        sent.append(record)
-    assert producer.flush(30) == 0
-    return sent
 
 
 def records(by_partition: dict[int, list]) -> set[tuple]:
@@ -117,13 +95,7 @@ def test_the_mirror_dag_runs_the_spark_job_that_replicates_until_asked_to_stop(
     topic = topic_name("orders")
     create_topics(primary, topic, partitions=2)
     produce(primary, topic, 2, 60)
-    flow_file = write_flow_file(
-        tmp_path / "mm2.properties",
-        sandbox,
-        ["primary", "secondary"],
-        ["primary->secondary.enabled = true", f"primary->secondary.topics = {topic}"],
-    )
-    dag_file = render_into_dags_folder(flow_file)
+    dag_file = render_into_dags_folder(flow_file(tmp_path, sandbox, topic))
     state, log = tmp_path / "state", tmp_path / "dag-test.log"
     files = jobs.JobFiles.for_flow("primary->secondary", state / "flows")
     # Through a Spark connection, as a deployment configures it (here: two local cores).
@@ -147,9 +119,7 @@ def test_the_mirror_dag_runs_the_spark_job_that_replicates_until_asked_to_stop(
     assert "stopped on request (stop file)" in output
     # Every record once, in order, per partition: a clean stop replays nothing.
     source, target = read_topic(primary, topic), read_topic(secondary, f"primary.{topic}")
-    assert {p: [r[1:] for r in rs] for p, rs in target.items()} == {
-        p: [r[1:] for r in rs] for p, rs in source.items()
-    }
+    assert copied(target) == copied(source)
 
 
 def test_a_killed_spark_job_is_started_again_by_airflow_and_no_record_is_lost(
@@ -159,13 +129,7 @@ def test_a_killed_spark_job_is_started_again_by_airflow_and_no_record_is_lost(
     topic = topic_name("payments")
     create_topics(primary, topic, partitions=3)
     sent = produce(primary, topic, 3, 150)
-    flow_file = write_flow_file(
-        tmp_path / "mm2.properties",
-        sandbox,
-        ["primary", "tertiary"],
-        ["primary->tertiary.enabled = true", f"primary->tertiary.topics = {topic}"],
-    )
-    dag_file = render_into_dags_folder(flow_file)
+    dag_file = render_into_dags_folder(flow_file(tmp_path, sandbox, topic, target="tertiary"))
     state, log = tmp_path / "state", tmp_path / "dag-test.log"
     files = jobs.JobFiles.for_flow("primary->tertiary", state / "flows")
     run = start_dag_test(dag_file, state, log)  # no Spark connection: local[*]

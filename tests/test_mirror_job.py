@@ -17,49 +17,22 @@ from mirrorflow import launch
 from mirrorflow.formats import Heartbeat
 from tests.conftest import create_topics
 from tests.mirror_harness import (
+    copied,
+    distinct,
+    flow_file,
     mirror_command,
     offset_syncs,
+    produce,
     read_topic,
     run_mirror_once,
     start_mirror,
+    stop_job,
     topic_names,
     wait_for,
     write_flow_file,
 )
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
-
-
-def produce(cluster, topic: str, partitions: int, count: int, start: int = 0) -> list:
-    """Keyed, headered, timestamped records spread over explicit partitions."""
-    producer = Producer({**cluster.client_config(), "enable.idempotence": True})
-    # Distinct timestamps from an hour ago: old enough to tell a copied timestamp from the
-    # time of copying, recent enough that retention (7 days) leaves the records alone.
-    base_ms = int(time.time() * 1000) - 3_600_000
-    sent = []
-    for i in range(start, start + count):
-        record = dict(
-            topic=topic,
-            partition=i % partitions,
-            key=None if i % 11 == 0 else f"key-{i}".encode(),
-            value=None if i % 13 == 0 else f"value-{i}-".encode() * (1 + i % 5),
-            headers=[("trace", f"t{i}".encode()), ("empty", b"")] if i % 3 else None,
-            timestamp=base_ms + i,
-        )
-        producer.produce(**record)
-        sent.append(record)
-    assert producer.flush(30) == 0
-    return sent
-
-
-def distinct(records: list) -> set:
-    """A partition's records as a set (offsets left out), to check that none is missing."""
-    return {(key, value, tuple(headers), ts) for _offset, key, value, headers, ts in records}
-
-
-def copied(records: dict[int, list]) -> dict[int, list]:
-    """Records without their offsets: what a faithful copy must reproduce per partition."""
-    return {p: [r[1:] for r in rs] for p, rs in records.items()}
 
 
 def test_records_are_copied_byte_for_byte_per_partition_and_in_order(sandbox, topic_name, tmp_path):
@@ -241,12 +214,7 @@ def test_new_topics_and_partitions_are_picked_up_live_and_a_sigkill_loses_nothin
         )
         (tmp_path / "stop").touch()
     finally:
-        if job.poll() is None:
-            job.send_signal(signal.SIGTERM)
-            try:
-                job.wait(60)
-            except Exception:
-                os.killpg(job.pid, signal.SIGKILL)
+        stop_job(job)
     for sync in offset_syncs(primary, "mm2-offset-syncs.secondary.internal"):
         if sync.topic != first:
             continue
@@ -290,12 +258,7 @@ def test_a_record_too_large_for_the_target_stops_the_flow_naming_topic_partition
     for i in range(5):
         producer.produce(t, key=b"k%d" % i, value=b"x" * (5000 if i == 3 else 100))
     producer.flush(30)
-    config = write_flow_file(
-        tmp_path / "mm2.properties",
-        sandbox,
-        ["primary", "secondary"],
-        ["primary->secondary.enabled = true", f"primary->secondary.topics = {t}"],
-    )
+    config = flow_file(tmp_path, sandbox, t)
     result = subprocess.run(
         mirror_command(config, "primary->secondary", tmp_path / "state", "--once"),
         capture_output=True,
@@ -349,16 +312,12 @@ def test_a_broker_restart_mid_run_loses_no_record_and_duplicates_none_in_exactly
     t = topic_name("restart")
     create_topics(primary, t, partitions=2)
     expected = produce_transactions(primary, t, 2, range(0, 10), 200)
-    config = write_flow_file(
-        tmp_path / "mm2.properties",
+    config = flow_file(
+        tmp_path,
         sandbox,
-        ["primary", "secondary"],
-        [
-            "primary->secondary.enabled = true",
-            f"primary->secondary.topics = {t}",
-            "primary.consumer.isolation.level = read_committed",  # aborted records stay out
-            *(EXACTLY_ONCE if mode == "exactly-once" else []),
-        ],
+        t,
+        "primary.consumer.isolation.level = read_committed",  # aborted records stay out
+        *(EXACTLY_ONCE if mode == "exactly-once" else []),
     )
 
     def copies() -> list:
@@ -383,11 +342,7 @@ def test_a_broker_restart_mid_run_loses_no_record_and_duplicates_none_in_exactly
         wait_for(lambda: set(copies()) >= expected, 180, "every record after the restart")
         assert job.poll() is None, "the job gave up during the restart"
     finally:
-        job.send_signal(signal.SIGTERM)
-        try:
-            job.wait(90)
-        except subprocess.TimeoutExpired:
-            os.killpg(job.pid, signal.SIGKILL)
+        stop_job(job)
     keys = copies()
     assert set(keys) == expected, "aborted records were copied"
     if mode == "exactly-once":
@@ -401,12 +356,7 @@ def test_exactly_once_copies_each_committed_record_once_despite_sigkill(
     t = topic_name("payments")
     create_topics(primary, t, partitions=3)
     expected = produce_transactions(primary, t, 3, range(40), 250)
-    config = write_flow_file(
-        tmp_path / "mm2.properties",
-        sandbox,
-        ["primary", "secondary"],
-        ["primary->secondary.enabled = true", f"primary->secondary.topics = {t}", *EXACTLY_ONCE],
-    )
+    config = flow_file(tmp_path, sandbox, t, *EXACTLY_ONCE)
     state, log = tmp_path / "state", tmp_path / "job.log"
     job = start_mirror(config, "primary->secondary", state, log, "--max-records-per-batch", "600")
     try:
@@ -436,12 +386,7 @@ def test_sigterm_to_mirrorflow_mirror_stops_the_flow_after_its_current_batch(
     t = topic_name("graceful")
     create_topics(primary, t, partitions=2)
     produce(primary, t, 2, 3000)
-    config = write_flow_file(
-        tmp_path / "mm2.properties",
-        sandbox,
-        ["primary", "secondary"],
-        ["primary->secondary.enabled = true", f"primary->secondary.topics = {t}"],
-    )
+    config = flow_file(tmp_path, sandbox, t)
     log = open(tmp_path / "mirror.log", "wb")  # noqa: SIM115
     job = subprocess.Popen(
         [
@@ -500,16 +445,12 @@ def test_offset_syncs_include_every_one_mirrormaker_2_would_write_and_all_are_ex
                 t, key=b"k%d" % i, value=b"txn %d record %d" % (txn, i), partition=i % 2
             )
         producer.commit_transaction(30)
-    config = write_flow_file(
-        tmp_path / "mm2.properties",
+    config = flow_file(
+        tmp_path,
         sandbox,
-        ["primary", "secondary"],
-        [
-            "primary->secondary.enabled = true",
-            f"primary->secondary.topics = {t}",
-            "primary->secondary.offset.lag.max = 7",
-            "primary.consumer.isolation.level = read_committed",
-        ],
+        t,
+        "primary->secondary.offset.lag.max = 7",
+        "primary.consumer.isolation.level = read_committed",
     )
     run_mirror_once(config, "primary->secondary", tmp_path / "state")
 
@@ -540,12 +481,7 @@ def test_an_unreachable_target_is_retried_with_backoff_and_logged_until_it_answe
     t = topic_name("patient")
     create_topics(primary, t, partitions=2)
     produce(primary, t, 2, 200)
-    config = write_flow_file(
-        tmp_path / "mm2.properties",
-        sandbox,
-        ["primary", "secondary"],
-        ["primary->secondary.enabled = true", f"primary->secondary.topics = {t}"],
-    )
+    config = flow_file(tmp_path, sandbox, t)
     log = tmp_path / "job.log"
     sandbox_mod.down(sandbox.directory, ["secondary"])
     try:
@@ -570,9 +506,4 @@ def test_an_unreachable_target_is_retried_with_backoff_and_logged_until_it_answe
             "every record once the target answers",
         )
     finally:
-        job.send_signal(signal.SIGTERM)
-        try:
-            job.wait(90)
-        except subprocess.TimeoutExpired:
-            os.killpg(job.pid, signal.SIGKILL)
-    assert job.returncode == 0, log.read_text()[-2000:]
+        stop_job(job)

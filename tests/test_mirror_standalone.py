@@ -14,8 +14,7 @@ import pytest
 from mirrorflow import jvm, launch
 from mirrorflow.sandbox import free_port_block
 from tests.conftest import create_topics
-from tests.mirror_harness import read_topic, write_flow_file
-from tests.test_mirror_job import copied, produce
+from tests.mirror_harness import copied, flow_file, produce, read_topic
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
@@ -90,12 +89,7 @@ def test_the_mirror_job_runs_unchanged_on_a_spark_standalone_cluster(
     t = topic_name("cluster")
     create_topics(primary, t, partitions=4)
     produce(primary, t, 4, 400)
-    config = write_flow_file(
-        tmp_path / "mm2.properties",
-        sandbox,
-        ["primary", "secondary"],
-        ["primary->secondary.enabled = true", f"primary->secondary.topics = {t}"],
-    )
+    config = flow_file(tmp_path, sandbox, t)
     command = launch.mirror_command(
         [config],
         "primary->secondary",
