@@ -6,6 +6,7 @@ on free loopback ports in a temporary directory, so a developer's own sandbox ke
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -28,6 +29,9 @@ os.environ["MIRRORFLOW_STATE"] = str(_SESSION_DIR / "state")
 _VENV_BIN = str(Path(sys.executable).parent)
 os.environ["PATH"] = _VENV_BIN + os.pathsep + os.environ.get("PATH", "")
 os.environ["PYSPARK_PYTHON"] = sys.executable
+# py4j logs at INFO when its connections are garbage-collected at exit, after pytest has
+# closed the streams its handlers write to ("--- Logging error ---" after the summary).
+logging.getLogger("py4j").setLevel(logging.WARNING)
 
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 

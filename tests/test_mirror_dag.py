@@ -149,7 +149,7 @@ def test_a_killed_spark_job_is_started_again_by_airflow_and_no_record_is_lost(
         def every_record_arrived():
             target = records(read_topic(tertiary, remote))
             return all(
-                (r["partition"], r["key"], r["value"], tuple(r["headers"]), r["timestamp"])
+                (r["partition"], r["key"], r["value"], tuple(r["headers"] or ()), r["timestamp"])
                 in target
                 for r in sent
             )

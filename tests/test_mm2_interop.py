@@ -1,0 +1,120 @@
+"""A flow handed over between MirrorMaker 2 and mirrorflow: each resumes where the other stopped.
+
+Both keep a flow's progress in the same place, in the same format: Connect's offsets topic
+``mm2-offsets.<source>.internal`` on the target (mirrorflow in exactly-once mode).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from mirrorflow import jvm
+from mirrorflow.source_offsets import SourceOffsetReader, offsets_topic
+from tests.conftest import create_topics
+from tests.mirror_harness import copied, flow_file, produce, read_topic, run_mirror_once, wait_for
+
+pytestmark = [pytest.mark.kafka, pytest.mark.spark]
+
+LOG4J2 = """\
+status = warn
+appender.out.type = Console
+appender.out.name = out
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = warn
+rootLogger.appenderRef.out.ref = out
+"""
+
+
+def run_mm2_until(config: Path, log: Path, done, what: str) -> None:
+    """Run MirrorMaker 2 (dedicated mode, target ``secondary``) until ``done()``, then stop it."""
+    log4j = log.with_name("mm2-log4j2.properties")
+    log4j.write_text(LOG4J2)
+    command = [
+        jvm.require_tool("java", "to run MirrorMaker 2"),
+        "-Xmx512M",
+        f"-Dlog4j2.configurationFile={log4j}",
+        "-cp",
+        jvm.classpath("mirrormaker"),
+        "org.apache.kafka.connect.mirror.MirrorMaker",
+        str(config),
+        "--clusters",
+        "secondary",
+    ]
+    with open(log, "ab") as out:
+        mm2 = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        wait_for(done, 180, what)
+    finally:
+        os.killpg(mm2.pid, signal.SIGTERM)
+        try:
+            mm2.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(mm2.pid, signal.SIGKILL)
+
+
+def test_a_flow_moves_from_mirrormaker_2_to_mirrorflow_and_back_without_copying_twice(
+    sandbox, topic_name, tmp_path
+):
+    primary, secondary = sandbox["primary"], sandbox["secondary"]
+    t = topic_name("handover")
+    create_topics(primary, t, partitions=2)
+    produce(primary, t, 2, 400)
+    common = [
+        "primary.consumer.isolation.level = read_committed",
+        "offset.storage.replication.factor = 1",
+        "status.storage.replication.factor = 1",
+        "config.storage.replication.factor = 1",
+        "secondary.offset.flush.interval.ms = 1000",
+        "plugin.discovery = service_load",
+        "tasks.max = 1",
+    ]
+    (tmp_path / "mm2").mkdir()
+    (tmp_path / "mirrorflow").mkdir()
+    mm2_config = flow_file(tmp_path / "mm2", sandbox, t, *common)
+    mirrorflow_config = flow_file(
+        tmp_path / "mirrorflow",
+        sandbox,
+        t,
+        *common,
+        "secondary.exactly.once.source.support = enabled",
+    )
+    reader = SourceOffsetReader(
+        secondary.client_config(), secondary.client_config(), offsets_topic("primary"), "primary"
+    )
+
+    def positions_reach(last: int):
+        def reached() -> bool:
+            try:
+                found = reader.read_to_end(timeout_s=10)
+            except Exception:  # the topic may not exist yet
+                return False
+            return all(found.get((t, p), -1) >= last for p in (0, 1))
+
+        return reached
+
+    try:
+        # 1. MirrorMaker 2 copies the first 400 records and records its positions.
+        run_mm2_until(mm2_config, tmp_path / "mm2.log", positions_reach(199), "MM2's positions")
+        # 2. mirrorflow, with no progress of its own, resumes from MirrorMaker 2's positions.
+        produce(primary, t, 2, 200, start=400)
+        run_mirror_once(mirrorflow_config, "primary->secondary", tmp_path / "state")
+        assert copied(read_topic(secondary, f"primary.{t}")) == copied(read_topic(primary, t))
+        # 3. MirrorMaker 2 resumes from mirrorflow's positions.
+        produce(primary, t, 2, 200, start=600)
+        run_mm2_until(
+            mm2_config,
+            tmp_path / "mm2.log",
+            lambda: sum(map(len, read_topic(secondary, f"primary.{t}").values())) >= 800,
+            "MM2 to copy the last records",
+        )
+    finally:
+        reader.close()
+    assert copied(read_topic(secondary, f"primary.{t}")) == copied(read_topic(primary, t))
