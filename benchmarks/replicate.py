@@ -81,16 +81,6 @@ KAFKA_JVM_PERFORMANCE_OPTS = [
 MM2_HEAP = ["-Xms256M", "-Xmx2G"]
 PERF_TOOL_HEAP = ["-Xmx512M"]
 
-LOG4J2 = """\
-status = warn
-appender.out.type = Console
-appender.out.name = out
-appender.out.layout.type = PatternLayout
-appender.out.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = {level}
-rootLogger.appenderRef.out.ref = out
-"""
-
 
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
@@ -741,20 +731,13 @@ def java() -> str:
 
 
 def mm2_launches(bench: Bench, case: Case) -> list[Launch]:
-    log4j = bench.workdir / "mm2-log4j2.properties"
-    log4j.write_text(LOG4J2.format(level=bench.args.mm2_log_level))
-    command = [
-        java(),
-        *MM2_HEAP,
-        *KAFKA_JVM_PERFORMANCE_OPTS,
-        f"-Dlog4j2.configurationFile={log4j}",
-        "-cp",
-        jvm.classpath("mirrormaker"),
-        "org.apache.kafka.connect.mirror.MirrorMaker",
-        str(flow_file(bench, case)),
-        "--clusters",
+    command = jvm.mirrormaker_command(
+        flow_file(bench, case),
         TARGET,
-    ]
+        bench.workdir,
+        log_level=bench.args.mm2_log_level,
+        jvm_options=(*MM2_HEAP, *KAFKA_JVM_PERFORMANCE_OPTS),
+    )
     return [Launch("mm2", command)]
 
 

@@ -153,3 +153,38 @@ def interceptor_jar() -> Path:
                 zf.write(path, path.relative_to(classes).as_posix())
         partial.replace(jar)
     return jar
+
+
+MIRRORMAKER_LOG4J2 = """\
+status = warn
+appender.out.type = Console
+appender.out.name = out
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = {level}
+rootLogger.appenderRef.out.ref = out
+"""
+
+
+def mirrormaker_command(
+    config: Path,
+    clusters: str,
+    workdir: Path,
+    log_level: str = "WARN",
+    jvm_options: tuple[str, ...] = ("-Xmx512M",),
+) -> list[str]:
+    """The command that runs MirrorMaker 2 (dedicated mode, ``connect-mirror`` from Maven
+    Central) on ``config`` for the target ``clusters``; its log4j2 file goes to ``workdir``."""
+    log4j = workdir / "mm2-log4j2.properties"
+    log4j.write_text(MIRRORMAKER_LOG4J2.format(level=log_level))
+    return [
+        require_tool("java", "to run MirrorMaker 2"),
+        *jvm_options,
+        f"-Dlog4j2.configurationFile={log4j}",
+        "-cp",
+        classpath("mirrormaker"),
+        "org.apache.kafka.connect.mirror.MirrorMaker",
+        str(config),
+        "--clusters",
+        clusters,
+    ]

@@ -20,32 +20,10 @@ from tests.mirror_harness import copied, flow_file, produce, read_topic, run_mir
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
-LOG4J2 = """\
-status = warn
-appender.out.type = Console
-appender.out.name = out
-appender.out.layout.type = PatternLayout
-appender.out.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = warn
-rootLogger.appenderRef.out.ref = out
-"""
-
 
 def run_mm2_until(config: Path, log: Path, done, what: str) -> None:
     """Run MirrorMaker 2 (dedicated mode, target ``secondary``) until ``done()``, then stop it."""
-    log4j = log.with_name("mm2-log4j2.properties")
-    log4j.write_text(LOG4J2)
-    command = [
-        jvm.require_tool("java", "to run MirrorMaker 2"),
-        "-Xmx512M",
-        f"-Dlog4j2.configurationFile={log4j}",
-        "-cp",
-        jvm.classpath("mirrormaker"),
-        "org.apache.kafka.connect.mirror.MirrorMaker",
-        str(config),
-        "--clusters",
-        "secondary",
-    ]
+    command = jvm.mirrormaker_command(config, "secondary", log.parent)
     with open(log, "ab") as out:
         mm2 = subprocess.Popen(
             command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
