@@ -318,10 +318,8 @@ class MirrorJob:
         from pyspark.sql import functions as F
 
         spec = self.spec
-        limits = {
-            source: self.remote_topics.max_message_bytes.get(remote, 1 << 62)
-            for source, remote in mapping.items()
-        }
+        # prepare() has read max.message.bytes of every remote topic it returned
+        limits = {src: self.remote_topics.max_message_bytes[rem] for src, rem in mapping.items()}
 
         def lookup(table: dict, column):
             return F.element_at(
@@ -329,6 +327,7 @@ class MirrorJob:
             )
 
         topic, partition, offset = F.col("topic"), F.col("partition"), F.col("offset")
+        remote = lookup(mapping, topic)
         header_bytes = F.aggregate(
             "headers",
             F.lit(0),
@@ -353,7 +352,7 @@ class MirrorJob:
                 F.lit(" bytes) is larger than max.message.bytes="),
                 limit.cast("string"),
                 F.lit(" of "),
-                lookup(mapping, topic),
+                remote,
                 F.lit(
                     f" on {spec.target}; raise max.message.bytes on the target topic "
                     "(nothing after it was copied)"
@@ -367,7 +366,7 @@ class MirrorJob:
         )
         rows = batch.where(topic.isin(list(mapping))).select(
             F.when(size + F.lit(mirror_writer.RECORD_OVERHEAD) > limit, too_large)
-            .otherwise(lookup(mapping, topic))
+            .otherwise(remote)
             .alias("topic"),
             partition,
             "key",
@@ -375,7 +374,7 @@ class MirrorJob:
             F.concat(F.coalesce("headers", F.array()), F.array(copy_header)).alias("headers"),
         )
         rows.write.format("kafka").options(
-            **self._sink_options(max((n for n in limits.values() if n < 1 << 31), default=0))
+            **self._sink_options(max(limits.values(), default=0))
         ).save()
 
     def _sink_options(self, largest_record: int) -> dict[str, str]:
