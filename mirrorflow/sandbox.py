@@ -229,11 +229,19 @@ def _plain_login(user: str, password: str) -> str:
 def free_port_block(count: int) -> int:
     """A base port such that ``count`` consecutive loopback ports from it are free.
 
-    The search starts where this process's id points, so concurrent callers (two test
-    sessions, a benchmark) rarely pick the same block.
+    Only ports outside the kernel's ephemeral range are offered: a port inside it can be taken
+    as the local end of any outgoing connection while its broker is stopped, and the broker
+    could then not restart on it. The search starts where this process's id points, so
+    concurrent callers (two test sessions, a benchmark) rarely pick the same block.
     """
-    start = 23000 + (os.getpid() % 300) * 97
-    for base in [*range(start, 60000, 97), *range(23000, start, 97)]:
+    low, high = _ephemeral_ports()
+    candidates = [
+        base for base in range(10000, 65536 - count, 97) if base + count <= low or base > high
+    ]
+    if not candidates:
+        raise MirrorflowError(f"no port outside the ephemeral range {low}-{high}")
+    first = os.getpid() % len(candidates)
+    for base in candidates[first:] + candidates[:first]:
         sockets = []
         try:
             for port in range(base, base + count):
@@ -246,7 +254,17 @@ def free_port_block(count: int) -> int:
         finally:
             for sock in sockets:
                 sock.close()
-    raise MirrorflowError(f"no block of {count} free ports on 127.0.0.1 between 23000 and 60000")
+    raise MirrorflowError(
+        f"no block of {count} free ports on 127.0.0.1 outside the ephemeral range {low}-{high}"
+    )
+
+
+def _ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range of local ports for outgoing connections (Linux's default if unknown)."""
+    with contextlib.suppress(OSError, ValueError):
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    return 32768, 60999
 
 
 def _require_free_port(port: int, cluster: str) -> None:
@@ -389,7 +407,7 @@ def _wait_until_serving(
         if process.poll() is not None:  # the handle, not /proc: right after fork it is not java yet
             raise MirrorflowError(
                 f"the broker of sandbox cluster {cluster.name} exited during start-up: "
-                f"{_last_error(cluster.log_file)}",
+                f"{last_error(cluster.log_file)}",
                 f"see its log: {cluster.log_file}",
             )
         try:
@@ -405,7 +423,8 @@ def _wait_until_serving(
             time.sleep(0.5)
 
 
-def _last_error(log_file: Path) -> str:
+def last_error(log_file: Path) -> str:
+    """The last ERROR or exception line of a broker log (else its last line), shortened."""
     with contextlib.suppress(OSError):
         lines = log_file.read_text(errors="replace").splitlines()
         errors = [ln for ln in lines if " ERROR " in ln or "Exception" in ln]

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -41,15 +42,33 @@ SANDBOX_CLUSTERS = ("primary", "secondary", "tertiary")
 
 
 @pytest.fixture(scope="session")
-def sandbox() -> Iterator[sandbox_mod.Sandbox]:
-    """Three independent Kafka clusters (primary, secondary, tertiary) for the session."""
+def _session_sandbox() -> Iterator[sandbox_mod.Sandbox]:
     directory = _SESSION_DIR / "sandbox"
     base = sandbox_mod.free_port_block(len(SANDBOX_CLUSTERS) * sandbox_mod.PORTS_PER_CLUSTER)
     try:
-        box = sandbox_mod.up(SANDBOX_CLUSTERS, directory, base_port=base)
-        yield box
+        yield sandbox_mod.up(SANDBOX_CLUSTERS, directory, base_port=base)
     finally:
         sandbox_mod.down(directory)
+
+
+@pytest.fixture
+def sandbox(_session_sandbox: sandbox_mod.Sandbox) -> sandbox_mod.Sandbox:
+    """Three independent Kafka clusters (primary, secondary, tertiary), shared by the session.
+
+    Each test gets them running: a broker that an earlier test left stopped or that died is
+    restarted (with a warning naming its last log error), so one failure does not fail every
+    test after it.
+    """
+    directory = _session_sandbox.directory
+    current = sandbox_mod.load(directory)
+    dead = [n for n in SANDBOX_CLUSTERS if not current[n].is_running()]
+    for name in dead:
+        warnings.warn(
+            f"sandbox cluster {name} was not running at the start of this test; restarting it. "
+            f"Its log's last error: {sandbox_mod.last_error(current[name].log_file)}",
+            stacklevel=1,
+        )
+    return sandbox_mod.up(SANDBOX_CLUSTERS, directory) if dead else current
 
 
 @pytest.fixture

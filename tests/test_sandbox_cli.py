@@ -107,3 +107,12 @@ def test_sandbox_up_reports_a_broker_that_cannot_start_with_its_log(tmp_path):
 def test_sandbox_rejects_cluster_names_mirrormaker_could_not_use(tmp_path):
     result = _run("sandbox", "--dir", str(tmp_path), "up", "--clusters", "us.east")
     _assert_one_clear_error(result, "us.east")
+
+
+def test_sandbox_ports_lie_outside_the_ephemeral_range_so_a_stopped_broker_can_restart():
+    # A port in the kernel's ephemeral range can become the local end of some client's
+    # connection while its broker is down, and the broker could not bind it again.
+    low, high = (int(p) for p in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    for count in (4, 30):
+        base = free_port_block(count)
+        assert base + count <= low or base > high, (base, count, low, high)
