@@ -1,10 +1,10 @@
 """JVM artifacts: the Kafka broker, Spark's Kafka connector, MirrorMaker 2, and mirrorflow's own
-producer interceptor.
+copier.
 
 Each Maven set is declared by a pom under ``jvm/`` and copied by Maven into a cache directory
 keyed by the hash of those poms, so a changed pom resolves again and an unchanged one never does.
-The interceptor (``jvm/mirror-interceptor``, one Java file) is compiled against the connector's
-``kafka-clients`` into a cache directory keyed by its source.
+The copier (``jvm/mirror-copier``, a few Java files) is compiled against Spark's jars and the
+connector's into a cache directory keyed by its sources and those jars.
 """
 
 from __future__ import annotations
@@ -21,10 +21,8 @@ from mirrorflow.errors import MirrorflowError
 from mirrorflow.paths import PROJECT_ROOT, cache_dir, content_hash
 
 JVM_DIR = PROJECT_ROOT / "jvm"
-INTERCEPTOR_SOURCES = JVM_DIR / "mirror-interceptor" / "src"
-INTERCEPTOR_CLASS = "org.mirrorflow.kafka.MirrorCopyInterceptor"
-COPY_HEADER = "mirrorflow.copy"
-"""The header the mirror job adds to each copy for the interceptor, which removes it."""
+COPIER_SOURCES = JVM_DIR / "mirror-copier" / "src"
+COPIER_CLASS = "org.mirrorflow.kafka.MirrorCopier"
 ARTIFACT_SETS = ("kafka", "spark-kafka", "mirrormaker")
 _VERSIONED_JAR = re.compile(r"^(?P<name>.+?)-\d[\w.\-]*\.jar$")
 
@@ -125,28 +123,33 @@ def _jar_name(filename: str) -> str:
     return match.group("name") if match else filename
 
 
-def interceptor_jar() -> Path:
-    """The jar of mirrorflow's producer interceptor (:data:`INTERCEPTOR_CLASS`), compiled on
-    first use against the ``kafka-clients`` that Spark's connector ships."""
-    sources = sorted(INTERCEPTOR_SOURCES.rglob("*.java"))
-    clients = sorted(_resolved("spark-kafka").glob("kafka-clients-*.jar"))
-    # The jars directory's name already hashes the poms that chose kafka-clients' version.
-    target = cache_dir() / f"interceptor-{content_hash(sources)}-{jars_dir().name}"
-    jar = target / "mirrorflow-interceptor.jar"
+def copier_jar() -> Path:
+    """The jar of mirrorflow's copier (:data:`COPIER_CLASS`), compiled on first use against
+    Spark's jars and its Kafka connector's."""
+    sources = sorted(COPIER_SOURCES.rglob("*.java"))
+    spark_jars = spark_home() / "jars"
+    # The jars directory's name hashes the poms that chose the connector's versions; the
+    # pyspark version stands for Spark's own jars.
+    spark_version = sorted(p.name for p in spark_jars.glob("spark-core_*.jar"))
+    target = cache_dir() / (
+        f"copier-{content_hash(sources)}-{jars_dir().name}-"
+        f"{'-'.join(spark_version).removesuffix('.jar')}"
+    )
+    jar = target / "mirrorflow-copier.jar"
     if jar.exists():
         return jar
-    javac = require_tool("javac", "to compile mirrorflow's producer interceptor")
-    slf4j = sorted(_resolved("spark-kafka").glob("slf4j-api-*.jar"))
+    javac = require_tool("javac", "to compile mirrorflow's copier")
     target.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target) as tmp:
         classes = Path(tmp) / "classes"
+        classpath = [str(spark_jars / "*"), *map(str, spark_kafka_jars())]
         cmd = [javac, "--release", "17", "-nowarn", "-d", str(classes)]
-        cmd += ["-cp", os.pathsep.join(str(p) for p in [*clients, *slf4j]), *map(str, sources)]
+        cmd += ["-cp", os.pathsep.join(classpath), *map(str, sources)]
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0:
             raise MirrorflowError(
-                f"compiling {INTERCEPTOR_SOURCES} failed: {result.stderr.strip()[-800:]}",
-                "check the Java 17 JDK (javac) and the jars in " + str(clients[0].parent),
+                f"compiling {COPIER_SOURCES} failed: {result.stderr.strip()[-800:]}",
+                f"check the Java 17 JDK (javac) and the jars in {spark_jars} and {jars_dir()}",
             )
         partial = Path(tmp) / jar.name
         with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as zf:

@@ -8,11 +8,11 @@ keeps the read positions in the query's checkpoint. Each micro-batch then:
    internal, no cycle), and creates or grows their remote topics on the target;
 2. copies the batch's records, same partition, key, value, headers and timestamp, in order:
 
-   - **at-least-once** (the default): Spark's own Kafka sink writes them, all in the JVM. Each
-     copy carries a ``mirrorflow.copy`` header (upstream offset, timestamp, source topic) that
-     :data:`mirrorflow.jvm.INTERCEPTOR_CLASS`, a producer interceptor, takes off again: it sets
-     the timestamp and, from each copy's acknowledgement, writes MirrorMaker 2's offset syncs
-     (its ``OffsetSyncWriter`` rule), so a sync never points at data that is not there;
+   - **at-least-once** (the default): :data:`mirrorflow.jvm.COPIER_CLASS` copies the offset
+     ranges Spark planned for the batch on the executors, one task per source partition, with
+     Kafka's Java clients and without turning records into rows; from each copy's
+     acknowledgement it writes MirrorMaker 2's offset syncs (its ``OffsetSyncWriter`` rule), so
+     a sync never points at data that is not there;
    - **exactly-once**: :func:`mirrorflow.mirror_writer.copy_records` in the Python workers commits
      each source partition's copies and its position in one Kafka transaction; the driver then
      writes the offset syncs the copy produced.
@@ -136,6 +136,7 @@ class MirrorJob:
         }
         self.heartbeats: HeartbeatEmitter | None = None
         self.positions: SourceOffsetReader | None = None
+        self._copier_settings_cache: tuple | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
     def prepare(self) -> None:
@@ -309,98 +310,65 @@ class MirrorJob:
                 syncs,
             )
         else:
-            self._copy_with_spark_sink(batch, mapping)
-            log.info("%s batch %d copied (%d topics)", self.spec.flow, batch_id, len(mapping))
+            copied = self._copy_with_copier(batch, batch_id, mapping)
+            log.info("%s batch %d: %s", self.spec.flow, batch_id, copied)
 
-    def _copy_with_spark_sink(self, batch: DataFrame, mapping: dict[str, str]) -> None:
-        """At-least-once: Spark's Kafka sink copies the batch; the interceptor restores each
-        record's timestamp and writes the offset syncs."""
-        from pyspark.sql import functions as F
+    def _copy_with_copier(self, batch: DataFrame, batch_id: int, mapping: dict[str, str]) -> str:
+        """At-least-once: the JVM copier copies the offset ranges Spark planned for the batch
+        and writes the offset syncs. Returns what it copied, for the log."""
+        context = self.spark.sparkContext
+        copier = getattr(context._jvm, jvm.COPIER_CLASS)
+        ranges = copier.plannedRanges(batch._jdf)
+        if len(ranges) == 0:
+            return "nothing new"
+        context.setJobDescription(f"mirror {self.spec.flow} batch {batch_id}")
+        try:
+            copied = copier.copy(context._jsc, ranges, self._copier_settings(mapping))
+        finally:
+            context.setJobDescription(None)
+        return f"{copied[0]} records, {copied[1]} bytes from {len(ranges)} partitions"
 
+    def _copier_settings(self, mapping: dict[str, str]):
+        """The copier's settings (see ``MirrorCopier``'s documentation) as a Java map, built
+        again only when the topics or their size limits change."""
+        limits = {rem: self.remote_topics.max_message_bytes[rem] for rem in mapping.values()}
+        key = (tuple(sorted(mapping.items())), tuple(sorted(limits.items())))
+        if self._copier_settings_cache is not None and self._copier_settings_cache[0] == key:
+            return self._copier_settings_cache[1]
         spec = self.spec
-        # prepare() has read max.message.bytes of every remote topic it returned
-        limits = {src: self.remote_topics.max_message_bytes[rem] for src, rem in mapping.items()}
-
-        def lookup(table: dict, column):
-            return F.element_at(
-                F.create_map(*[F.lit(x) for kv in table.items() for x in kv]), column
-            )
-
-        topic, partition, offset = F.col("topic"), F.col("partition"), F.col("offset")
-        remote = lookup(mapping, topic)
-        header_bytes = F.aggregate(
-            "headers",
-            F.lit(0),
-            lambda acc, h: acc + F.length(h.key) + F.coalesce(F.length(h.value), F.lit(0)),
-        )
-        size = (
-            F.coalesce(F.length("key"), F.lit(0))
-            + F.coalesce(F.length("value"), F.lit(0))
-            + F.when(F.size("headers") > 0, header_bytes).otherwise(F.lit(0))
-        )
-        limit = lookup(limits, topic)
-        too_large = F.raise_error(
-            F.concat(
-                F.lit(f"{mirror_writer.ERROR_PREFIX}record "),
-                topic,
-                F.lit("-"),
-                partition.cast("string"),
-                F.lit("@"),
-                offset.cast("string"),
-                F.lit(" ("),
-                size.cast("string"),
-                F.lit(" bytes) is larger than max.message.bytes="),
-                limit.cast("string"),
-                F.lit(" of "),
-                remote,
-                F.lit(
-                    f" on {spec.target}; raise max.message.bytes on the target topic "
-                    "(nothing after it was copied)"
-                ),
-            )
-        )
-        ts_ms = F.expr("unix_millis(timestamp)")
-        copy_header = F.struct(
-            F.lit(jvm.COPY_HEADER).alias("key"),
-            F.concat_ws(",", offset, ts_ms, topic).cast("binary").alias("value"),
-        )
-        rows = batch.where(topic.isin(list(mapping))).select(
-            F.when(size + F.lit(mirror_writer.RECORD_OVERHEAD) > limit, too_large)
-            .otherwise(remote)
-            .alias("topic"),
-            partition,
-            "key",
-            "value",
-            F.concat(F.coalesce("headers", F.array()), F.array(copy_header)).alias("headers"),
-        )
-        rows.write.format("kafka").options(
-            **self._sink_options(max(limits.values(), default=0))
-        ).save()
-
-    def _sink_options(self, largest_record: int) -> dict[str, str]:
-        """Options of Spark's Kafka sink: the target's producer, idempotent and batching, with
-        the interceptor and (if the flow emits them) where its offset syncs go."""
-        spec = self.spec
-        largest = min(max(largest_record, 1 << 20) + (64 << 10), (1 << 31) - 1)
-        options = {
-            **spec.target_spark_options,
-            "kafka.enable.idempotence": "true",
-            "kafka.acks": "all",
-            "kafka.linger.ms": spec.target_spark_options.get("kafka.linger.ms", "20"),
-            "kafka.batch.size": spec.target_spark_options.get("kafka.batch.size", "524288"),
-            "kafka.max.request.size": str(largest),
-            "kafka.buffer.memory": str(min(max(64 << 20, 2 * largest), 256 << 20)),
-            "kafka.interceptor.classes": jvm.INTERCEPTOR_CLASS,
+        largest = min(max(max(limits.values(), default=0), 1 << 20) + (64 << 10), (1 << 31) - 1)
+        producer = {
+            "linger.ms": "20",
+            "batch.size": "524288",
+            **{k.removeprefix("kafka."): v for k, v in spec.target_spark_options.items()},
+            "enable.idempotence": "true",
+            "acks": "all",
+            "max.request.size": str(largest),
+            "buffer.memory": str(min(max(64 << 20, 2 * largest), 256 << 20)),
+        }
+        settings = {
+            "source": spec.source,
+            "target": spec.target,
+            "record.overhead": str(mirror_writer.RECORD_OVERHEAD),
+            **{
+                f"consumer.{k.removeprefix('kafka.')}": v
+                for k, v in spec.source_spark_options.items()
+            },
+            **{f"producer.{k}": v for k, v in producer.items()},
+            **{f"topic.{src}": rem for src, rem in mapping.items()},
+            **{f"limit.{rem}": str(limit) for rem, limit in limits.items()},
         }
         if spec.emit_offset_syncs:
-            options["kafka.mirrorflow.offset.syncs.topic"] = spec.offset_syncs_topic
-            options["kafka.mirrorflow.offset.lag.max"] = str(spec.max_offset_lag)
-            options["kafka.mirrorflow.offset.syncs.interval.ms"] = str(
-                spec.offset_syncs_interval_ms
-            )
-            for key, value in spec.offset_syncs_producer.items():
-                options[f"kafka.mirrorflow.offset.syncs.producer.{key}"] = value
-        return options
+            settings["syncs.topic"] = spec.offset_syncs_topic
+            settings["syncs.lag.max"] = str(spec.max_offset_lag)
+            settings["syncs.interval.ms"] = str(spec.offset_syncs_interval_ms)
+            for k, v in spec.offset_syncs_producer.items():
+                settings[f"syncs.producer.{k}"] = v
+        java_map = self.spark.sparkContext._jvm.java.util.HashMap()
+        for k, v in settings.items():
+            java_map.put(k, v)
+        self._copier_settings_cache = (key, java_map)
+        return java_map
 
     def _copy_in_transactions(self, batch: DataFrame, mapping: dict[str, str]) -> tuple:
         """Exactly-once: the Python workers copy each source partition in a transaction that
@@ -487,7 +455,7 @@ class MirrorJob:
 
 _UNREACHABLE = re.compile(
     r"TimeoutException|NetworkException|DisconnectException|Local: Timed out|"
-    r"_TRANSPORT|All broker connections are down|not acknowledged within"
+    r"_TRANSPORT|All broker connections are down|not acknowledged within|did not answer"
 )
 
 

@@ -25,15 +25,14 @@ _SPARK_MANAGED = frozenset(
         "key.serializer",
         "value.serializer",
         "enable.auto.commit",
-        "interceptor.classes",
     }
 )
 
 
 def kafka_jars_conf() -> str:
-    """The value of ``spark.jars``: Spark's Kafka connector and mirrorflow's producer
-    interceptor, shipped to every executor."""
-    return ",".join(str(p) for p in [*jvm.spark_kafka_jars(), jvm.interceptor_jar()])
+    """The value of ``spark.jars``: Spark's Kafka connector and mirrorflow's copier, shipped
+    to every executor."""
+    return ",".join(str(p) for p in [*jvm.spark_kafka_jars(), jvm.copier_jar()])
 
 
 def build_session(app_name: str, master: str | None = None, **conf: str) -> SparkSession:

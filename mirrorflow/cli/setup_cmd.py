@@ -16,5 +16,5 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def _jars(args: argparse.Namespace) -> int:
     print(jvm.resolve())
-    jvm.interceptor_jar()
+    jvm.copier_jar()
     return 0
