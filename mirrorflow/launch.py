@@ -14,6 +14,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from mirrorflow import driver_archive
 from mirrorflow.errors import MirrorflowError
 from mirrorflow.paths import PROJECT_ROOT
 from mirrorflow.spark_session import kafka_jars_conf
@@ -38,12 +39,15 @@ def spark_submit() -> str:
     return found
 
 
-def spark_conf() -> dict[str, str]:
-    """Spark settings every mirror job gets (``spark.jars`` ships the connector to executors)."""
+def spark_conf(class_archive: bool = True) -> dict[str, str]:
+    """Spark settings every mirror job gets (``spark.jars`` ships the connector to executors;
+    the driver maps the class archive of :mod:`mirrorflow.driver_archive` when there is one)."""
+    driver_options = [f"-Dlog4j2.configurationFile=file:{SPARK_LOG_CONFIG}", JVM_OPTIONS]
+    if class_archive and (archive := driver_archive.driver_java_options()):
+        driver_options.append(archive)
     return {
         "spark.jars": kafka_jars_conf(),
-        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{SPARK_LOG_CONFIG} "
-        + JVM_OPTIONS,
+        "spark.driver.extraJavaOptions": " ".join(driver_options),
         "spark.executor.extraJavaOptions": JVM_OPTIONS,
         "spark.sql.shuffle.partitions": "2",
         "spark.ui.showConsoleProgress": "false",

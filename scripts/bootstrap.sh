@@ -3,6 +3,7 @@
 # path of the Python environment. Heavy downloads are cached outside the checkout:
 #   $MIRRORFLOW_CACHE (default ~/.cache/mirrorflow)/uv-<version>    the uv installer
 #                                                   /venv-<hash of uv.lock>  the Python env
+#                                                     (its modules compiled to bytecode once)
 #                                                   /jars-<hash of jvm/*>    Maven artifacts
 # Java 17+ and Maven are installed from Debian's packages when missing (needs root).
 set -euo pipefail
@@ -43,6 +44,13 @@ if [ ! -f "$VENV/.complete" ]; then
 else
   # The checkout may have moved: the editable install must point at this one.
   UV_PROJECT_ENVIRONMENT="$VENV" "$UV" sync --locked --python python3.11 -q >&2
+fi
+if [ ! -f "$VENV/.bytecode" ]; then
+  # Compiled once here, so that no Python process compiles pyspark's or Airflow's modules
+  # again at each start (where PYTHONDONTWRITEBYTECODE is set, nothing would ever cache them).
+  say "compiling the environment's modules to bytecode"
+  "$VENV/bin/python" -m compileall -q -j 0 "$VENV/lib" >/dev/null 2>&1 || true
+  touch "$VENV/.bytecode"
 fi
 say "resolving Kafka, Spark's Kafka connector and MirrorMaker 2 from Maven Central"
 MIRRORFLOW_CACHE="$CACHE" "$VENV/bin/mirrorflow" jars >/dev/null

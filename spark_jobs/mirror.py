@@ -66,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         from mirrorflow import spark_session
+
+        spark_session.prefer_installed_pyspark()
         from mirrorflow.mirror_job import MirrorJob
         from mirrorflow.mirror_spec import spec_for_flow
 
