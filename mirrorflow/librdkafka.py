@@ -107,6 +107,22 @@ def translate(java: Mapping[str, str], role: str, where: str) -> dict[str, str]:
     return out
 
 
+def principal(java: Mapping[str, str]) -> str:
+    """Who a Java client config logs in as (SASL user or Kerberos principal), for messages."""
+    match = _JAAS.fullmatch(java.get("sasl.jaas.config", "") or "")
+    if not match:
+        return "(no SASL user)"
+    options = _jaas_options(match)
+    return options.get("username") or options.get("principal") or "(no SASL user)"
+
+
+def _jaas_options(match: re.Match) -> dict[str, str]:
+    return {
+        m.group(1): re.sub(r"\\(.)", r"\1", m.group(2)) if m.group(2) is not None else m.group(3)
+        for m in _JAAS_OPTION.finditer(match.group(3))
+    }
+
+
 def _jaas(value: str, where: str) -> dict[str, str]:
     match = _JAAS.fullmatch(value)
     module = match.group(1) if match else ""
@@ -118,10 +134,7 @@ def _jaas(value: str, where: str) -> dict[str, str]:
             "use PlainLoginModule or ScramLoginModule (username/password) or Krb5LoginModule "
             "with useKeyTab=true, keyTab and principal",
         )
-    options = {
-        m.group(1): re.sub(r"\\(.)", r"\1", m.group(2)) if m.group(2) is not None else m.group(3)
-        for m in _JAAS_OPTION.finditer(match.group(3))
-    }
+    options = _jaas_options(match)
     if kind == "password":
         if "username" not in options or "password" not in options:
             raise MirrorflowError(

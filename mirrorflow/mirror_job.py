@@ -39,6 +39,7 @@ from mirrorflow import jvm, mirror_writer
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
 from mirrorflow.formats import OffsetSync
 from mirrorflow.heartbeats import HeartbeatEmitter
+from mirrorflow.librdkafka import principal
 from mirrorflow.remote_topics import ClusterAdmin, RemoteTopics, ensure_internal_topic
 from mirrorflow.source_offsets import OFFSETS_TOPIC_PARTITIONS, SourceOffsetReader
 
@@ -235,6 +236,7 @@ class MirrorJob:
         retrying(self._run_query, once, stop_file)
 
     def _run_query(self, once: bool, stop_file: Path | None) -> None:
+        from confluent_kafka import KafkaException
         from pyspark.errors import StreamingQueryException
 
         if self._stop_requested.is_set():
@@ -255,8 +257,11 @@ class MirrorJob:
         finally:
             if self.heartbeats is not None:
                 self.heartbeats.stop()
-            for producer in self.producers.values():
-                producer.flush(10)
+            for alias, producer in self.producers.items():
+                try:
+                    producer.flush(10)
+                except KafkaException as exc:  # the query's own error, if any, says more
+                    log.warning("%s: the producer of %s failed: %s", self.spec.flow, alias, exc)
 
     def _sleep_unless_stopped(self, seconds: float, stop_file: Path | None) -> None:
         deadline = time.monotonic() + seconds
@@ -340,7 +345,7 @@ class MirrorJob:
         producer = {
             "linger.ms": "20",
             "batch.size": "524288",
-            **{k.removeprefix("kafka."): v for k, v in spec.target_spark_options.items()},
+            **_unprefixed(spec.target_spark_options),
             "enable.idempotence": "true",
             "acks": "all",
             "max.request.size": str(largest),
@@ -349,6 +354,8 @@ class MirrorJob:
         settings = {
             "source": spec.source,
             "target": spec.target,
+            "source.principal": principal(_unprefixed(spec.source_spark_options)),
+            "target.principal": principal(_unprefixed(spec.target_spark_options)),
             "record.overhead": str(mirror_writer.RECORD_OVERHEAD),
             **{
                 f"consumer.{k.removeprefix('kafka.')}": v
@@ -362,6 +369,8 @@ class MirrorJob:
             settings["syncs.topic"] = spec.offset_syncs_topic
             settings["syncs.lag.max"] = str(spec.max_offset_lag)
             settings["syncs.interval.ms"] = str(spec.offset_syncs_interval_ms)
+            settings["syncs"] = spec.offset_syncs_cluster
+            settings["syncs.principal"] = principal(spec.offset_syncs_producer)
             for k, v in spec.offset_syncs_producer.items():
                 settings[f"syncs.producer.{k}"] = v
         java_map = self.spark.sparkContext._jvm.java.util.HashMap()
@@ -457,6 +466,11 @@ _UNREACHABLE = re.compile(
     r"TimeoutException|NetworkException|DisconnectException|Local: Timed out|"
     r"_TRANSPORT|All broker connections are down|not acknowledged within|did not answer"
 )
+
+
+def _unprefixed(spark_options: dict[str, str]) -> dict[str, str]:
+    """Java client properties back from Spark's ``kafka.``-prefixed options."""
+    return {k.removeprefix("kafka."): v for k, v in spark_options.items()}
 
 
 _KAFKA_CAUSE = re.compile(r"org\.apache\.kafka\.common\.errors\.\w+: .*")

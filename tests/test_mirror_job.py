@@ -245,6 +245,34 @@ def test_a_wrong_password_stops_the_job_at_once_naming_cluster_and_principal(san
     assert "not-the-password" not in output
 
 
+def test_a_principal_without_write_acls_on_the_target_stops_the_job_naming_cluster_and_principal(
+    sandbox, topic_name, tmp_path
+):
+    t = topic_name("denied")
+    create_topics(sandbox["primary"], t, partitions=2)
+    produce(sandbox["primary"], t, 2, 20)
+    # Admin creates the remote topic; the copies go through alice, who has no ACLs on secondary.
+    alice = sandbox["secondary"].java_client_config("alice")["sasl.jaas.config"]
+    config = flow_file(
+        tmp_path,
+        sandbox,
+        t,
+        f"secondary.producer.sasl.jaas.config = {alice}",
+        "emit.heartbeats.enabled = false",
+    )
+    result = subprocess.run(
+        mirror_command(config, "primary->secondary", tmp_path / "state", "--once"),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output[-3000:]
+    error = next(line for line in output.splitlines() if line.startswith("mirrorflow: error:"))
+    assert "cluster secondary refused principal alice" in error, error
+    assert sandbox["secondary"].passwords["alice"] not in output
+
+
 def test_a_record_too_large_for_the_target_stops_the_flow_naming_topic_partition_and_offset(
     sandbox, topic_name, tmp_path
 ):

@@ -6,6 +6,9 @@ import java.util.LinkedHashMap;
 import java.util.Map;
 import java.util.TreeMap;
 import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.Executors;
+import java.util.concurrent.ScheduledExecutorService;
+import java.util.concurrent.TimeUnit;
 import org.apache.kafka.clients.consumer.KafkaConsumer;
 import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.common.TopicPartition;
@@ -22,6 +25,13 @@ final class KafkaClients {
 
   private static final Map<Map<String, Object>, KafkaProducer<byte[], byte[]>> PRODUCERS =
       new ConcurrentHashMap<>();
+  private static final ScheduledExecutorService CLOSER =
+      Executors.newSingleThreadScheduledExecutor(
+          r -> {
+            Thread thread = new Thread(r, "mirrorflow-clients-closer");
+            thread.setDaemon(true);
+            return thread;
+          });
   private static final LinkedHashMap<String, PartitionReader> IDLE_READERS =
       new LinkedHashMap<>(16, 0.75f, true);
 
@@ -34,6 +44,18 @@ final class KafkaClients {
 
   static KafkaProducer<byte[], byte[]> producer(Map<String, Object> config) {
     return PRODUCERS.computeIfAbsent(new TreeMap<>(config), KafkaProducer::new);
+  }
+
+  /**
+   * Forgets the producer of these settings after it failed, so that the batch's retry starts with
+   * a new one. It is closed a minute later: other tasks of the failed batch may still use it, and
+   * each must fail with its own error, not with a closed producer.
+   */
+  static void discardProducer(Map<String, Object> config) {
+    KafkaProducer<byte[], byte[]> producer = PRODUCERS.remove(new TreeMap<>(config));
+    if (producer != null) {
+      CLOSER.schedule(() -> producer.close(Duration.ofSeconds(5)), 60, TimeUnit.SECONDS);
+    }
   }
 
   /** The idle reader of {@code tp} for these settings, or a new one. Give it back with {@link

@@ -15,6 +15,8 @@ import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerConfig;
 import org.apache.kafka.clients.producer.ProducerRecord;
 import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.errors.AuthenticationException;
+import org.apache.kafka.common.errors.AuthorizationException;
 import org.apache.kafka.common.header.Header;
 import org.apache.kafka.common.serialization.ByteArrayDeserializer;
 import org.apache.kafka.common.serialization.ByteArraySerializer;
@@ -48,9 +50,11 @@ import scala.jdk.javaapi.CollectionConverters;
  * <p>The settings are one flat map of strings: {@code consumer.*} and {@code producer.*} (Java
  * client properties of the source consumer and the target producer), {@code topic.<source>}
  * (the remote name of each topic to copy), {@code limit.<remote>} (its {@code
- * max.message.bytes}), {@code record.overhead}, {@code source}, {@code target}, {@code
- * poll.timeout.ms}, and, when offset syncs are written, {@code syncs.topic}, {@code
- * syncs.lag.max}, {@code syncs.interval.ms} and {@code syncs.producer.*}.
+ * max.message.bytes}), {@code record.overhead}, {@code source}, {@code target} (the clusters'
+ * aliases), {@code source.principal}, {@code target.principal}, {@code poll.timeout.ms}, and,
+ * when offset syncs are written, {@code syncs.topic}, {@code syncs.lag.max}, {@code
+ * syncs.interval.ms}, {@code syncs.producer.*}, {@code syncs} (the cluster they go to) and
+ * {@code syncs.principal}.
  */
 public final class MirrorCopier {
   /** Errors the mirror job turns into one line for its user start with this. */
@@ -178,7 +182,8 @@ public final class MirrorCopier {
       long limit = Long.parseLong(settings.get("limit." + remote));
       long overhead = Long.parseLong(settings.getOrDefault("record.overhead", "0"));
       long pollTimeoutMs = Long.parseLong(settings.getOrDefault("poll.timeout.ms", "120000"));
-      KafkaProducer<byte[], byte[]> producer = KafkaClients.producer(clientConfig("producer."));
+      Map<String, Object> producerConfig = clientConfig("producer.");
+      KafkaProducer<byte[], byte[]> producer = KafkaClients.producer(producerConfig);
       OffsetSyncWriter syncs = syncWriter();
       AtomicReference<Exception> failure = new AtomicReference<>();
       reader.seek(from);
@@ -190,6 +195,8 @@ public final class MirrorCopier {
         List<ConsumerRecord<byte[], byte[]>> polled;
         try {
           polled = reader.poll(Duration.ofMillis(500));
+        } catch (AuthenticationException | AuthorizationException refused) {
+          throw refusedBy("source", "reading " + tp, refused);
         } catch (OffsetOutOfRangeException gone) {
           long earliest = reader.earliest();
           LOG.warn(
@@ -257,12 +264,27 @@ public final class MirrorCopier {
       producer.flush();
       Exception error = failure.get();
       if (error != null) {
+        KafkaClients.discardProducer(producerConfig);
+        if (error instanceof AuthenticationException || error instanceof AuthorizationException) {
+          throw refusedBy("target", "writing " + remote + "-" + tp.partition(), error);
+        }
         throw new IllegalStateException(
             ERROR_PREFIX + "copying " + tp + " to " + remote + " on " + settings.get("target")
                 + " failed: " + error,
             error);
       }
       return new long[] {records, bytes};
+    }
+
+    /** One line naming the cluster and the principal it refused, and what to check. */
+    private IllegalStateException refusedBy(String side, String action, Exception error) {
+      String cluster = settings.get(side);
+      String principal = settings.getOrDefault(side + ".principal", "(no SASL user)");
+      return new IllegalStateException(
+          ERROR_PREFIX + "cluster " + cluster + " refused principal " + principal + " while "
+              + action + ": " + error.getMessage() + "; check the credentials and ACLs of "
+              + principal + " on " + cluster,
+          error);
     }
 
     private static long size(ConsumerRecord<byte[], byte[]> record) {
@@ -293,11 +315,15 @@ public final class MirrorCopier {
       Map<String, Object> config = clientConfig("syncs.producer.");
       config.put(ProducerConfig.ACKS_CONFIG, "all");
       config.put(ProducerConfig.ENABLE_IDEMPOTENCE_CONFIG, "true");
-      return OffsetSyncWriter.shared(
-          topic,
-          Long.parseLong(settings.get("syncs.lag.max")),
-          Long.parseLong(settings.get("syncs.interval.ms")),
-          config);
+      try {
+        return OffsetSyncWriter.shared(
+            topic,
+            Long.parseLong(settings.get("syncs.lag.max")),
+            Long.parseLong(settings.get("syncs.interval.ms")),
+            config);
+      } catch (AuthenticationException | AuthorizationException refused) {
+        throw refusedBy("syncs", "writing offset syncs to " + topic, refused);
+      }
     }
 
     private Map<String, Object> clientConfig(String prefix) {
