@@ -38,6 +38,9 @@ FLOW = "primary->secondary"
 SERVICES = ("api-server", "scheduler", "dag-processor", "triggerer")
 DEFAULT_PORT = 8080
 SERVICES_FILE = "demo-services.json"
+STOPPING_FILE = "demo-stopping"
+"""Present while ``demo down`` runs, so a demo in another terminal ends quietly instead of
+reporting the services it stops as failures."""
 UI_USER = "admin"
 
 
@@ -105,6 +108,7 @@ class Demo:
     # -- up ----------------------------------------------------------------------------------
     def up(self, port: int | None, records: int, base_port: int) -> None:
         self._require_project_state()
+        (self.home / STOPPING_FILE).unlink(missing_ok=True)
         self.box = sandbox.up(DEMO_CLUSTERS, self.sandbox_dir, base_port=base_port)
         self._say(f"clusters ready: {self._clusters()}")
         self._check_example_resolves()
@@ -379,6 +383,9 @@ class Demo:
         number = 0
         try:
             while True:
+                if (self.home / STOPPING_FILE).exists():
+                    print("`mirrorflow demo down` is stopping the demo")
+                    return
                 self.check_services()
                 key = f"live-{number}".encode()
                 producer.produce(DEMO_TOPIC, key=key, value=b'{"live": true}')
@@ -402,6 +409,14 @@ class Demo:
 
     # -- down --------------------------------------------------------------------------------
     def down(self) -> None:
+        if self.home.is_dir():
+            (self.home / STOPPING_FILE).touch()
+        try:
+            self._down()
+        finally:
+            (self.home / STOPPING_FILE).unlink(missing_ok=True)
+
+    def _down(self) -> None:
         recorded = self._recorded()
         running = self._running_services(recorded)
         if recorded.get("port"):
