@@ -41,7 +41,13 @@ def archive_path() -> Path:
     spark_jars = sorted(p.name for p in (jvm.spark_home() / "jars").glob("*.jar"))
     key = hashlib.sha256(
         "\n".join(
-            [str(java), str(java.stat().st_mtime_ns), *spark_jars, ENTRY_POINT.read_text()]
+            [
+                str(java),
+                str(java.stat().st_mtime_ns),
+                *spark_jars,
+                ENTRY_POINT.read_text(),  # the training run: a changed one makes a new archive
+                Path(__file__).read_text(),
+            ]
         ).encode()
     ).hexdigest()[:12]
     return cache_dir() / f"driver-archive-{key}" / "spark-driver.jsa"

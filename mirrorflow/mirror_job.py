@@ -42,6 +42,7 @@ from mirrorflow.heartbeats import HeartbeatEmitter
 from mirrorflow.librdkafka import principal
 from mirrorflow.remote_topics import ClusterAdmin, RemoteTopics, ensure_internal_topic
 from mirrorflow.source_offsets import OFFSETS_TOPIC_PARTITIONS, SourceOffsetReader
+from mirrorflow.spark_session import kafka_options
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -56,8 +57,8 @@ class MirrorSpec:
 
     source: str
     target: str
-    source_spark_options: dict[str, str] = field(repr=False)  # kafka.* options, Java client
-    target_spark_options: dict[str, str] = field(repr=False)  # kafka.* options, Java producer
+    source_consumer: dict[str, str] = field(repr=False)  # Java client properties
+    target_producer: dict[str, str] = field(repr=False)  # Java client properties
     offset_syncs_producer: dict[str, str] = field(repr=False)  # Java producer, syncs' cluster
     source_client: dict[str, str] = field(repr=False)  # librdkafka producer settings
     target_client: dict[str, str] = field(repr=False)
@@ -180,7 +181,7 @@ class MirrorJob:
         spec = self.spec
         reader = (
             self.spark.readStream.format("kafka")
-            .options(**spec.source_spark_options)
+            .options(**kafka_options(spec.source_consumer))
             .option("subscribePattern", spec.subscribe_pattern)
             .option("includeHeaders", "true")
             .option("failOnDataLoss", "false")
@@ -345,7 +346,7 @@ class MirrorJob:
         producer = {
             "linger.ms": "20",
             "batch.size": "524288",
-            **_unprefixed(spec.target_spark_options),
+            **spec.target_producer,
             "enable.idempotence": "true",
             "acks": "all",
             "max.request.size": str(largest),
@@ -354,13 +355,10 @@ class MirrorJob:
         settings = {
             "source": spec.source,
             "target": spec.target,
-            "source.principal": principal(_unprefixed(spec.source_spark_options)),
-            "target.principal": principal(_unprefixed(spec.target_spark_options)),
+            "source.principal": principal(spec.source_consumer),
+            "target.principal": principal(spec.target_producer),
             "record.overhead": str(mirror_writer.RECORD_OVERHEAD),
-            **{
-                f"consumer.{k.removeprefix('kafka.')}": v
-                for k, v in spec.source_spark_options.items()
-            },
+            **{f"consumer.{k}": v for k, v in spec.source_consumer.items()},
             **{f"producer.{k}": v for k, v in producer.items()},
             **{f"topic.{src}": rem for src, rem in mapping.items()},
             **{f"limit.{rem}": str(limit) for rem, limit in limits.items()},
@@ -466,11 +464,6 @@ _UNREACHABLE = re.compile(
     r"TimeoutException|NetworkException|DisconnectException|Local: Timed out|"
     r"_TRANSPORT|All broker connections are down|not acknowledged within|did not answer"
 )
-
-
-def _unprefixed(spark_options: dict[str, str]) -> dict[str, str]:
-    """Java client properties back from Spark's ``kafka.``-prefixed options."""
-    return {k.removeprefix("kafka."): v for k, v in spark_options.items()}
 
 
 _KAFKA_CAUSE = re.compile(r"org\.apache\.kafka\.common\.errors\.\w+: .*")

@@ -15,7 +15,6 @@ from mirrorflow.flowconfig import Flow, load_topology
 from mirrorflow.mirror_job import MirrorSpec
 from mirrorflow.policy import DefaultReplicationPolicy, IdentityReplicationPolicy
 from mirrorflow.source_offsets import offsets_topic
-from mirrorflow.spark_session import kafka_options
 
 DEFAULT_HELD_BACK_SYNCS_INTERVAL_MS = 5000
 """How often held-back offset syncs are written unless ``offset.flush.interval.ms`` is set.
@@ -45,8 +44,8 @@ def spec_for_flow(
     return MirrorSpec(
         source=flow.source,
         target=flow.target,
-        source_spark_options=kafka_options(source_consumer),
-        target_spark_options=kafka_options(flow.client_config("target.producer", label="mirror")),
+        source_consumer=source_consumer,
+        target_producer=flow.client_config("target.producer", label="mirror"),
         offset_syncs_producer=flow.client_config(f"{syncs_side}.producer", label="offset-syncs"),
         source_client=flow.client_config("source.producer", librdkafka=True, label="mirror"),
         target_client=flow.client_config("target.producer", librdkafka=True, label="mirror"),

@@ -14,6 +14,7 @@ import org.apache.kafka.clients.consumer.OffsetOutOfRangeException;
 import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerConfig;
 import org.apache.kafka.clients.producer.ProducerRecord;
+import org.apache.kafka.common.KafkaException;
 import org.apache.kafka.common.TopicPartition;
 import org.apache.kafka.common.errors.AuthenticationException;
 import org.apache.kafka.common.errors.AuthorizationException;
@@ -211,7 +212,8 @@ public final class MirrorCopier {
         }
         if (polled.isEmpty()) {
           if (reader.position() >= until) {
-            break; // the rest of the range holds no records for us (transaction markers, aborts)
+            next = until; // the rest of the range holds no records for us (markers, aborts)
+            break;
           }
           if (System.currentTimeMillis() - lastProgress > pollTimeoutMs) {
             throw new org.apache.kafka.common.errors.TimeoutException(
@@ -239,20 +241,25 @@ public final class MirrorCopier {
           }
           long upstream = record.offset();
           long timestamp = record.timestamp();
-          producer.send(
-              new ProducerRecord<>(
-                  remote, tp.partition(), timestamp >= 0 ? timestamp : null,
-                  record.key(), record.value(), record.headers()),
-              (metadata, error) -> {
-                if (error != null) {
-                  failure.compareAndSet(null, error);
-                  if (syncs != null) {
-                    syncs.failed(tp);
+          try {
+            producer.send(
+                new ProducerRecord<>(
+                    remote, tp.partition(), timestamp >= 0 ? timestamp : null,
+                    record.key(), record.value(), record.headers()),
+                (metadata, error) -> {
+                  if (error != null) {
+                    failure.compareAndSet(null, error);
+                    if (syncs != null) {
+                      syncs.failed(tp);
+                    }
+                  } else if (syncs != null && metadata.hasOffset()) {
+                    syncs.acknowledged(tp, upstream, metadata.offset());
                   }
-                } else if (syncs != null && metadata.hasOffset()) {
-                  syncs.acknowledged(tp, upstream, metadata.offset());
-                }
-              });
+                });
+          } catch (KafkaException refusedOrFailed) { // a producer in a failed state throws here
+            failure.compareAndSet(null, refusedOrFailed);
+            break;
+          }
           records++;
           bytes += size;
           next = upstream + 1;
@@ -265,8 +272,10 @@ public final class MirrorCopier {
       Exception error = failure.get();
       if (error != null) {
         KafkaClients.discardProducer(producerConfig);
-        if (error instanceof AuthenticationException || error instanceof AuthorizationException) {
-          throw refusedBy("target", "writing " + remote + "-" + tp.partition(), error);
+        for (Throwable cause = error; cause != null; cause = cause.getCause()) {
+          if (cause instanceof AuthenticationException || cause instanceof AuthorizationException) {
+            throw refusedBy("target", "writing " + remote + "-" + tp.partition(), (Exception) cause);
+          }
         }
         throw new IllegalStateException(
             ERROR_PREFIX + "copying " + tp + " to " + remote + " on " + settings.get("target")
