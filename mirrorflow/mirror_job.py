@@ -358,6 +358,7 @@ class MirrorJob:
             "source.principal": principal(spec.source_consumer),
             "target.principal": principal(spec.target_producer),
             "record.overhead": str(mirror_writer.RECORD_OVERHEAD),
+            "error.prefix": mirror_writer.ERROR_PREFIX,
             **{f"consumer.{k}": v for k, v in spec.source_consumer.items()},
             **{f"producer.{k}": v for k, v in producer.items()},
             **{f"topic.{src}": rem for src, rem in mapping.items()},

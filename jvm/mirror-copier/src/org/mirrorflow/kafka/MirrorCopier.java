@@ -52,14 +52,13 @@ import scala.jdk.javaapi.CollectionConverters;
  * client properties of the source consumer and the target producer), {@code topic.<source>}
  * (the remote name of each topic to copy), {@code limit.<remote>} (its {@code
  * max.message.bytes}), {@code record.overhead}, {@code source}, {@code target} (the clusters'
- * aliases), {@code source.principal}, {@code target.principal}, {@code poll.timeout.ms}, and,
+ * aliases), {@code error.prefix} (what starts the messages the mirror job turns into one line
+ * for its user), {@code source.principal}, {@code target.principal}, {@code poll.timeout.ms}, and,
  * when offset syncs are written, {@code syncs.topic}, {@code syncs.lag.max}, {@code
  * syncs.interval.ms}, {@code syncs.producer.*}, {@code syncs} (the cluster they go to) and
  * {@code syncs.principal}.
  */
 public final class MirrorCopier {
-  /** Errors the mirror job turns into one line for its user start with this. */
-  public static final String ERROR_PREFIX = "mirrorflow-copy-error: ";
 
   private static final Logger LOG = LoggerFactory.getLogger(MirrorCopier.class);
 
@@ -217,7 +216,7 @@ public final class MirrorCopier {
           }
           if (System.currentTimeMillis() - lastProgress > pollTimeoutMs) {
             throw new org.apache.kafka.common.errors.TimeoutException(
-                ERROR_PREFIX + "cluster " + settings.get("source") + " did not answer: no records of "
+                settings.get("error.prefix") + "cluster " + settings.get("source") + " did not answer: no records of "
                     + tp + " from offset " + next + " within " + pollTimeoutMs + " ms");
           }
           continue;
@@ -234,7 +233,7 @@ public final class MirrorCopier {
           if (size + overhead > limit) {
             producer.flush();
             throw new IllegalStateException(
-                ERROR_PREFIX + "record " + tp + "@" + record.offset() + " (" + size
+                settings.get("error.prefix") + "record " + tp + "@" + record.offset() + " (" + size
                     + " bytes) is larger than max.message.bytes=" + limit + " of " + remote
                     + " on " + settings.get("target")
                     + "; raise max.message.bytes on the target topic (nothing after it was copied)");
@@ -278,7 +277,7 @@ public final class MirrorCopier {
           }
         }
         throw new IllegalStateException(
-            ERROR_PREFIX + "copying " + tp + " to " + remote + " on " + settings.get("target")
+            settings.get("error.prefix") + "copying " + tp + " to " + remote + " on " + settings.get("target")
                 + " failed: " + error,
             error);
       }
@@ -290,7 +289,7 @@ public final class MirrorCopier {
       String cluster = settings.get(side);
       String principal = settings.getOrDefault(side + ".principal", "(no SASL user)");
       return new IllegalStateException(
-          ERROR_PREFIX + "cluster " + cluster + " refused principal " + principal + " while "
+          settings.get("error.prefix") + "cluster " + cluster + " refused principal " + principal + " while "
               + action + ": " + error.getMessage() + "; check the credentials and ACLs of "
               + principal + " on " + cluster,
           error);
