@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 from mirrorflow import launch
@@ -306,19 +306,34 @@ def test_a_record_too_large_for_the_target_stops_the_flow_naming_topic_partition
 def produce_transactions(cluster, topic: str, partitions: int, txns: range, size: int) -> set:
     """Transactions of ``size`` records over ``partitions``; every fifth one is aborted.
     Returns the keys of the committed records."""
-    producer = Producer({**cluster.client_config(), "transactional.id": f"src-{topic}"})
-    producer.init_transactions(30)
+
+    def new_producer() -> Producer:
+        producer = Producer({**cluster.client_config(), "transactional.id": f"src-{topic}"})
+        producer.init_transactions(30)
+        return producer
+
+    producer = new_producer()
     committed = set()
     for txn in txns:
-        producer.begin_transaction()
         keys = [f"{txn}-{i}".encode() for i in range(size)]
-        for i, key in enumerate(keys):
-            producer.produce(topic, key=key, value=key * 4, partition=i % partitions)
-        if txn % 5 == 4:
-            producer.abort_transaction(30)
-        else:
-            producer.commit_transaction(30)
-            committed |= set(keys)
+        for attempt in range(3):
+            producer.begin_transaction()
+            for i, key in enumerate(keys):
+                producer.produce(topic, key=key, value=key * 4, partition=i % partitions)
+            if txn % 5 != 4:
+                producer.commit_transaction(30)
+                committed |= set(keys)
+                break
+            try:
+                producer.abort_transaction(30)
+                break
+            except KafkaException:
+                # A broker an earlier test restarted may still be loading its transactions. The
+                # aborted records are not committed either way: a new producer with the same
+                # transactional.id aborts what this one left open, and the data set stays the same.
+                if attempt == 2:
+                    raise
+                producer = new_producer()
     return committed
 
 
