@@ -51,8 +51,8 @@ from confluent_kafka import (  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec  # noqa: E402
 
 from benchmarks import procstats  # noqa: E402
-from mirrorflow import jvm, launch  # noqa: E402
-from mirrorflow import sandbox as sandbox_mod  # noqa: E402
+from mirrorflow.devtools import sandbox as sandbox_mod  # noqa: E402
+from mirrorflow.runtime import jvm, launch  # noqa: E402
 
 SOURCE, TARGET = "bench-a", "bench-b"
 FLOW = f"{SOURCE}->{TARGET}"

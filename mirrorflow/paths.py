@@ -1,8 +1,18 @@
-"""Where mirrorflow keeps things: the project checkout, the download cache, runtime state.
+"""Where mirrorflow keeps things: its resources, the project, the download cache, runtime state.
 
-Heavy downloads (Maven artifacts, the Python environment) live in a cache outside the
-checkout so fresh clones reuse them; runtime state (broker data, logs, connection files)
-lives in a state directory that each command or test session chooses.
+mirrorflow runs from a checkout (``make``, the tests, the demo) or installed from its wheel:
+
+* **Resources** (``templates/``, ``spark_jobs/``, ``jvm/``) are top-level folders of the checkout;
+  the wheel carries them as package data in ``mirrorflow/_resources/``. :func:`resource` finds
+  them either way.
+* **The project root** is where flow files' relative paths (in generated DAGs) are read from and
+  where mirror jobs run: the checkout; installed, ``$MIRRORFLOW_PROJECT``, else the current
+  directory.
+* **State** (broker data, flows' control files, a demo's Airflow home): ``$MIRRORFLOW_STATE``,
+  else ``.mirrorflow/`` in the checkout; installed, ``$XDG_STATE_HOME/mirrorflow`` (default
+  ``~/.local/state/mirrorflow``).
+* **The cache** of heavy downloads (Maven artifacts, the Python environment) lives outside any
+  checkout, so fresh clones reuse it.
 """
 
 from __future__ import annotations
@@ -12,7 +22,31 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PACKAGE_DIR = Path(__file__).resolve().parent
+PROJECT_ROOT = PACKAGE_DIR.parent
+"""The directory holding the ``mirrorflow`` package: the checkout, or site-packages."""
+_PACKAGED = PACKAGE_DIR / "_resources"
+
+
+def in_checkout() -> bool:
+    """Whether mirrorflow runs from a source checkout (not from an installed wheel)."""
+    return (PROJECT_ROOT / "pyproject.toml").is_file() and not _PACKAGED.is_dir()
+
+
+def resource(name: str) -> Path:
+    """A resource folder or file (``templates``, ``spark_jobs/mirror.py``, ``jvm``): from the
+    wheel's package data when installed, else from the checkout."""
+    packaged = _PACKAGED / name
+    return packaged if packaged.exists() else PROJECT_ROOT / name
+
+
+def project_root() -> Path:
+    """Where relative flow-file paths are read from and mirror jobs run."""
+    if in_checkout():
+        return PROJECT_ROOT
+    if env := os.environ.get("MIRRORFLOW_PROJECT"):
+        return Path(env).resolve()
+    return Path.cwd().resolve()
 
 
 def cache_dir() -> Path:
@@ -24,10 +58,14 @@ def cache_dir() -> Path:
 
 
 def state_dir() -> Path:
-    """Runtime state: ``$MIRRORFLOW_STATE``, else ``.mirrorflow/`` in the project checkout."""
+    """Runtime state: ``$MIRRORFLOW_STATE``, else ``.mirrorflow/`` in the checkout, else
+    ``$XDG_STATE_HOME/mirrorflow``."""
     if env := os.environ.get("MIRRORFLOW_STATE"):
         return Path(env)
-    return PROJECT_ROOT / ".mirrorflow"
+    if in_checkout():
+        return PROJECT_ROOT / ".mirrorflow"
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "mirrorflow"
 
 
 def content_hash(files: Iterable[Path], length: int = 12) -> str:

@@ -4,7 +4,7 @@
         --config mm2.properties --flow primary->secondary [--once] [--stop-file PATH]
 
 Credentials stay in the flow definition (or the secret references it names) and never appear
-on this command line. All the logic lives in :mod:`mirrorflow.mirror_job`.
+on this command line. All the logic lives in :mod:`mirrorflow.runtime.driver`.
 """
 
 from __future__ import annotations
@@ -65,11 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in ("py4j", "py4j.clientserver", "py4j.java_gateway"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
-        from mirrorflow import spark_session
+        from mirrorflow.runtime import spark_session
 
         spark_session.prefer_installed_pyspark()
-        from mirrorflow.mirror_job import MirrorJob
-        from mirrorflow.mirror_spec import spec_for_flow
+        from mirrorflow.replication.spec import spec_for_flow
+        from mirrorflow.runtime.driver import MirrorJob
 
         spec = spec_for_flow(
             args.config,

@@ -1,6 +1,6 @@
 """Test harness: real Kafka clusters started once per session, an initialised Airflow home.
 
-Clusters come from :mod:`mirrorflow.sandbox` (the same code as ``mirrorflow sandbox up``),
+Clusters come from :mod:`mirrorflow.devtools.sandbox` (the same code as ``mirrorflow sandbox up``),
 on free loopback ports in a temporary directory, so a developer's own sandbox keeps running.
 """
 
@@ -36,7 +36,7 @@ logging.getLogger("py4j").setLevel(logging.WARNING)
 
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
-from mirrorflow import sandbox as sandbox_mod  # noqa: E402
+from mirrorflow.devtools import sandbox as sandbox_mod  # noqa: E402
 
 SANDBOX_CLUSTERS = ("primary", "secondary", "tertiary")
 

@@ -12,9 +12,9 @@ from pathlib import Path
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from mirrorflow import launch
-from mirrorflow import sandbox as sandbox_mod
-from mirrorflow.formats import OffsetSync
+from mirrorflow.devtools import sandbox as sandbox_mod
+from mirrorflow.mm2.formats import OffsetSync
+from mirrorflow.runtime import launch
 
 ROOT = Path(__file__).resolve().parent.parent
 

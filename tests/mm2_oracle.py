@@ -14,8 +14,8 @@ from dataclasses import astuple, fields
 from pathlib import Path
 from typing import TypeVar
 
-from mirrorflow import jvm
-from mirrorflow.formats import Checkpoint, Heartbeat, OffsetSync
+from mirrorflow.mm2.formats import Checkpoint, Heartbeat, OffsetSync
+from mirrorflow.runtime import jvm
 
 SOURCE = Path(__file__).parent / "java" / "Mm2Oracle.java"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mirrorflow import dag_render
+from mirrorflow.airflow import rendering
 from mirrorflow.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,7 +40,7 @@ def test_render_writes_one_mirror_dag_per_enabled_flow(flow_file, tmp_path, caps
     assert files == [f"{dag_id}.py" for dag_id in RENDERED[flow_file]]
     for name in files:
         text = (tmp_path / name).read_text()
-        assert text.startswith(dag_render.GENERATED_MARK + "\n")
+        assert text.startswith(rendering.GENERATED_MARK + "\n")
         assert f"# Flow files: {flow_file}\n" in text  # inside the project: a relative path
         assert "# Template:   templates/mirror_dag.py.j2\n" in text
     out = capsys.readouterr().out
@@ -58,7 +58,7 @@ def test_rendering_is_byte_identical_whatever_the_folder_or_working_directory(
     first = {p.name: p.read_bytes() for p in sorted((tmp_path / "a").iterdir())}
     second = {p.name: p.read_bytes() for p in sorted((tmp_path / "b").iterdir())}
     assert first == second and len(first) == 2
-    again = dag_render.render([source])
+    again = rendering.render([source])
     assert [d.text.encode() for d in again.dags] == list(first.values())
 
 
@@ -146,9 +146,9 @@ def test_generated_dags_hold_no_secrets_only_flow_names_and_paths(tmp_path):
         "primary->backup.enabled = true\n"
         "primary->backup.topics = payments.*\n"
     )
-    rendering = dag_render.render([flow_file])
-    assert [d.dag_id for d in rendering.dags] == ["mirror__primary__backup"]
-    text = rendering.dags[0].text
+    result = rendering.render([flow_file])
+    assert [d.dag_id for d in result.dags] == ["mirror__primary__backup"]
+    text = result.dags[0].text
     for secret in (password, host, "backup-host", "alice", "jaas", "SASL", "truststore"):
         assert secret not in text
     assert str(flow_file) in text  # outside the project: the absolute path

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from mirrorflow import dag_render, paths
-from mirrorflow.flowconfig import load_topology
+from mirrorflow import paths
+from mirrorflow.airflow import rendering
+from mirrorflow.config.topology import load_topology
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRETS = {
@@ -134,9 +135,9 @@ def test_the_deployments_flow_file_validates_renders_and_names_its_clusters(comp
     spec = json.loads(result.stdout)
     flow_file = tmp_path / "flows.properties"
     flow_file.write_text(spec["configs"]["flows"]["content"])
-    rendering = dag_render.render([flow_file])
-    assert [d.dag_id for d in rendering.dags] == ["mirror__primary__secondary"]
-    assert rendering.warnings == []
+    result = rendering.render([flow_file])
+    assert [d.dag_id for d in result.dags] == ["mirror__primary__secondary"]
+    assert result.warnings == []
     topology = load_topology([flow_file])
     for alias, service in (("primary", "kafka-primary"), ("secondary", "kafka-secondary")):
         servers = topology.cluster(alias).client_settings("admin")["bootstrap.servers"].value

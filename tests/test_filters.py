@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mirrorflow.errors import MirrorflowError
-from mirrorflow.filters import (
+from mirrorflow.mm2.filters import (
     DefaultTopicFilter,
     JavaRegexError,
     TopicFilter,

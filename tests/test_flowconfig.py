@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from mirrorflow import flowfiles
+from mirrorflow.config import flowfiles
+from mirrorflow.config.topology import MM2_DEFAULT, TOP_LEVEL, load_topology
 from mirrorflow.errors import MirrorflowError
-from mirrorflow.flowconfig import MM2_DEFAULT, TOP_LEVEL, load_topology
 
 SEEDS = Path(__file__).parent / "data" / "seeds"
 EXAMPLES = Path(__file__).parent.parent / "examples"

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from mirrorflow.formats import (
+from mirrorflow.mm2.formats import (
     MAX_STRING_BYTES,
     Checkpoint,
     Heartbeat,

@@ -22,7 +22,7 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from mirrorflow import spark_session
+from mirrorflow.runtime import spark_session
 from tests.conftest import create_topics
 
 VENV_BIN = Path(sys.executable).parent

@@ -6,8 +6,8 @@ import subprocess
 
 import pytest
 
-from mirrorflow import driver_archive, launch
-from mirrorflow.spark_session import without_spark_zips
+from mirrorflow.runtime import driver_archive, launch
+from mirrorflow.runtime.spark_session import without_spark_zips
 
 
 def _conf(command: list[str]) -> dict[str, str]:

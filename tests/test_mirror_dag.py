@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from mirrorflow import dag_render
-from mirrorflow.airflow import jobs
+from mirrorflow.airflow import rendering
+from mirrorflow.runtime import jobs
 from tests.conftest import create_topics
 from tests.mirror_harness import copied, flow_file, produce, read_topic, topic_names, wait_for
 
@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.airflow]
 
 ROOT = Path(__file__).resolve().parent.parent
 # Fast restarts for the test; everything else as in production DAGs.
-OPTIONS = dag_render.RenderOptions(retry_delay_seconds=1, stop_grace_seconds=30)
+OPTIONS = rendering.RenderOptions(retry_delay_seconds=1, stop_grace_seconds=30)
 
 
 def records(by_partition: dict[int, list]) -> set[tuple]:
@@ -33,9 +33,9 @@ def records(by_partition: dict[int, list]) -> set[tuple]:
 def render_into_dags_folder(flow_file: Path) -> Path:
     """Render the flow file's DAG where Airflow looks for DAGs; return the DAG file."""
     folder = Path(os.environ["AIRFLOW__CORE__DAGS_FOLDER"]) / "mirrorflow"
-    rendering = dag_render.render([flow_file], OPTIONS)
-    dag_render.write(rendering, folder)
-    (dag,) = rendering.dags
+    result = rendering.render([flow_file], OPTIONS)
+    rendering.write(result, folder)
+    (dag,) = result.dags
     return folder / dag.filename
 
 

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
-from mirrorflow.mirror_job import _query_error
-from mirrorflow.mirror_writer import ERROR_PREFIX
+from mirrorflow.runtime.driver import _query_error
+from mirrorflow.runtime.eos_writer import ERROR_PREFIX
 
 SPEC = SimpleNamespace(flow="dc1->dc2", source="dc1", target="dc2")
 

@@ -13,8 +13,8 @@ import pytest
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
-from mirrorflow import launch
-from mirrorflow.formats import Heartbeat
+from mirrorflow.mm2.formats import Heartbeat
+from mirrorflow.runtime import launch
 from tests.conftest import create_topics
 from tests.mirror_harness import (
     copied,
@@ -349,7 +349,7 @@ EXACTLY_ONCE = [
 def test_a_broker_restart_mid_run_loses_no_record_and_duplicates_none_in_exactly_once_mode(
     mode, restarted, sandbox, topic_name, tmp_path
 ):
-    from mirrorflow import sandbox as sandbox_mod
+    from mirrorflow.devtools import sandbox as sandbox_mod
 
     primary, secondary = sandbox["primary"], sandbox["secondary"]
     t = topic_name("restart")
@@ -474,7 +474,7 @@ def test_offset_syncs_include_every_one_mirrormaker_2_would_write_and_all_are_ex
 ):
     """Transactions leave gaps (commit markers) in the source offsets; MirrorMaker 2's rule then
     syncs after each gap, and every ``offset.lag.max`` records otherwise."""
-    from mirrorflow.offset_syncs import PartitionSyncState
+    from mirrorflow.mm2.offset_syncs import PartitionSyncState
 
     primary, secondary = sandbox["primary"], sandbox["secondary"]
     t = topic_name("ledger")
@@ -518,7 +518,7 @@ def test_offset_syncs_include_every_one_mirrormaker_2_would_write_and_all_are_ex
 def test_an_unreachable_target_is_retried_with_backoff_and_logged_until_it_answers(
     sandbox, topic_name, tmp_path
 ):
-    from mirrorflow import sandbox as sandbox_mod
+    from mirrorflow.devtools import sandbox as sandbox_mod
 
     primary, secondary = sandbox["primary"], sandbox["secondary"]
     t = topic_name("patient")

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from mirrorflow.airflow import jobs
+from mirrorflow.runtime import jobs
 
 pytestmark = pytest.mark.airflow
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from mirrorflow import jvm, launch
-from mirrorflow.sandbox import free_port_block
+from mirrorflow.devtools.sandbox import free_port_block
+from mirrorflow.runtime import jvm, launch
 from tests.conftest import create_topics
 from tests.mirror_harness import copied, flow_file, produce, read_topic
 

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from mirrorflow import jvm, mm2_defs
-from mirrorflow.flowconfig import MM2_DEFAULT, load_topology
+from mirrorflow.config.topology import MM2_DEFAULT, load_topology
+from mirrorflow.mm2 import configdefs
+from mirrorflow.runtime import jvm
 
 SEEDS = Path(__file__).parent / "data" / "seeds"
 ORACLE = Path(__file__).parent / "java" / "Mm2ConfigOracle.java"
@@ -52,7 +53,7 @@ def seeds_and_verdicts(tmp_path_factory) -> tuple[dict[str, Path], dict]:
     copies = {}
     for seed in sorted(SEEDS.glob("*.properties")):
         text = seed.read_text(encoding="iso-8859-1")
-        for legacy, current in mm2_defs.LEGACY_ALIASES.items():
+        for legacy, current in configdefs.LEGACY_ALIASES.items():
             text = text.replace(legacy, current)
         copies[seed.stem] = work / seed.name
         copies[seed.stem].write_text(text, encoding="iso-8859-1")

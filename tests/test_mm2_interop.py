@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from mirrorflow import jvm
-from mirrorflow.source_offsets import SourceOffsetReader, offsets_topic
+from mirrorflow.replication.positions import SourceOffsetReader, offsets_topic
+from mirrorflow.runtime import jvm
 from tests.conftest import create_topics
 from tests.mirror_harness import copied, flow_file, produce, read_topic, run_mirror_once, wait_for
 

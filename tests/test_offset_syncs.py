@@ -11,8 +11,8 @@ from bisect import bisect_left
 
 import pytest
 
-from mirrorflow.formats import Checkpoint, OffsetSync, TopicPartition
-from mirrorflow.offset_syncs import (
+from mirrorflow.mm2.formats import Checkpoint, OffsetSync, TopicPartition
+from mirrorflow.mm2.offset_syncs import (
     SYNCS_PER_PARTITION,
     OffsetSyncEmitter,
     OffsetSyncStore,

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
+from mirrorflow.config.topology import load_topology
 from mirrorflow.errors import MirrorflowError
-from mirrorflow.flowconfig import load_topology
-from mirrorflow.plan import build_plan
+from mirrorflow.replication.plan import build_plan
 from tests.conftest import create_topics
 
 pytestmark = pytest.mark.kafka

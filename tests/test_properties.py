@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mirrorflow import properties
+from mirrorflow.config import properties
 from mirrorflow.errors import MirrorflowError
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mirrorflow.sandbox import free_port_block
+from mirrorflow.devtools.sandbox import free_port_block
 
 MIRRORFLOW = [sys.executable, "-m", "mirrorflow.cli"]
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from mirrorflow.flowconfig import load_topology
-from mirrorflow.validation import exit_code, validate
+from mirrorflow.config.topology import load_topology
+from mirrorflow.config.validation import exit_code, validate
 
 SEEDS = Path(__file__).parent / "data" / "seeds"
 BASE = """\

@@ -1,6 +1,6 @@
-"""Airflow glue: the operator that runs a flow's mirror job, and its process bookkeeping.
+"""Airflow glue: the operators of the generated DAGs and the rendering of those DAGs.
 
 This is the only part of mirrorflow that imports Airflow, and only in
-:mod:`mirrorflow.airflow.operators`; importing this package itself imports nothing, so
-:mod:`mirrorflow.airflow.jobs` (stop files, pid files, stopping a job) is usable without Airflow.
+:mod:`mirrorflow.airflow.operators`: importing this package (or :mod:`.rendering`) imports
+nothing of Airflow, so ``mirrorflow render`` works without Airflow's start-up cost.
 """

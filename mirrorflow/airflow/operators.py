@@ -37,9 +37,8 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowException, AirflowNotFoundException
 
-from mirrorflow import launch
-from mirrorflow.airflow import jobs
-from mirrorflow.paths import PROJECT_ROOT
+from mirrorflow.paths import project_root
+from mirrorflow.runtime import jobs, launch
 
 DEFAULT_CONN_ID = "spark_default"
 LOCAL_SPARK_CONNECTION = {"conn_type": "spark", "host": "local[*]"}
@@ -128,7 +127,7 @@ class MirrorFlowOperator(SparkSubmitOperator):
         watcher = _JobWatcher(self, hook, files, context)
         watcher.start()
         try:
-            hook.submit(self.application, cwd=str(PROJECT_ROOT), start_new_session=True)
+            hook.submit(self.application, cwd=str(project_root()), start_new_session=True)
         finally:
             watcher.stop()
             if hook._submit_sp is not None:
@@ -139,12 +138,13 @@ class MirrorFlowOperator(SparkSubmitOperator):
             self.log.info("the mirror job of %s stopped on request (stop file)", self.flow)
 
     def _flow_file_paths(self) -> list[Path]:
-        resolved = [p if p.is_absolute() else PROJECT_ROOT / p for p in map(Path, self.flow_files)]
+        root = project_root()
+        resolved = [p if p.is_absolute() else root / p for p in map(Path, self.flow_files)]
         missing = [str(p) for p in resolved if not p.is_file()]
         if missing:
             raise AirflowException(
                 f"flow {self.flow}: flow file(s) not found: {', '.join(missing)} "
-                f"(relative paths are read from {PROJECT_ROOT})"
+                f"(relative paths are read from {root})"
             )
         return resolved
 

@@ -12,8 +12,9 @@ import json
 import sys
 from pathlib import Path
 
-from mirrorflow import flowfiles, mm2_defs, validation
-from mirrorflow.flowconfig import Flow, Setting, load_topology
+from mirrorflow.config import flowfiles, validation
+from mirrorflow.config.topology import Flow, Setting, load_topology
+from mirrorflow.mm2 import configdefs
 
 _EXIT_CODES = "exit codes: 0 no findings, 1 warnings only, 2 errors (or a file that cannot be read)"
 
@@ -137,7 +138,7 @@ def _explain(args: argparse.Namespace) -> int:
         return 0
     state = "replicates" if flow.enabled else "does not replicate"
     print(f"flow {flow.name} {state} ({_why(flow)})")
-    print(f"(defaults are those of MirrorMaker 2 {mm2_defs.kafka_version()})")
+    print(f"(defaults are those of MirrorMaker 2 {configdefs.kafka_version()})")
     _print_settings("connector settings", settings)
     for role, items in clients.items():
         _print_settings(f"{role} client", dict(sorted(items.items())))
@@ -157,12 +158,12 @@ _ROLES = (
 def _why(flow: Flow) -> str:
     if flow.name not in flow.topology.herder_pairs:
         return "MM2 starts no herder for it: neither enabled nor emitting heartbeats"
-    return f"enabled = {mm2_defs.redact('enabled', flow.config['enabled'].value)}"
+    return f"enabled = {configdefs.redact('enabled', flow.config['enabled'].value)}"
 
 
 def _setting_json(key: str, setting: Setting) -> dict[str, object]:
     return {
-        "value": mm2_defs.redact(key, setting.value),
+        "value": configdefs.redact(key, setting.value),
         "layer": setting.layer,
         "location": str(setting.location) if setting.location else None,
         "key": setting.source_key,
@@ -173,12 +174,12 @@ def _print_settings(title: str, settings: dict[str, Setting]) -> None:
     print(f"{title}:")
     width = max((len(k) for k in settings), default=0)
     for key, setting in settings.items():
-        value = mm2_defs.redact(key, setting.value) or '""'
+        value = configdefs.redact(key, setting.value) or '""'
         print(f"  {key:<{width}} = {value}    <- {setting.describe()}")
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from mirrorflow.plan import build_plan
+    from mirrorflow.replication.plan import build_plan
 
     plan = build_plan(load_topology(args.files, args.clusters), timeout=args.timeout)
     if args.json:
@@ -194,9 +195,9 @@ def _convert(args: argparse.Namespace) -> int:
     topology = load_topology([args.file])
     definitions = topology.definitions
     if not args.include_secrets:
-        masked = [d for d in definitions if mm2_defs.redact(d.key, d.value) != d.value]
+        masked = [d for d in definitions if configdefs.redact(d.key, d.value) != d.value]
         definitions = [
-            dataclasses.replace(d, value=mm2_defs.redact(d.key, d.value)) for d in definitions
+            dataclasses.replace(d, value=configdefs.redact(d.key, d.value)) for d in definitions
         ]
         if masked:
             keys = ", ".join(dict.fromkeys(d.key for d in masked))

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from mirrorflow import launch, paths
+from mirrorflow import paths
+from mirrorflow.config.topology import load_topology
 from mirrorflow.errors import MirrorflowError
-from mirrorflow.flowconfig import load_topology
+from mirrorflow.runtime import launch
 
 
 def register(commands: argparse._SubParsersAction) -> None:

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from mirrorflow import dag_render
+from mirrorflow.airflow import rendering
 
 _EPILOG = """\
 One DAG file per enabled flow and DAG kind, named <kind>__<source>__<target>.py. The output is
@@ -18,7 +18,7 @@ exit codes: 0 up to date (or written), 1 --check found stale, missing or extra f
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    defaults = dag_render.RenderOptions()
+    defaults = rendering.RenderOptions()
     parser = commands.add_parser(
         "render",
         help="generate the Airflow DAGs of the enabled flows (or --check they are fresh)",
@@ -72,29 +72,29 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def _render(args: argparse.Namespace) -> int:
-    options = dag_render.RenderOptions(
+    options = rendering.RenderOptions(
         spark_conn_id=args.spark_conn_id,
         retries=args.retries,
         retry_delay_seconds=args.retry_delay,
         max_retry_delay_seconds=args.max_retry_delay,
         stop_grace_seconds=args.stop_grace,
     )
-    rendering = dag_render.render(args.files, options)
-    for finding in rendering.warnings:
+    result = rendering.render(args.files, options)
+    for finding in result.warnings:
         print(finding, file=sys.stderr)
     out = args.out
     if args.check:
-        drift = dag_render.check(rendering, out)
+        drift = rendering.check(result, out)
         if drift:
             for line in drift.lines():
                 print(line)
             command = ["mirrorflow render", *map(str, args.files), *options.cli_args()]
             print(f"{out} is out of date: run `{' '.join(command)} --out {out}`")
             return 1
-        print(f"{out}: {len(rendering.dags)} DAG file(s) up to date")
+        print(f"{out}: {len(result.dags)} DAG file(s) up to date")
         return 0
-    drift = dag_render.write(rendering, out)
-    for dag in rendering.dags:
+    drift = rendering.write(result, out)
+    for dag in result.dags:
         state = "written" if dag.filename in drift.stale + drift.missing else "unchanged"
         print(f"{out / dag.filename}: {state} (flow {dag.flow}, DAG {dag.dag_id})")
     for name in drift.extra:

@@ -6,7 +6,8 @@ import argparse
 import time
 from pathlib import Path
 
-from mirrorflow import paths, sandbox
+from mirrorflow import paths
+from mirrorflow.devtools import sandbox
 
 
 def register(commands: argparse._SubParsersAction) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from mirrorflow import driver_archive, jvm
+from mirrorflow.runtime import driver_archive, jvm
 
 
 def register(commands: argparse._SubParsersAction) -> None:

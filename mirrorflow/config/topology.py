@@ -1,6 +1,6 @@
 """The flow model: clusters and flows from MirrorMaker 2 configuration, layered exactly as MM2 does.
 
-Flow files (properties or YAML, see :mod:`mirrorflow.flowfiles`) are merged in order, a later
+Flow files (properties or YAML, see :mod:`mirrorflow.config.flowfiles`) are merged in order, a later
 definition of a key replacing an earlier one. From the merged keys, as ``MirrorMakerConfig`` does:
 
 * ``clusterProps(C)``: every ``C.x`` key, then the client security keys (``bootstrap.servers``,
@@ -34,10 +34,12 @@ from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
-from mirrorflow import flowfiles, librdkafka, mm2_defs
-from mirrorflow.config_providers import Providers
+from mirrorflow.config import flowfiles, librdkafka
+from mirrorflow.config.properties import Location, Property
+from mirrorflow.config.providers import Providers
 from mirrorflow.errors import MirrorflowError
-from mirrorflow.filters import (
+from mirrorflow.mm2 import configdefs
+from mirrorflow.mm2.filters import (
     ConfigPropertyFilter,
     GroupFilter,
     JavaRegexError,
@@ -46,8 +48,7 @@ from mirrorflow.filters import (
     load_group_filter,
     load_topic_filter,
 )
-from mirrorflow.policy import ReplicationPolicy, load_policy
-from mirrorflow.properties import Location, Property
+from mirrorflow.mm2.policy import ReplicationPolicy, load_policy
 
 Role = Literal[
     "source.consumer",
@@ -106,14 +107,14 @@ class Cluster:
             for key, p in self.topology.props.items()
             if key.startswith(prefix)
         }
-        for key in sorted(mm2_defs.client_security_names()):
+        for key in sorted(configdefs.client_security_names()):
             if key in props:
-                for role in mm2_defs.CLIENT_ROLES:
+                for role in configdefs.CLIENT_ROLES:
                     props.setdefault(f"{role}.{key}", props[key])
-        for key in sorted(mm2_defs.client_security_names()):
+        for key in sorted(configdefs.client_security_names()):
             if key in self.topology.props:
                 top = _written(self.topology.props[key], TOP_LEVEL)
-                for role in mm2_defs.CLIENT_ROLES:
+                for role in configdefs.CLIENT_ROLES:
                     props.setdefault(f"{role}.{key}", top)
                 props.setdefault(key, top)
         return props
@@ -123,7 +124,7 @@ class Cluster:
         props = {k: _written(p, TOP_LEVEL) for k, p in self.topology.props.items()}
         props.update(self.props)
         chosen = {}
-        for key in sorted(mm2_defs.client_security_names()):
+        for key in sorted(configdefs.client_security_names()):
             value = props.get(f"{role}.{key}", props.get(key))
             if value is not None:
                 chosen[key] = value
@@ -157,7 +158,7 @@ class Flow:
         config: dict[str, Setting] = {
             key: _written(p, TOP_LEVEL)
             for key, p in top.items()
-            if key in mm2_defs.connector_settings() or key.startswith(_WORKER_PREFIXES)
+            if key in configdefs.connector_settings() or key.startswith(_WORKER_PREFIXES)
         }
         for side, alias in (("source", self.source), ("target", self.target)):
             for key, setting in self.topology.cluster(alias).props.items():
@@ -171,7 +172,7 @@ class Flow:
             if key.startswith(prefix):
                 config[key[len(prefix) :]] = _written(p, layer)
         config.setdefault("enabled", Setting("false", IMPLICIT))
-        for legacy, current in mm2_defs.LEGACY_ALIASES.items():
+        for legacy, current in configdefs.LEGACY_ALIASES.items():
             if current not in config and legacy in config:
                 old = config[legacy]
                 config[current] = Setting(
@@ -183,8 +184,8 @@ class Flow:
     def config(self) -> dict[str, Setting]:
         """:attr:`originals` completed with MM2's defaults: every effective setting."""
         config = dict(self.originals)
-        for name in mm2_defs.mirror_settings():
-            default = mm2_defs.flow_settings()[name].default
+        for name in configdefs.mirror_settings():
+            default = configdefs.flow_settings()[name].default
             if default is not None:
                 config.setdefault(name, Setting(default, MM2_DEFAULT))
         return config
@@ -196,9 +197,9 @@ class Flow:
 
     def setting(self, name: str) -> bool | int | float | list[str] | str:
         """A connector setting converted to its type (``bool``, ``int``, ``list[str]``, …)."""
-        definition = mm2_defs.flow_settings().get(name)
+        definition = configdefs.flow_settings().get(name)
         if definition is None:
-            close = difflib.get_close_matches(name, mm2_defs.flow_settings(), 1)
+            close = difflib.get_close_matches(name, configdefs.flow_settings(), 1)
             raise MirrorflowError(
                 f"{name!r} is not a MirrorMaker 2 connector setting",
                 f"did you mean {close[0]!r}?" if close else "see `mirrorflow explain`",
@@ -207,10 +208,10 @@ class Flow:
         if setting is None:
             raise MirrorflowError(f"flow {self.name}: {name} has no value and no default")
         try:
-            return mm2_defs.parse_value(definition.type, setting.value)
-        except mm2_defs.InvalidValue as exc:
+            return configdefs.parse_value(definition.type, setting.value)
+        except configdefs.InvalidValue as exc:
             raise MirrorflowError(
-                f"flow {self.name}: {name} = {mm2_defs.redact(name, setting.value)} is invalid "
+                f"flow {self.name}: {name} = {configdefs.redact(name, setting.value)} is invalid "
                 f"({exc}); it comes from {setting.describe()}",
                 "fix the value there (`mirrorflow validate` lists every such problem)",
             ) from None
@@ -235,7 +236,7 @@ class Flow:
 
     @cached_property
     def policy(self) -> ReplicationPolicy:
-        class_name = mm2_defs.java_trim(self.config["replication.policy.class"].value)
+        class_name = configdefs.java_trim(self.config["replication.policy.class"].value)
         return load_policy(class_name, self.values)
 
     @cached_property
@@ -302,7 +303,7 @@ class Flow:
             key[len(cluster_prefix) :]: s
             for key, s in self.originals.items()
             if key.startswith(cluster_prefix)
-            and key[len(cluster_prefix) :] in mm2_defs.client_security_names()
+            and key[len(cluster_prefix) :] in configdefs.client_security_names()
         }
         for prefix in (f"{kind}.", f"{role}."):
             chosen.update(
@@ -342,7 +343,7 @@ class Topology:
         self.props: dict[str, Property] = {d.key: d for d in self.definitions}
         clusters = self.props.get("clusters")
         self.aliases: list[str] = (
-            list(dict.fromkeys(mm2_defs.parse_list(clusters.value))) if clusters else []
+            list(dict.fromkeys(configdefs.parse_list(clusters.value))) if clusters else []
         )
         self.selected = list(dict.fromkeys(selected)) if selected else None
         if self.selected:
@@ -365,17 +366,17 @@ class Topology:
     def herder_pairs(self) -> list[str]:
         """``clusterPairs()`` after ``--clusters``: the S->T pairs MM2 starts a herder for."""
         raw = {k: p.value for k, p in self.props.items()}
-        global_heartbeats = mm2_defs.parse_boolean(raw.get("emit.heartbeats.enabled", "true"))
+        global_heartbeats = configdefs.parse_boolean(raw.get("emit.heartbeats.enabled", "true"))
         pairs = []
         for source in self.aliases:
             for target in self.aliases:
                 if source == target or (self.selected and target not in self.selected):
                     continue
                 prefix = f"{source}->{target}."
-                enabled = mm2_defs.parse_boolean(raw.get(prefix + "enabled", "false"))
+                enabled = configdefs.parse_boolean(raw.get(prefix + "enabled", "false"))
                 heartbeats = raw.get(prefix + "emit.heartbeats.enabled")
                 if enabled or (
-                    mm2_defs.parse_boolean(heartbeats)
+                    configdefs.parse_boolean(heartbeats)
                     if heartbeats is not None
                     else global_heartbeats
                 ):

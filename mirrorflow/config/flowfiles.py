@@ -28,9 +28,9 @@ from pathlib import Path
 
 import yaml
 
-from mirrorflow import properties
+from mirrorflow.config import properties
+from mirrorflow.config.properties import Location, Property
 from mirrorflow.errors import MirrorflowError
-from mirrorflow.properties import Location, Property
 
 YAML_SUFFIXES = (".yaml", ".yml")
 SECTIONS = ("clusters", "flows", "settings")

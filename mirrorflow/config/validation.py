@@ -16,10 +16,11 @@ from dataclasses import asdict, dataclass
 from difflib import SequenceMatcher
 from typing import Literal
 
-from mirrorflow import filters, flowfiles, mm2_defs, policy
+from mirrorflow.config import flowfiles
+from mirrorflow.config.properties import Location, Property
+from mirrorflow.config.topology import Topology, closest
 from mirrorflow.errors import MirrorflowError
-from mirrorflow.flowconfig import Topology, closest
-from mirrorflow.properties import Location, Property
+from mirrorflow.mm2 import configdefs, filters, policy
 
 Severity = Literal["error", "warning"]
 EXIT_OK, EXIT_WARNINGS, EXIT_ERRORS = 0, 1, 2
@@ -46,7 +47,9 @@ _WORKER_PREFIXES = (
 )  # fmt: skip
 _MISNOMERS = {"sync.topic.configs.exclude": "config.properties.exclude"}
 _ROLE_PREFIXES = {
-    f"{side}{role}.": role for side in ("", "source.", "target.") for role in mm2_defs.CLIENT_ROLES
+    f"{side}{role}.": role
+    for side in ("", "source.", "target.")
+    for role in configdefs.CLIENT_ROLES
 }
 
 
@@ -106,7 +109,7 @@ def _cluster_list(topology: Topology) -> list[Finding]:
     found = []
     separator = topology.props.get("replication.policy.separator")
     sep = separator.value if separator else "."
-    for alias in mm2_defs.parse_list(clusters.value):
+    for alias in configdefs.parse_list(clusters.value):
         if alias == "":
             problem = "an empty alias (a stray comma)"
             found.append(Finding("error", clusters.location, "clusters", problem, "remove it"))
@@ -130,7 +133,7 @@ def _intended_aliases(topology: Topology) -> list[str]:
     clusters = topology.props.get("clusters")
     if clusters is None:
         return _guess_aliases(topology)
-    return mm2_defs.parse_list(_TRAILING_COMMENT.split(clusters.value)[0])
+    return configdefs.parse_list(_TRAILING_COMMENT.split(clusters.value)[0])
 
 
 def _guess_aliases(topology: Topology) -> list[str]:
@@ -142,7 +145,7 @@ def _guess_aliases(topology: Topology) -> list[str]:
             guessed[source] = guessed[rest.split(".")[0]] = None
         elif key.endswith(".bootstrap.servers"):
             owner = key.removesuffix(".bootstrap.servers")
-            for role in mm2_defs.CLIENT_ROLES:
+            for role in configdefs.CLIENT_ROLES:
                 owner = owner.removesuffix("." + role)
             guessed[owner] = None
     return [a for a in guessed if a and a != "bootstrap.servers"]
@@ -157,7 +160,7 @@ def _duplicates(topology: Topology) -> list[Finding]:
         for earlier, later in itertools.pairwise(props):
             if earlier.value == later.value:
                 continue
-            values = (mm2_defs.redact(key, earlier.value), mm2_defs.redact(key, later.value))
+            values = (configdefs.redact(key, earlier.value), configdefs.redact(key, later.value))
             if earlier.location.file == later.location.file:
                 found.append(
                     Finding(
@@ -210,21 +213,21 @@ def _at(prop: Property, severity: Severity, problem: str, fix: str) -> Finding:
 
 
 def _flow_key(prop: Property, rest: str) -> list[Finding]:
-    if rest in mm2_defs.flow_settings() or rest in mm2_defs.REMOVED_IN_4:
+    if rest in configdefs.flow_settings() or rest in configdefs.REMOVED_IN_4:
         return _legacy(prop, rest)
     role = next((p for p in _ROLE_PREFIXES if rest.startswith(p)), None)
-    if role and rest[len(role) :] in mm2_defs.client_names(_ROLE_PREFIXES[role]):
+    if role and rest[len(role) :] in configdefs.client_names(_ROLE_PREFIXES[role]):
         return []
     if rest.startswith(("source.cluster.", "target.cluster.")):
         return []
-    candidates = [*mm2_defs.flow_settings(), *_role_keys("")]
+    candidates = [*configdefs.flow_settings(), *_role_keys("")]
     return [_unknown(prop, rest, candidates)]
 
 
 def _cluster_key(prop: Property, alias: str, rest: str) -> list[Finding]:
     if _is_cluster_setting(rest):
         return []
-    if rest in mm2_defs.flow_settings():
+    if rest in configdefs.flow_settings():
         return [
             _at(
                 prop,
@@ -234,32 +237,32 @@ def _cluster_key(prop: Property, alias: str, rest: str) -> list[Finding]:
                 f"set `{rest}` (every flow) or `<source>->{alias}.{rest}` (one flow)",
             )
         ]
-    candidates = [*mm2_defs.worker_names(), *mm2_defs.client_security_names(), *_role_keys("")]
+    candidates = [*configdefs.worker_names(), *configdefs.client_security_names(), *_role_keys("")]
     return [_unknown(prop, rest, candidates)]
 
 
 def _is_cluster_setting(rest: str) -> bool:
-    role = next((p for p in mm2_defs.CLIENT_ROLES if rest.startswith(p + ".")), None)
+    role = next((p for p in configdefs.CLIENT_ROLES if rest.startswith(p + ".")), None)
     if role:
-        return rest[len(role) + 1 :] in mm2_defs.client_names(role)
+        return rest[len(role) + 1 :] in configdefs.client_names(role)
     return (
-        rest in mm2_defs.worker_names()
-        or rest in mm2_defs.client_security_names()
-        or rest in mm2_defs.mirrormaker_names()
+        rest in configdefs.worker_names()
+        or rest in configdefs.client_security_names()
+        or rest in configdefs.mirrormaker_names()
         or rest.startswith(("key.converter.", "value.converter.", "header.converter."))
     )
 
 
 def _role_keys(prefix: str) -> list[str]:
-    return [f"{prefix}{r}.{n}" for r in mm2_defs.CLIENT_ROLES for n in mm2_defs.client_names(r)]
+    return [f"{prefix}{r}.{n}" for r in configdefs.CLIENT_ROLES for n in configdefs.client_names(r)]
 
 
 def _top_level_key(prop: Property, aliases: list[str]) -> list[Finding]:
     key = prop.key
-    if key in mm2_defs.REMOVED_IN_4:
+    if key in configdefs.REMOVED_IN_4:
         return _legacy(prop, key)
-    if key in mm2_defs.connector_settings():
-        if key == "enabled" and mm2_defs.parse_boolean(mm2_defs.java_trim(prop.value)):
+    if key in configdefs.connector_settings():
+        if key == "enabled" and configdefs.parse_boolean(configdefs.java_trim(prop.value)):
             return [
                 _at(
                     prop,
@@ -270,7 +273,7 @@ def _top_level_key(prop: Property, aliases: list[str]) -> list[Finding]:
                 )
             ]
         return _legacy(prop, key)
-    if key in mm2_defs.FILTER_ONLY:
+    if key in configdefs.FILTER_ONLY:
         return [
             _at(
                 prop,
@@ -280,8 +283,8 @@ def _top_level_key(prop: Property, aliases: list[str]) -> list[Finding]:
             )
         ]
     if (
-        key in mm2_defs.mirrormaker_names()
-        or key in mm2_defs.client_security_names()
+        key in configdefs.mirrormaker_names()
+        or key in configdefs.client_security_names()
         or key.startswith("config.providers")
         or (key.startswith(_WORKER_PREFIXES) and _is_cluster_setting(key))
     ):
@@ -289,8 +292,8 @@ def _top_level_key(prop: Property, aliases: list[str]) -> list[Finding]:
     typo = _alias_typo(key, aliases)
     if typo:
         return [_at(prop, *typo)]
-    role = next((r for r in mm2_defs.CLIENT_ROLES if key.startswith(r + ".")), None)
-    is_client_key = any(key in mm2_defs.client_names(r) for r in mm2_defs.CLIENT_ROLES)
+    role = next((r for r in configdefs.CLIENT_ROLES if key.startswith(r + ".")), None)
+    is_client_key = any(key in configdefs.client_names(r) for r in configdefs.CLIENT_ROLES)
     if role or is_client_key or _is_cluster_setting(key):
         where = f"<cluster>.{key}" if role else f"<cluster>.{key} or <cluster>.consumer.{key}"
         return [
@@ -301,7 +304,7 @@ def _top_level_key(prop: Property, aliases: list[str]) -> list[Finding]:
                 f"set it per cluster: `{where}` (or per flow: `<source>-><target>.{key}`)",
             )
         ]
-    candidates = [*mm2_defs.connector_settings(), *mm2_defs.mirrormaker_names()]
+    candidates = [*configdefs.connector_settings(), *configdefs.mirrormaker_names()]
     return [_unknown(prop, key, candidates)]
 
 
@@ -350,8 +353,8 @@ def _unknown(prop: Property, name: str, candidates: list[str]) -> Finding:
 
 
 def _legacy(prop: Property, name: str) -> list[Finding]:
-    if name in mm2_defs.LEGACY_ALIASES:
-        current = mm2_defs.LEGACY_ALIASES[name]
+    if name in configdefs.LEGACY_ALIASES:
+        current = configdefs.LEGACY_ALIASES[name]
         return [
             _at(
                 prop,
@@ -361,12 +364,12 @@ def _legacy(prop: Property, name: str) -> list[Finding]:
                 f"rename it to {prop.key.removesuffix(name)}{current}",
             )
         ]
-    if name in mm2_defs.REMOVED_IN_4:
+    if name in configdefs.REMOVED_IN_4:
         return [
             _at(
                 prop,
                 "warning",
-                f"removed in MirrorMaker 2 4.0 ({mm2_defs.REMOVED_IN_4[name]}): it is ignored",
+                f"removed in MirrorMaker 2 4.0 ({configdefs.REMOVED_IN_4[name]}): it is ignored",
                 "delete it",
             )
         ]
@@ -378,8 +381,8 @@ def _value(prop: Property, name: str | None, raw_booleans: bool = False) -> list
     it is a flow setting whose type to check; ``raw_booleans`` when MM2 also reads ``enabled``
     and ``emit.heartbeats.enabled`` there with ``Boolean.parseBoolean``."""
     value = prop.value
-    shown = mm2_defs.redact(prop.key, value)
-    if not mm2_defs.is_sensitive(prop.key) and _TRAILING_COMMENT.search(value):
+    shown = configdefs.redact(prop.key, value)
+    if not configdefs.is_sensitive(prop.key) and _TRAILING_COMMENT.search(value):
         return [
             _at(
                 prop,
@@ -426,12 +429,12 @@ def _value(prop: Property, name: str | None, raw_booleans: bool = False) -> list
         )
     if prop.key.endswith("bootstrap.servers"):
         found += _bootstrap_format(prop)
-    definition = mm2_defs.flow_settings().get(name) if name else None
+    definition = configdefs.flow_settings().get(name) if name else None
     if definition is None:
         return found
     try:
-        parsed = mm2_defs.parse_value(definition.type, value)
-    except mm2_defs.InvalidValue as exc:
+        parsed = configdefs.parse_value(definition.type, value)
+    except configdefs.InvalidValue as exc:
         return [
             *found,
             _at(prop, "error", f"{shown!r} is invalid ({exc}): MM2's connectors refuse to start",
@@ -439,7 +442,7 @@ def _value(prop: Property, name: str | None, raw_booleans: bool = False) -> list
         ]  # fmt: skip
     if name.endswith((".interval.seconds", ".timeout.ms")) and parsed <= 0:
         found.append(_interval(prop, name, parsed))
-    if name in _PATTERN_KEYS or name in mm2_defs.LEGACY_ALIASES:
+    if name in _PATTERN_KEYS or name in configdefs.LEGACY_ALIASES:
         try:
             filters.compile_pattern_list(parsed)
         except filters.JavaRegexError as exc:
@@ -471,7 +474,7 @@ def _bootstrap_format(prop: Property) -> list[Finding]:
     if "${" in prop.value:
         return []
     bad = []
-    for entry in mm2_defs.parse_list(prop.value):
+    for entry in configdefs.parse_list(prop.value):
         match = _HOST_PORT.fullmatch(entry)
         if not match or not match.group(1):
             bad.append(entry)

@@ -1,4 +1,4 @@
-"""From a flow definition to what one mirror job runs: :class:`~mirrorflow.mirror_job.MirrorSpec`.
+"""From a flow definition to what one mirror job runs: a :class:`MirrorSpec`.
 
 This is where MirrorMaker 2's settings of a flow ``S->T`` become the job's inputs: clients
 (secrets resolved from the flow files or their config providers, never from the command line),
@@ -7,14 +7,65 @@ the topic rule, naming, replication factors, heartbeats, offset syncs and start 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from mirrorflow.config.topology import Flow, load_topology
 from mirrorflow.errors import MirrorflowError
-from mirrorflow.flowconfig import Flow, load_topology
-from mirrorflow.mirror_job import MirrorSpec
-from mirrorflow.policy import DefaultReplicationPolicy, IdentityReplicationPolicy
-from mirrorflow.source_offsets import offsets_topic
+from mirrorflow.mm2.policy import DefaultReplicationPolicy, IdentityReplicationPolicy
+from mirrorflow.replication.positions import offsets_topic
+
+
+@dataclass
+class MirrorSpec:
+    """Everything one flow's job needs, resolved from the flow definition (secrets included)."""
+
+    source: str
+    target: str
+    source_consumer: dict[str, str] = field(repr=False)  # Java client properties
+    target_producer: dict[str, str] = field(repr=False)  # Java client properties
+    offset_syncs_producer: dict[str, str] = field(repr=False)  # Java producer, syncs' cluster
+    source_client: dict[str, str] = field(repr=False)  # librdkafka producer settings
+    target_client: dict[str, str] = field(repr=False)
+    source_admin: dict[str, str] = field(repr=False)  # librdkafka admin settings
+    target_admin: dict[str, str] = field(repr=False)
+    subscribe_pattern: str
+    should_replicate: Callable[[str], bool]
+    remote_topic: Callable[[str], str]
+    replicate_config: Callable[[str], bool]
+    replication_factor: int
+    heartbeats_topic: str = "heartbeats"
+    emit_heartbeats: bool = True
+    heartbeats_interval_s: float = 1.0
+    heartbeats_replication_factor: int = 3
+    emit_offset_syncs: bool = True
+    offset_syncs_topic: str = ""
+    offset_syncs_location: str = "source"
+    offset_syncs_replication_factor: int = 3
+    max_offset_lag: int = 100
+    offset_syncs_interval_ms: int = 5000  # held-back syncs (MirrorMaker 2: at offset flush)
+    checkpoint_dir: str = ""
+    starting_offsets: str = "earliest"  # earliest | latest | epoch milliseconds
+    trigger_interval: str = "1 second"
+    retry_backoff_s: float = 2.0  # first wait after a cluster did not answer, doubling
+    retry_backoff_max_s: float = 120.0
+    max_records_per_batch: int = 500_000
+    # Exactly-once (``<target>.exactly.once.source.support = enabled``): positions commit with
+    # the copies, in Connect's offsets topic on the target.
+    exactly_once: bool = False
+    offsets_topic: str = ""
+    offsets_replication_factor: int = 3
+    target_consumer: dict[str, str] = field(default_factory=dict, repr=False)
+
+    @property
+    def flow(self) -> str:
+        return f"{self.source}->{self.target}"
+
+    @property
+    def offset_syncs_cluster(self) -> str:
+        return self.source if self.offset_syncs_location == "source" else self.target
+
 
 DEFAULT_HELD_BACK_SYNCS_INTERVAL_MS = 5000
 """How often held-back offset syncs are written unless ``offset.flush.interval.ms`` is set.

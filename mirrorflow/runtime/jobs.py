@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from mirrorflow import launch, paths
+from mirrorflow import paths
 from mirrorflow.errors import MirrorflowError
+from mirrorflow.runtime import launch
 
 PID_FILE = "job.json"
 CHECKPOINT = "checkpoint"
@@ -183,7 +184,7 @@ def stop_job(files: JobFiles, pid: int, grace: float, log: Log = print) -> bool:
 def spawn_reaper(files: JobFiles, pid: int, grace: float) -> None:
     """A detached process that kills the job if it is still running after ``grace`` seconds
     (in case whoever asked it to stop is killed before it can check)."""
-    command = [sys.executable, "-m", "mirrorflow.airflow.jobs", "reap", "--flow", files.flow]
+    command = [sys.executable, "-m", "mirrorflow.runtime.jobs", "reap", "--flow", files.flow]
     command += ["--state-dir", str(files.state_dir), "--pid", str(pid), "--grace", str(grace)]
     subprocess.Popen(
         command,
@@ -215,7 +216,7 @@ def stop_all(state_dir: Path, grace: float, log: Log = print) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mirrorflow.airflow.jobs")
+    parser = argparse.ArgumentParser(prog="python -m mirrorflow.runtime.jobs")
     commands = parser.add_subparsers(dest="command", required=True)
     reap = commands.add_parser("reap", help="kill a job still running after its grace period")
     reap.add_argument("--flow", required=True)

@@ -9,51 +9,22 @@ the command line; credentials stay in the flow files.
 from __future__ import annotations
 
 import os
-import shutil
-import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from mirrorflow import driver_archive
-from mirrorflow.errors import MirrorflowError
-from mirrorflow.paths import PROJECT_ROOT
-from mirrorflow.spark_session import kafka_jars_conf
+from mirrorflow.paths import resource
+from mirrorflow.runtime import driver_archive
+from mirrorflow.runtime.submit import job_environment, spark_submit
+from mirrorflow.runtime.submit import spark_conf as base_spark_conf
 
-MIRROR_JOB = PROJECT_ROOT / "spark_jobs" / "mirror.py"
-SPARK_LOG_CONFIG = PROJECT_ROOT / "spark_jobs" / "log4j2.properties"
-
-
-JVM_OPTIONS = "-XX:+UseParallelGC"
-"""A throughput collector: a mirror job allocates short-lived records at a high rate, and on
-a few cores G1's concurrent work cost more CPU than ParallelGC's pauses (benchmarks/)."""
+MIRROR_JOB = resource("spark_jobs/mirror.py")
 
 
-def spark_submit() -> str:
-    """The ``spark-submit`` of the running environment (next to its Python), else on PATH."""
-    beside = Path(sys.executable).parent / "spark-submit"
-    found = str(beside) if beside.exists() else shutil.which("spark-submit")
-    if not found:
-        raise MirrorflowError(
-            "spark-submit was not found", "run scripts/bootstrap.sh and activate its environment"
-        )
-    return found
-
-
-def spark_conf(class_archive: bool = True) -> dict[str, str]:
-    """Spark settings every mirror job gets (``spark.jars`` ships the connector to executors;
-    the driver maps the class archive of :mod:`mirrorflow.driver_archive` when there is one)."""
-    driver_options = [f"-Dlog4j2.configurationFile=file:{SPARK_LOG_CONFIG}", JVM_OPTIONS]
-    if class_archive and (archive := driver_archive.driver_java_options()):
-        driver_options.append(archive)
-    return {
-        "spark.jars": kafka_jars_conf(),
-        "spark.driver.extraJavaOptions": " ".join(driver_options),
-        "spark.executor.extraJavaOptions": JVM_OPTIONS,
-        "spark.sql.shuffle.partitions": "2",
-        "spark.ui.showConsoleProgress": "false",
-        "spark.speculation": "false",
-        "spark.submit.deployMode": "client",
-    }
+def spark_conf() -> dict[str, str]:
+    """Spark settings of a mirror job: the driver maps the class archive of
+    :mod:`mirrorflow.runtime.driver_archive` when there is one."""
+    archive = driver_archive.driver_java_options()
+    return base_spark_conf((archive,) if archive else ())
 
 
 def job_args(
@@ -96,16 +67,6 @@ def mirror_command(
     for key, value in spark_conf().items():
         command += ["--conf", f"{key}={value}"]
     return [*command, str(MIRROR_JOB), *job_args(configs, flow, **job_options)]
-
-
-def job_environment(base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a mirror job: this Python for Spark's workers, mirrorflow importable."""
-    env = dict(os.environ if base is None else base)
-    env["PYSPARK_PYTHON"] = sys.executable
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p
-    )
-    return env
 
 
 def stop_file_for(state_dir: Path, flow: str) -> Path:

@@ -8,14 +8,14 @@ keeps the read positions in the query's checkpoint. Each micro-batch then:
    internal, no cycle), and creates or grows their remote topics on the target;
 2. copies the batch's records, same partition, key, value, headers and timestamp, in order:
 
-   - **at-least-once** (the default): :data:`mirrorflow.jvm.COPIER_CLASS` copies the offset
+   - **at-least-once** (the default): :data:`mirrorflow.runtime.jvm.COPIER_CLASS` copies the offset
      ranges Spark planned for the batch on the executors, one task per source partition, with
      Kafka's Java clients and without turning records into rows; from each copy's
      acknowledgement it writes MirrorMaker 2's offset syncs (its ``OffsetSyncWriter`` rule), so
      a sync never points at data that is not there;
-   - **exactly-once**: :func:`mirrorflow.mirror_writer.copy_records` in the Python workers commits
-     each source partition's copies and its position in one Kafka transaction; the driver then
-     writes the offset syncs the copy produced.
+   - **exactly-once**: :func:`mirrorflow.runtime.eos_writer.copy_records` in the Python workers
+     commits each source partition's copies and its position in one Kafka transaction; the
+     driver then writes the offset syncs the copy produced.
 
 Spark records a batch as done only after it was written, so a crash anywhere replays the batch:
 records may be copied twice (at-least-once), never lost, and every sync stays exact because it
@@ -30,75 +30,25 @@ import signal
 import threading
 import time
 import zipfile
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mirrorflow import jvm, mirror_writer
+from mirrorflow.config.librdkafka import principal
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
-from mirrorflow.formats import OffsetSync
-from mirrorflow.heartbeats import HeartbeatEmitter
-from mirrorflow.librdkafka import principal
-from mirrorflow.remote_topics import ClusterAdmin, RemoteTopics, ensure_internal_topic
-from mirrorflow.source_offsets import OFFSETS_TOPIC_PARTITIONS, SourceOffsetReader
-from mirrorflow.spark_session import kafka_options
+from mirrorflow.mm2.formats import OffsetSync
+from mirrorflow.replication.heartbeats import HeartbeatEmitter
+from mirrorflow.replication.positions import OFFSETS_TOPIC_PARTITIONS, SourceOffsetReader
+from mirrorflow.replication.spec import MirrorSpec
+from mirrorflow.replication.topics import ClusterAdmin, RemoteTopics, ensure_internal_topic
+from mirrorflow.runtime import eos_writer as mirror_writer
+from mirrorflow.runtime import jvm
+from mirrorflow.runtime.spark_session import kafka_options
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
 log = logging.getLogger("mirrorflow.mirror")
-
-
-@dataclass
-class MirrorSpec:
-    """Everything one flow's job needs, resolved from the flow definition (secrets included)."""
-
-    source: str
-    target: str
-    source_consumer: dict[str, str] = field(repr=False)  # Java client properties
-    target_producer: dict[str, str] = field(repr=False)  # Java client properties
-    offset_syncs_producer: dict[str, str] = field(repr=False)  # Java producer, syncs' cluster
-    source_client: dict[str, str] = field(repr=False)  # librdkafka producer settings
-    target_client: dict[str, str] = field(repr=False)
-    source_admin: dict[str, str] = field(repr=False)  # librdkafka admin settings
-    target_admin: dict[str, str] = field(repr=False)
-    subscribe_pattern: str
-    should_replicate: Callable[[str], bool]
-    remote_topic: Callable[[str], str]
-    replicate_config: Callable[[str], bool]
-    replication_factor: int
-    heartbeats_topic: str = "heartbeats"
-    emit_heartbeats: bool = True
-    heartbeats_interval_s: float = 1.0
-    heartbeats_replication_factor: int = 3
-    emit_offset_syncs: bool = True
-    offset_syncs_topic: str = ""
-    offset_syncs_location: str = "source"
-    offset_syncs_replication_factor: int = 3
-    max_offset_lag: int = 100
-    offset_syncs_interval_ms: int = 5000  # held-back syncs (MirrorMaker 2: at offset flush)
-    checkpoint_dir: str = ""
-    starting_offsets: str = "earliest"  # earliest | latest | epoch milliseconds
-    trigger_interval: str = "1 second"
-    retry_backoff_s: float = 2.0  # first wait after a cluster did not answer, doubling
-    retry_backoff_max_s: float = 120.0
-    max_records_per_batch: int = 500_000
-    # Exactly-once (``<target>.exactly.once.source.support = enabled``): positions commit with
-    # the copies, in Connect's offsets topic on the target.
-    exactly_once: bool = False
-    offsets_topic: str = ""
-    offsets_replication_factor: int = 3
-    target_consumer: dict[str, str] = field(default_factory=dict, repr=False)
-
-    @property
-    def flow(self) -> str:
-        return f"{self.source}->{self.target}"
-
-    @property
-    def offset_syncs_cluster(self) -> str:
-        return self.source if self.offset_syncs_location == "source" else self.target
 
 
 class MirrorJob:

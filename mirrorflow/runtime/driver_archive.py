@@ -24,10 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from mirrorflow import jvm
-from mirrorflow.paths import PROJECT_ROOT, cache_dir
+from mirrorflow.paths import cache_dir, resource
+from mirrorflow.runtime import jvm, submit
 
-ENTRY_POINT = PROJECT_ROOT / "spark_jobs" / "driver_archive.py"
+ENTRY_POINT = resource("spark_jobs/driver_archive.py")
 SWITCH = "MIRRORFLOW_CLASS_ARCHIVE"
 
 
@@ -71,20 +71,18 @@ def ensure(quiet: bool = True) -> Path | None:
     path = archive_path()
     if path.exists():
         return path
-    from mirrorflow import launch
-
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         partial = Path(tmp) / path.name
-        conf = launch.spark_conf(class_archive=False)
+        conf = submit.spark_conf()
         conf["spark.driver.extraJavaOptions"] += f" -XX:ArchiveClassesAtExit={partial}"
-        command = [launch.spark_submit(), "--master", "local[*]", "--name", "mirrorflow archive"]
+        command = [submit.spark_submit(), "--master", "local[*]", "--name", "mirrorflow archive"]
         for key, value in conf.items():
             command += ["--conf", f"{key}={value}"]
         command += [str(ENTRY_POINT), tmp]
         started = time.monotonic()
         result = subprocess.run(
-            command, env=launch.job_environment(), capture_output=True, text=True, timeout=600
+            command, env=submit.job_environment(), capture_output=True, text=True, timeout=600
         )
         if result.returncode != 0 or not partial.exists():
             print(
@@ -107,7 +105,7 @@ def remove() -> None:
 def exercise(workdir: Path) -> int:
     """The archive's training run: start the driver and run a few micro-batches as a mirror
     job does (a streaming query, ``foreachBatch``, a job on the executors)."""
-    from mirrorflow import spark_session
+    from mirrorflow.runtime import spark_session
 
     spark_session.prefer_installed_pyspark()
     spark = spark_session.build_session("mirrorflow class archive")

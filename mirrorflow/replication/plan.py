@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass, field
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from mirrorflow.config.topology import Flow, Topology
 from mirrorflow.errors import MirrorflowError
-from mirrorflow.flowconfig import Flow, Topology
 
 
 @dataclass

@@ -14,8 +14,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from mirrorflow import mm2_defs
 from mirrorflow.errors import MirrorflowError
+from mirrorflow.mm2 import configdefs
 
 _SAME = frozenset(
     {
@@ -82,8 +82,8 @@ def translate(java: Mapping[str, str], role: str, where: str) -> dict[str, str]:
     in errors (e.g. ``"cluster primary, admin client"``).
     """
     out: dict[str, str] = {}
-    known = mm2_defs.client_names(role)
-    defaults = mm2_defs.connector_settings()
+    known = configdefs.client_names(role)
+    defaults = configdefs.connector_settings()
     for key, value in java.items():
         if key in _SAME:
             out[key] = value
@@ -156,7 +156,7 @@ def _jaas(value: str, where: str) -> dict[str, str]:
 
 def _assignors(value: str, where: str) -> str:
     names = []
-    for java_class in mm2_defs.parse_list(value):
+    for java_class in configdefs.parse_list(value):
         if java_class not in _ASSIGNORS:
             raise _untranslatable("partition.assignment.strategy", value, where)
         names.append(_ASSIGNORS[java_class])
@@ -202,7 +202,7 @@ def _stores(java: Mapping[str, str], where: str) -> dict[str, str]:
 
 def _untranslatable(key: str, value: str, where: str) -> MirrorflowError:
     return MirrorflowError(
-        f"{where}: {key} = {mm2_defs.redact(key, value)} has no librdkafka equivalent",
+        f"{where}: {key} = {configdefs.redact(key, value)} has no librdkafka equivalent",
         "remove it for this cluster or role, or set it only on the Java side "
         "(e.g. <alias>.consumer.<key> is used by the Spark job as well)",
     )

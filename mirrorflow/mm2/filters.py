@@ -22,8 +22,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from mirrorflow import mm2_defs
-from mirrorflow.policy import load_class
+from mirrorflow.mm2 import configdefs
+from mirrorflow.mm2.policy import load_class
 
 
 class JavaRegexError(ValueError):
@@ -236,8 +236,8 @@ class PatternList:
 
     @classmethod
     def from_config(cls, config: Mapping[str, str], key: str) -> PatternList:
-        raw = config.get(key, mm2_defs.flow_settings()[key].default or "")
-        patterns = mm2_defs.parse_list(raw)
+        raw = config.get(key, configdefs.flow_settings()[key].default or "")
+        patterns = configdefs.parse_list(raw)
         try:
             return cls(key, tuple(patterns), compile_pattern_list(patterns))
         except JavaRegexError as exc:
@@ -338,8 +338,8 @@ class DefaultConfigPropertyFilter(ConfigPropertyFilter):
 
     def configure(self, config: Mapping[str, str]) -> None:
         self.exclude = PatternList.from_config(config, "config.properties.exclude")
-        default = mm2_defs.FILTER_ONLY["use.defaults.from"]
-        self.use_defaults_from = mm2_defs.java_trim(config.get("use.defaults.from", default))
+        default = configdefs.FILTER_ONLY["use.defaults.from"]
+        self.use_defaults_from = configdefs.java_trim(config.get("use.defaults.from", default))
 
     def should_replicate_config_property(self, prop: str) -> bool:
         return not self.exclude.matches(prop)
@@ -360,7 +360,7 @@ def filter_class(key: str, name: str) -> type:
     """The class a ``*.filter.class`` setting names: MM2's default (ported here) or a Python
     class by dotted path subclassing the matching base class."""
     base, builtin = _FILTERS[key]
-    return load_class(mm2_defs.java_trim(name), {_MIRROR + builtin.__name__: builtin}, base, key)
+    return load_class(configdefs.java_trim(name), {_MIRROR + builtin.__name__: builtin}, base, key)
 
 
 def load_topic_filter(config: Mapping[str, str]) -> TopicFilter:
@@ -379,6 +379,6 @@ def load_config_property_filter(config: Mapping[str, str]) -> ConfigPropertyFilt
 
 
 def _load(config: Mapping[str, str], key: str):
-    instance = filter_class(key, config.get(key, mm2_defs.flow_settings()[key].default or ""))()
+    instance = filter_class(key, config.get(key, configdefs.flow_settings()[key].default or ""))()
     instance.configure(config)
     return instance

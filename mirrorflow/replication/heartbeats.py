@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 
-from mirrorflow.formats import Heartbeat
+from mirrorflow.mm2.formats import Heartbeat
 
 log = logging.getLogger(__name__)
 

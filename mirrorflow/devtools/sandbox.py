@@ -23,8 +23,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from mirrorflow import jvm
 from mirrorflow.errors import MirrorflowError
+from mirrorflow.runtime import jvm
 
 DEFAULT_BASE_PORT = 19092
 PORTS_PER_CLUSTER = 10

@@ -1,11 +1,12 @@
-"""Exactly-once progress kept on the target: the last copied upstream offset per partition.
+"""A flow's positions, kept on the target as MirrorMaker 2 keeps them, in both delivery modes.
 
-In exactly-once mode each source partition's copies of a batch and its position record
-(:class:`~mirrorflow.formats.SourceOffset`, MirrorMaker 2's Connect format, in
-``mm2-offsets.<source>.internal`` on the target) are written in one Kafka transaction. A
-``read_committed`` reader of that topic therefore knows exactly which upstream offsets are
-already on the target, and a replayed batch skips them. MirrorMaker 2 resumes from the same
-records, so a flow can move between the two without copying anything twice.
+A position is the last replicated upstream offset of a source partition
+(:class:`~mirrorflow.mm2.formats.SourceOffset`, MirrorMaker 2's Connect format, in
+``mm2-offsets.<source>.internal`` on the target). At-least-once, the driver writes a batch's
+positions once every copy of the batch is acknowledged; exactly-once, each source partition's
+copies and its position are written in one Kafka transaction, so a ``read_committed`` reader
+knows exactly which upstream offsets are already on the target. MirrorMaker 2 resumes from the
+same records, so a flow can move between the two tools in either mode.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import time
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
-from mirrorflow.formats import SourceOffset
+from mirrorflow.mm2.formats import SourceOffset
 
 # Connect's default number of partitions for its offsets topic (offset.storage.partitions).
 OFFSETS_TOPIC_PARTITIONS = 25

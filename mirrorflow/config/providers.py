@@ -19,8 +19,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from mirrorflow import mm2_defs, properties
+from mirrorflow.config import properties
 from mirrorflow.errors import MirrorflowError
+from mirrorflow.mm2 import configdefs
 
 # ConfigTransformer.DEFAULT_PATTERN: ${provider:key} or ${provider:path:key}
 REFERENCE = re.compile(r"\$\{([^}]*?):(?:([^}]*?):)?([^}]*?)\}")
@@ -52,7 +53,7 @@ class Provider:
 
     def _check_allowed(self, path: str) -> Path:
         resolved = Path(path).resolve()
-        allowed = mm2_defs.parse_list(self.params.get("allowed.paths", ""))
+        allowed = configdefs.parse_list(self.params.get("allowed.paths", ""))
         if allowed and not any(resolved.is_relative_to(Path(a).resolve()) for a in allowed):
             raise MirrorflowError(
                 f"config provider {self.name!r} may not read {path}: it is outside "
@@ -117,14 +118,14 @@ class Providers:
     def __init__(self, settings: Mapping[str, str]) -> None:
         """``settings``: the top-level keys (``config.providers`` and its sub-keys)."""
         self.by_name: dict[str, Provider] = {}
-        for name in mm2_defs.parse_list(settings.get("config.providers", "")):
+        for name in configdefs.parse_list(settings.get("config.providers", "")):
             prefix = f"config.providers.{name}."
             params = {
                 k[len(prefix + "param.") :]: v
                 for k, v in settings.items()
                 if k.startswith(prefix + "param.")
             }
-            class_name = mm2_defs.java_trim(settings.get(prefix + "class", ""))
+            class_name = configdefs.java_trim(settings.get(prefix + "class", ""))
             self.by_name[name] = Provider(name, class_name, params)
 
     def unconfigured(self, value: str) -> list[str]:

@@ -23,7 +23,7 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from mirrorflow.formats import Checkpoint, OffsetSync, TopicPartition
+from mirrorflow.mm2.formats import Checkpoint, OffsetSync, TopicPartition
 
 DEFAULT_MAX_OFFSET_LAG = 100
 """MirrorMaker 2's default ``offset.lag.max``."""

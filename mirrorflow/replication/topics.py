@@ -135,6 +135,7 @@ class RemoteTopics:
         self.replication_factor, self.replicate_config = replication_factor, replicate_config
         self.flow = flow
         self.partitions: dict[str, int] = {}  # remote topic -> partitions known to exist
+        self.source_partitions: dict[str, int] = {}  # replicated source topic -> partitions
         self.max_message_bytes: dict[str, int] = {}
 
     def prepare(self) -> dict[str, str]:
@@ -148,6 +149,7 @@ class RemoteTopics:
         stale = {s for s, r in mapping.items() if self.partitions.get(r, -1) < source_topics[s]}
         if stale:
             self._create_or_grow({s: source_topics[s] for s in stale}, mapping)
+        self.source_partitions = source_topics
         return mapping
 
     def _create_or_grow(self, counts: dict[str, int], mapping: dict[str, str]) -> None:

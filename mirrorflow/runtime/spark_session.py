@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mirrorflow import jvm
+from mirrorflow.runtime import jvm
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

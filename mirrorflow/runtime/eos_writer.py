@@ -11,7 +11,7 @@ MirrorMaker 2's rule makes due (a fresh rule state per task, so never fewer sync
 2) plus the last copy of each partition, which the driver writes once the batch is committed.
 
 (At-least-once copies never come here: Spark's own Kafka sink writes them, see
-:mod:`mirrorflow.mirror_job`.)
+:mod:`mirrorflow.runtime.driver`.)
 
 Nothing here imports Spark: the function is plain Python over ``pyarrow`` batches.
 """
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from mirrorflow.offset_syncs import PartitionSyncState
+from mirrorflow.mm2.offset_syncs import PartitionSyncState
 
 INPUT_COLUMNS = ("topic", "partition", "offset", "key", "value", "headers", "ts_ms")
 RESULT_SCHEMA = pa.schema(
@@ -143,7 +143,7 @@ def copy_records(
     committed = dict(settings.committed)
     if _task_attempt() > 0:
         # A retried task may follow an attempt that committed before it failed.
-        from mirrorflow.source_offsets import SourceOffsetReader
+        from mirrorflow.replication.positions import SourceOffsetReader
 
         reader = SourceOffsetReader(
             settings.consumer_config,
@@ -242,7 +242,7 @@ def _commit_transactions(settings: CopySettings, partitions) -> None:
     """Add each partition's position to its transaction and commit it."""
     from confluent_kafka import KafkaException
 
-    from mirrorflow.formats import SourceOffset
+    from mirrorflow.mm2.formats import SourceOffset
 
     for p in partitions.values():
         try:

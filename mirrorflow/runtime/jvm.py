@@ -18,9 +18,9 @@ import zipfile
 from pathlib import Path
 
 from mirrorflow.errors import MirrorflowError
-from mirrorflow.paths import PROJECT_ROOT, cache_dir, content_hash
+from mirrorflow.paths import cache_dir, content_hash, resource
 
-JVM_DIR = PROJECT_ROOT / "jvm"
+JVM_DIR = resource("jvm")
 COPIER_SOURCES = JVM_DIR / "mirror-copier" / "src"
 COPIER_CLASS = "org.mirrorflow.kafka.MirrorCopier"
 ARTIFACT_SETS = ("kafka", "spark-kafka", "mirrormaker")

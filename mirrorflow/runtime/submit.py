@@ -1,0 +1,57 @@
+"""``spark-submit`` in this environment: the binary, the environment and the Spark settings
+every mirrorflow application gets (the mirror job, and the driver class archive's training run).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from mirrorflow.errors import MirrorflowError
+from mirrorflow.paths import PROJECT_ROOT, resource
+from mirrorflow.runtime.spark_session import kafka_jars_conf
+
+SPARK_LOG_CONFIG = resource("spark_jobs/log4j2.properties")
+
+
+JVM_OPTIONS = "-XX:+UseParallelGC"
+"""A throughput collector: a mirror job allocates short-lived records at a high rate, and on
+a few cores G1's concurrent work cost more CPU than ParallelGC's pauses (benchmarks/)."""
+
+
+def spark_submit() -> str:
+    """The ``spark-submit`` of the running environment (next to its Python), else on PATH."""
+    beside = Path(sys.executable).parent / "spark-submit"
+    found = str(beside) if beside.exists() else shutil.which("spark-submit")
+    if not found:
+        raise MirrorflowError(
+            "spark-submit was not found", "run scripts/bootstrap.sh and activate its environment"
+        )
+    return found
+
+
+def spark_conf(driver_options: tuple[str, ...] = ()) -> dict[str, str]:
+    """Spark settings every mirrorflow application gets (``spark.jars`` ships the connector to
+    executors), with ``driver_options`` added to the driver JVM's."""
+    options = [f"-Dlog4j2.configurationFile=file:{SPARK_LOG_CONFIG}", JVM_OPTIONS, *driver_options]
+    return {
+        "spark.jars": kafka_jars_conf(),
+        "spark.driver.extraJavaOptions": " ".join(options),
+        "spark.executor.extraJavaOptions": JVM_OPTIONS,
+        "spark.sql.shuffle.partitions": "2",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.speculation": "false",
+        "spark.submit.deployMode": "client",
+    }
+
+
+def job_environment(base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a mirror job: this Python for Spark's workers, mirrorflow importable."""
+    env = dict(os.environ if base is None else base)
+    env["PYSPARK_PYTHON"] = sys.executable
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p
+    )
+    return env

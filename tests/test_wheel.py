@@ -1,0 +1,144 @@
+"""mirrorflow installed from its wheel works outside the checkout: ``validate``, ``render`` and
+``mirror`` find their templates, Spark entry points and JVM sources in the package data.
+
+The wheel is built from the checkout (hatchling, offline), installed into a fresh virtual
+environment with the locked dependencies (from uv's cache where bootstrap left them there), and
+its ``mirrorflow`` runs in a temporary directory with the checkout nowhere on its path.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from mirrorflow import paths
+from tests.conftest import create_topics
+from tests.mirror_harness import copied, produce, read_topic, write_flow_file
+
+pytestmark = [pytest.mark.kafka, pytest.mark.spark]
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _uv() -> str:
+    found = sorted(paths.cache_dir().glob("uv-*/bin/uv"))
+    if not found:
+        pytest.fail(f"no uv in {paths.cache_dir()}: run scripts/bootstrap.sh")
+    return str(found[-1])
+
+
+def _run(command: list[str], **kwargs) -> subprocess.CompletedProcess:
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, **kwargs)
+    assert result.returncode == 0, (
+        f"{' '.join(command)} -> {result.returncode}\n{result.stdout[-3000:]}\n"
+        f"{result.stderr[-3000:]}"
+    )
+    return result
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """A fresh virtual environment with the built wheel installed; its bin directory."""
+    work = tmp_path_factory.mktemp("wheel")
+    _run(
+        [
+            sys.executable,
+            "-c",
+            f"import hatchling.build; hatchling.build.build_wheel({str(work)!r})",
+        ],
+        cwd=ROOT,
+    )
+    (wheel,) = work.glob("mirrorflow-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for resource in (
+        "mirrorflow/_resources/templates/mirror_dag.py.j2",
+        "mirrorflow/_resources/spark_jobs/mirror.py",
+        "mirrorflow/_resources/spark_jobs/log4j2.properties",
+        "mirrorflow/_resources/jvm/settings.xml",
+        "mirrorflow/_resources/jvm/mirror-copier/src/org/mirrorflow/kafka/MirrorCopier.java",
+        "mirrorflow/mm2/data/mm2_config_defs.json",
+    ):
+        assert resource in names, f"{resource} is not in the wheel"
+    requirements = work / "requirements.txt"
+    _run(
+        [
+            _uv(), "export", "--frozen", "--no-dev", "--no-emit-project",
+            "--format", "requirements-txt", "-o", str(requirements),
+        ],
+        cwd=ROOT,
+    )  # fmt: skip
+    venv = work / "venv"
+    base_python = Path(sys.base_prefix) / "bin" / "python3"
+    _run([_uv(), "venv", "--quiet", "--python", str(base_python), str(venv)])
+    _run(
+        [
+            _uv(), "pip", "install", "--quiet", "--no-deps",
+            "--python", str(venv / "bin" / "python"), "-r", str(requirements), str(wheel),
+        ]
+    )  # fmt: skip
+    return venv / "bin"
+
+
+def _environment(bin_dir: Path, state: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PATH"] = os.pathsep.join([str(bin_dir), *env.get("PATH", "").split(os.pathsep)[1:]])
+    env["PYSPARK_PYTHON"] = str(bin_dir / "python")
+    env["MIRRORFLOW_STATE"] = str(state)
+    return env
+
+
+def test_the_installed_wheel_validates_renders_and_mirrors_outside_the_checkout(
+    installed, sandbox, topic_name, tmp_path
+):
+    outside = tmp_path / "project"
+    outside.mkdir()
+    env = _environment(installed, tmp_path / "state")
+    where = _run(
+        [str(installed / "python"), "-c", "import mirrorflow; print(mirrorflow.__file__)"],
+        cwd=outside,
+        env=env,
+    ).stdout.strip()
+    assert where.startswith(str(installed.parent)), f"mirrorflow imported from {where}"
+    assert not where.startswith(str(ROOT))
+
+    topic = topic_name("wheel")
+    create_topics(sandbox["primary"], topic, partitions=2)
+    produce(sandbox["primary"], topic, 2, 40)
+    write_flow_file(
+        outside / "mm2.properties",
+        sandbox,
+        ["primary", "secondary"],
+        ["primary->secondary.enabled = true", f"primary->secondary.topics = {topic}"],
+    )
+    mirrorflow = str(installed / "mirrorflow")
+    validated = subprocess.run(
+        [mirrorflow, "validate", "mm2.properties"], cwd=outside, env=env, capture_output=True
+    )
+    assert validated.returncode == 0, validated.stdout + validated.stderr
+    _run([mirrorflow, "render", "mm2.properties", "--out", "dags"], cwd=outside, env=env)
+    rendered = sorted(p.name for p in (outside / "dags").glob("*.py"))
+    assert rendered, "render wrote no DAG file"
+    for dag in (outside / "dags").glob("*.py"):
+        text = dag.read_text()
+        assert '"mm2.properties"' in text and "primary->secondary" in text
+    _run(
+        [
+            mirrorflow,
+            "mirror",
+            "mm2.properties",
+            "--flow",
+            "primary->secondary",
+            "--once",
+            "--master",
+            "local[2]",
+        ],
+        cwd=outside,
+        env=env,
+    )
+    source = read_topic(sandbox["primary"], topic)
+    assert copied(read_topic(sandbox["secondary"], f"primary.{topic}")) == copied(source)
