@@ -28,7 +28,7 @@ semantics (same partitions, keys, values, headers and timestamps; heartbeats; of
 * **Flow files** (the job reads credentials from them when it starts, never from this DAG):
   `examples/active-passive.properties`
 * **Always on**: `@continuous` with one active run. A job that dies is retried with exponential
-  backoff and resumes from its checkpoint: no record is lost, a few may be copied twice.
+  backoff and resumes from its positions: no record is lost, a few may be copied twice.
 * **Stop**: pause this DAG, or mark the running task failed; the job finishes the batch in
   progress, then exits.
 * **Start somewhere else**: pause the DAG, trigger it with *Start position* and *Restart*, then

@@ -4,7 +4,8 @@
         --config mm2.properties --flow primary->secondary [--once] [--stop-file PATH]
 
 Credentials stay in the flow definition (or the secret references it names) and never appear
-on this command line. All the logic lives in :mod:`mirrorflow.runtime.driver`.
+on this command line. All the logic lives in :mod:`mirrorflow.runtime.driver`; the flow's
+positions live in ``mm2-offsets.<source>.internal`` on the target, as MirrorMaker 2's do.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--state-dir",
         type=Path,
         default=None,
-        help="where checkpoints live (default: $MIRRORFLOW_STATE/flows)",
+        help="where the flows' local files live (default: $MIRRORFLOW_STATE/flows)",
     )
     parser.add_argument(
         "--starting-offsets",
@@ -51,7 +52,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--max-records-per-batch",
         type=int,
         default=None,
-        help="upper bound of records per micro-batch (default 500000)",
+        help="upper bound of records per batch (default 500000)",
     )
     return parser.parse_args(argv)
 

@@ -30,6 +30,7 @@ def write_flow_file(
     text += [
         "replication.factor = 1",
         "heartbeats.topic.replication.factor = 1",
+        "offset.storage.replication.factor = 1",
         "checkpoints.topic.replication.factor = 1",
         "offset-syncs.topic.replication.factor = 1",
         "emit.heartbeats.interval.seconds = 1",

@@ -1,4 +1,4 @@
-"""How a failed mirror query becomes one line for the user, and which failures are retried."""
+"""How a failed mirror batch becomes one line for the user, and which failures are retried."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ from types import SimpleNamespace
 import pytest
 
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
-from mirrorflow.runtime.driver import _query_error
+from mirrorflow.runtime.driver import batch_error
 from mirrorflow.runtime.eos_writer import ERROR_PREFIX
 
 SPEC = SimpleNamespace(flow="dc1->dc2", source="dc1", target="dc2")
 
 
 def wrapped(reason: str) -> str:
-    """A query failure as Spark reports it: the cause buried in a stack of wrappers."""
+    """A batch failure as Spark reports it: the cause buried in a stack of wrappers."""
     return (
         "[STREAM_FAILED] Query [id = 1, runId = 2] terminated with exception: Job aborted due to "
         "stage failure: Task 1 in stage 3.0 failed 1 times, most recent failure:\n"
@@ -27,13 +27,13 @@ def wrapped(reason: str) -> str:
     [
         "org.apache.kafka.common.errors.TimeoutException: Topic dc1.t not present in metadata "
         "after 60000 ms.",
-        "Traceback ...\nmirrorflow.errors.ClusterUnreachable: reading exactly-once positions from "
+        "Traceback ...\nmirrorflow.errors.ClusterUnreachable: reading positions from "
         "mm2-offsets.dc1.internal did not reach its end within 60s",
         f"{ERROR_PREFIX}committing the copies of t-0 to dc1.t on dc2 failed: Local: Timed out",
     ],
 )
 def test_a_cluster_that_does_not_answer_is_reported_as_retriable(reason):
-    error = _query_error(SPEC, wrapped(reason))
+    error = batch_error(SPEC, wrapped(reason))
     assert isinstance(error, ClusterUnreachable)
     assert error.message.startswith("flow dc1->dc2")
 
@@ -57,6 +57,6 @@ def test_a_cluster_that_does_not_answer_is_reported_as_retriable(reason):
     ],
 )
 def test_other_failures_stop_the_flow_with_their_cause_in_one_line(reason, expected):
-    error = _query_error(SPEC, wrapped(reason))
+    error = batch_error(SPEC, wrapped(reason))
     assert type(error) is MirrorflowError
     assert expected in error.message and "\n" not in error.message

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -14,6 +16,7 @@ from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 from mirrorflow.mm2.formats import Heartbeat
+from mirrorflow.replication.positions import SourceOffsetReader, offsets_topic
 from mirrorflow.runtime import launch
 from tests.conftest import create_topics
 from tests.mirror_harness import (
@@ -81,26 +84,43 @@ def test_records_are_copied_byte_for_byte_per_partition_and_in_order(sandbox, to
         assert target[sync.downstream_offset] == source[sync.upstream_offset]
 
 
-def test_heartbeats_prove_the_flow_is_alive_in_mirrormaker_format(sandbox, tmp_path):
-    secondary = sandbox["secondary"]
+def test_heartbeats_go_to_the_target_only_and_come_back_over_the_reverse_flow(sandbox, tmp_path):
+    primary, secondary = sandbox["primary"], sandbox["secondary"]
     config = write_flow_file(
         tmp_path / "mm2.properties",
         sandbox,
         ["primary", "secondary"],
-        ["primary->secondary.enabled = true", "primary->secondary.topics = nothing-at-all"],
+        [
+            "primary->secondary.enabled = true",
+            "primary->secondary.topics = nothing-at-all",
+            "secondary->primary.enabled = true",
+            "secondary->primary.topics = nothing-at-all",
+        ],
     )
     started = int(time.time() * 1000)
+
+    def heartbeats(cluster, topic: str) -> list[Heartbeat]:
+        if topic not in topic_names(cluster):
+            return []
+        records = read_topic(cluster, topic).get(0, [])
+        return [h for r in records if (h := Heartbeat.from_record(r[1], r[2])) is not None]
+
+    def of_flow(beats: list[Heartbeat]) -> list[Heartbeat]:
+        return [
+            h
+            for h in beats
+            if (h.source_cluster_alias, h.target_cluster_alias) == ("primary", "secondary")
+            and h.timestamp >= started
+        ]
+
     run_mirror_once(config, "primary->secondary", tmp_path / "state")
-    on_target = [Heartbeat.from_record(r[1], r[2]) for r in read_topic(secondary, "heartbeats")[0]]
-    assert any(
-        h.source_cluster_alias == "primary"
-        and h.target_cluster_alias == "secondary"
-        and h.timestamp >= started
-        for h in on_target
+    assert of_flow(heartbeats(secondary, "heartbeats")), "no heartbeat of the flow on its target"
+    assert not of_flow(heartbeats(primary, "heartbeats")), (
+        "the flow wrote heartbeats into its source (MirrorMaker 2 needs no WRITE there)"
     )
-    replicated = read_topic(secondary, "primary.heartbeats")[0]
-    assert replicated, "the source's heartbeats were not replicated as primary.heartbeats"
-    assert all(Heartbeat.from_record(r[1], r[2]) for r in replicated)
+    # The reverse flow replicates the target's heartbeats back: proof that both directions run.
+    run_mirror_once(config, "secondary->primary", tmp_path / "state")
+    assert of_flow(heartbeats(primary, "secondary.heartbeats"))
 
 
 def test_active_active_flows_do_not_loop_and_forwarding_prefixes_each_hop(
@@ -169,7 +189,11 @@ def test_new_topics_and_partitions_are_picked_up_live_and_a_sigkill_loses_nothin
         tmp_path / "mm2.properties",
         sandbox,
         ["primary", "secondary"],
-        ["primary->secondary.enabled = true", f"primary->secondary.topics = {base}-.*"],
+        [
+            "primary->secondary.enabled = true",
+            f"primary->secondary.topics = {base}-.*",
+            "primary->secondary.refresh.topics.interval.seconds = 2",  # MM2's default: 600
+        ],
     )
     state, log = tmp_path / "state", tmp_path / "mirror.log"
     job = start_mirror(config, "primary->secondary", state, log)
@@ -422,14 +446,15 @@ def test_exactly_once_copies_each_committed_record_once_despite_sigkill(
     assert sorted(again) == sorted(keys)
 
 
+@pytest.mark.parametrize("mode", ["at-least-once", "exactly-once"])
 def test_sigterm_to_mirrorflow_mirror_stops_the_flow_after_its_current_batch(
-    sandbox, topic_name, tmp_path
+    mode, sandbox, topic_name, tmp_path
 ):
     primary, secondary = sandbox["primary"], sandbox["secondary"]
     t = topic_name("graceful")
     create_topics(primary, t, partitions=2)
     produce(primary, t, 2, 3000)
-    config = flow_file(tmp_path, sandbox, t)
+    config = flow_file(tmp_path, sandbox, t, *(EXACTLY_ONCE if mode == "exactly-once" else []))
     log = open(tmp_path / "mirror.log", "wb")  # noqa: SIM115
     job = subprocess.Popen(
         [
@@ -460,7 +485,11 @@ def test_sigterm_to_mirrorflow_mirror_stops_the_flow_after_its_current_batch(
             job.kill()
         log.close()
     output = (tmp_path / "mirror.log").read_text(errors="replace")
-    assert "stop requested: finishing the batch in progress" in output
+    assert "stop requested" in output
+    after_stop = output[output.index("stop requested") :]
+    assert not re.search(r"primary->secondary batch \d+:", after_stop), (
+        "a batch began after the stop"
+    )
     assert "Traceback" not in output
     # Whatever was copied before the stop is whole: every copy is a record of the source,
     # in the source's order, from the start of each partition.
@@ -550,3 +579,68 @@ def test_an_unreachable_target_is_retried_with_backoff_and_logged_until_it_answe
         )
     finally:
         stop_job(job)
+
+
+def progress(state, flow: str = "primary-secondary") -> dict:
+    path = state / flow / "progress.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def test_an_idle_flow_runs_no_spark_job_and_a_new_record_starts_a_batch(
+    sandbox, topic_name, tmp_path
+):
+    primary, secondary = sandbox["primary"], sandbox["secondary"]
+    t = topic_name("idle")
+    create_topics(primary, t, partitions=2)
+    produce(primary, t, 2, 20)
+    config = flow_file(tmp_path, sandbox, t)
+    state, log = tmp_path / "state", tmp_path / "mirror.log"
+    job = start_mirror(config, "primary->secondary", state, log)
+    try:
+        wait_for(lambda: progress(state).get("records", 0) >= 20, 120, "the first 20 records")
+        batches = progress(state)["batches"]
+        time.sleep(6)  # idle: heartbeats go on, but no batch, hence no Spark job, runs
+        assert progress(state)["batches"] == batches, "batches ran with nothing to copy"
+        produce(primary, t, 2, 1, start=20)
+        wait_for(lambda: progress(state).get("records", 0) >= 21, 60, "the new record's copy")
+        assert progress(state)["batches"] == batches + 1
+    finally:
+        stop_job(job)
+    assert sum(map(len, read_topic(secondary, f"primary.{t}").values())) == 21
+
+
+def test_positions_of_a_mirrorflow_0_job_are_migrated_once_into_the_offsets_topic(
+    sandbox, topic_name, tmp_path
+):
+    primary, secondary = sandbox["primary"], sandbox["secondary"]
+    t = topic_name("legacy")
+    create_topics(primary, t, partitions=2)
+    produce(primary, t, 2, 300)  # 150 per partition
+    # What mirrorflow 0.x left: Spark's checkpoint of a flow that copied offsets 0..99 of each
+    # partition (batch 1 was planned, never committed: its records were not all copied).
+    legacy = tmp_path / "state" / "primary-secondary" / "checkpoint"
+    (legacy / "offsets").mkdir(parents=True)
+    (legacy / "commits").mkdir()
+    for batch, end in ((0, 100), (1, 140)):
+        (legacy / "offsets" / str(batch)).write_text(
+            'v1\n{"batchWatermarkMs":0}\n' + json.dumps({t: {"0": end, "1": end}}) + "\n"
+        )
+    (legacy / "commits" / "0").write_text('v1\n{"nextBatchWatermarkMs":0}\n')
+    config = flow_file(tmp_path, sandbox, t)
+    run_mirror_once(config, "primary->secondary", tmp_path / "state")
+    target = read_topic(secondary, f"primary.{t}")
+    source = read_topic(primary, t)
+    for p in (0, 1):
+        assert copied({p: target[p]})[p] == copied({p: source[p]})[p][100:], p
+    assert not legacy.exists()
+    assert list(legacy.parent.glob("checkpoint.migrated-*"))
+    reader = SourceOffsetReader(
+        secondary.client_config(), secondary.client_config(), offsets_topic("primary"), "primary"
+    )
+    try:
+        assert {k: v for k, v in reader.read_to_end().items() if k[0] == t} == {
+            (t, 0): 149,
+            (t, 1): 149,
+        }
+    finally:
+        reader.close()

@@ -108,7 +108,7 @@ def test_a_dag_already_paused_when_the_run_starts_keeps_its_job_running(operator
     assert not watcher.paused and not operator._job_files.stop_file.exists()
 
 
-def test_params_choose_the_start_position_and_restart_moves_the_progress_aside(operator):
+def test_params_choose_the_start_position_and_restart_asks_the_job_to_start_over(operator):
     files = operator._job_files
     assert operator._start_position({"starting_offsets": "default"}, files) is None
     assert operator._start_position({"starting_offsets": "latest"}, files) == "latest"
@@ -117,19 +117,14 @@ def test_params_choose_the_start_position_and_restart_moves_the_progress_aside(o
         {"starting_offsets": "timestamp", "starting_timestamp": "2026-03-01T12:00:00Z"}, files
     )
     assert position == str(int(when.timestamp() * 1000))
-    (files.checkpoint / "offsets").mkdir(parents=True)
-    assert files.has_progress()
-    assert operator._start_position({"starting_offsets": "earliest", "restart": True}, files) == (
-        "earliest"
-    )
-    assert not files.checkpoint.exists()
-    (moved,) = files.directory.glob("checkpoint.discarded-*")
-    assert (moved / "offsets").is_dir()  # kept, not deleted
-    # A retry of the same run resumes from what its first try copied: no second restart.
-    (files.checkpoint / "offsets").mkdir(parents=True)
+    assert not files.restart_file.exists(), "a start position alone must not restart the flow"
     params = {"starting_offsets": "earliest", "restart": True}
+    assert operator._start_position(params, files) == "earliest"
+    assert files.restart_file.exists()
+    # A retry of the same run resumes from what its first try copied: no second restart.
+    files.restart_file.unlink()
     assert operator._start_position(params, files, first_try=False) == "earliest"
-    assert (files.checkpoint / "offsets").is_dir()
+    assert not files.restart_file.exists()
     from airflow.sdk.exceptions import AirflowException
 
     with pytest.raises(AirflowException, match="needs starting_timestamp"):

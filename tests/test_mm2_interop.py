@@ -1,7 +1,7 @@
 """A flow handed over between MirrorMaker 2 and mirrorflow: each resumes where the other stopped.
 
-Both keep a flow's progress in the same place, in the same format: Connect's offsets topic
-``mm2-offsets.<source>.internal`` on the target (mirrorflow in exactly-once mode).
+Both keep a flow's positions in the same place, in the same format, in both delivery modes:
+Connect's offsets topic ``mm2-offsets.<source>.internal`` on the target.
 """
 
 from __future__ import annotations
@@ -38,11 +38,12 @@ def run_mm2_until(config: Path, log: Path, done, what: str) -> None:
             os.killpg(mm2.pid, signal.SIGKILL)
 
 
+@pytest.mark.parametrize("mode", ["at-least-once", "exactly-once"])
 def test_a_flow_moves_from_mirrormaker_2_to_mirrorflow_and_back_without_copying_twice(
-    sandbox, topic_name, tmp_path
+    mode, sandbox, topic_name, tmp_path
 ):
     primary, secondary = sandbox["primary"], sandbox["secondary"]
-    t = topic_name("handover")
+    t = topic_name(f"handover-{mode}")
     create_topics(primary, t, partitions=2)
     produce(primary, t, 2, 400)
     common = [
@@ -62,7 +63,7 @@ def test_a_flow_moves_from_mirrormaker_2_to_mirrorflow_and_back_without_copying_
         sandbox,
         t,
         *common,
-        "secondary.exactly.once.source.support = enabled",
+        *(["secondary.exactly.once.source.support = enabled"] if mode == "exactly-once" else []),
     )
     reader = SourceOffsetReader(
         secondary.client_config(), secondary.client_config(), offsets_topic("primary"), "primary"

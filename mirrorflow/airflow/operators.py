@@ -15,10 +15,12 @@ time (never at parse time: no file is read when the DAG is parsed):
   finish, and only then falls back to the provider's kill. Pausing the DAG while the job runs
   has the same effect, and the task then ends successfully.
 * **Restarts without loss**: a job that dies fails the task; the DAG's retries start it again
-  and it resumes from its checkpoint. A job left over from an earlier try (its task killed) is
-  stopped before a new one starts, so two never share a checkpoint.
+  and it resumes from its positions (in the target's ``mm2-offsets.<source>.internal``). A job
+  left over from an earlier try (its task killed) is stopped before a new one starts, so two
+  never copy the same flow at once.
 * **Params** of a manual run: ``starting_offsets`` (default/earliest/latest/timestamp) with
-  ``starting_timestamp``, and ``restart`` (move the progress aside first).
+  ``starting_timestamp``, and ``restart`` (start over at the chosen position, the flow's
+  positions overwritten).
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ class MirrorFlowOperator(SparkSubmitOperator):
 
     :param flow: the flow to run, e.g. ``"primary->secondary"``
     :param flow_files: its flow files (mm2.properties or YAML), merged in order
-    :param state_dir: where the job keeps checkpoints (default ``$MIRRORFLOW_STATE/flows``)
+    :param state_dir: where the job keeps its local files: progress, stop and restart requests
+        (default ``$MIRRORFLOW_STATE/flows``)
     :param stop_grace_period: how long a stop waits for the batch in progress to finish
     :param pause_check_interval: seconds between checks whether the DAG was paused
     """
@@ -151,8 +154,8 @@ class MirrorFlowOperator(SparkSubmitOperator):
     def _start_position(
         self, params: dict[str, Any], files: jobs.JobFiles, first_try: bool = True
     ) -> str | None:
-        """``--starting-offsets`` from the run's Params; on restart, the first try moves the
-        progress aside (a retry resumes from what the first try copied)."""
+        """``--starting-offsets`` from the run's Params; on restart, the first try asks the job
+        to start over there (a retry resumes from what the first try copied)."""
         choice = params.get("starting_offsets") or "default"
         if choice not in STARTING_OFFSETS:
             raise AirflowException(f"starting_offsets must be one of {', '.join(STARTING_OFFSETS)}")
@@ -168,9 +171,12 @@ class MirrorFlowOperator(SparkSubmitOperator):
         elif choice != "default":
             position = choice
         if params.get("restart") and first_try:
-            moved = files.archive_checkpoint()
-            if moved is not None:
-                self.log.warning("restart: the progress of %s was moved to %s", self.flow, moved)
+            files.request_restart()
+            self.log.warning(
+                "restart: %s starts over from %s, its positions overwritten",
+                self.flow,
+                choice,
+            )
         elif params.get("restart"):
             self.log.info("restart was done by this run's first try: resuming from its progress")
         elif position is not None and files.has_progress():

@@ -24,7 +24,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--state-dir",
         type=Path,
         default=None,
-        help="checkpoints (default: $MIRRORFLOW_STATE/flows)",
+        help="the flows' local files: progress, stop and restart requests "
+        "(default: $MIRRORFLOW_STATE/flows)",
     )
     parser.add_argument("--starting-offsets", help="new flows: earliest, latest or epoch ms")
     parser.add_argument("--max-records-per-batch", type=int, default=None)

@@ -11,7 +11,9 @@ same records, so a flow can move between the two tools in either mode.
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
@@ -84,14 +86,14 @@ class SourceOffsetReader:
             ends = self._stable_ends(timeout_s)
         except KafkaException as exc:
             raise ClusterUnreachable(
-                f"reading exactly-once positions from {self.topic}: {exc.args[0].str()}",
+                f"reading positions from {self.topic}: {exc.args[0].str()}",
                 "check the target cluster; the batch is retried",
             ) from None
         remaining = {p for p, end in ends.items() if end > 0}
         while remaining:
             if time.monotonic() > deadline:
                 raise ClusterUnreachable(
-                    f"reading exactly-once positions from {self.topic} did not reach its end "
+                    f"reading positions from {self.topic} did not reach its end "
                     f"within {timeout_s:.0f}s",
                     "check the target cluster; the batch is retried",
                 )
@@ -110,3 +112,81 @@ class SourceOffsetReader:
 
     def close(self) -> None:
         self._consumer.close()
+
+
+class PositionWriter:
+    """Writes positions to the offsets topic as MirrorMaker 2's Connect worker does.
+
+    Each record is keyed and partitioned as Connect's ``KafkaOffsetBackingStore`` writes it
+    (murmur2 of the key, Java's default partitioner), so a later write of either tool for the
+    same source partition lands in the same partition and is read last.
+    """
+
+    def __init__(self, producer_config: dict[str, str], topic: str, source_alias: str) -> None:
+        from confluent_kafka import Producer
+
+        self.topic, self.source_alias = topic, source_alias
+        self._producer = Producer(
+            {
+                **producer_config,
+                "enable.idempotence": True,
+                "acks": "all",
+                "partitioner": "murmur2_random",
+            }
+        )
+
+    def write(self, positions: dict[tuple[str, int], int], timeout_s: float = 60.0) -> None:
+        """Record that every offset below ``positions[(topic, partition)]`` was replicated."""
+        failures: list[KafkaError] = []
+        for (topic, partition), next_offset in sorted(positions.items()):
+            record = SourceOffset(self.source_alias, topic, partition, next_offset - 1)
+            self._producer.produce(
+                self.topic,
+                record.value(),
+                record.key(),
+                on_delivery=lambda err, _msg: err is not None and failures.append(err),
+            )
+        remaining = self._producer.flush(timeout_s)
+        if failures or remaining:
+            cause = failures[0].str() if failures else f"not acknowledged within {timeout_s:.0f}s"
+            raise ClusterUnreachable(
+                f"writing positions to {self.topic} failed: {cause}",
+                "the batch is copied again when the flow resumes; check the target cluster",
+            )
+
+    def close(self) -> None:
+        self._producer.flush(10)
+
+
+def legacy_progress(directory: Path) -> dict[tuple[str, int], int]:
+    """Where mirrorflow 0.x's at-least-once job stood: the next offset per source partition.
+
+    That job kept its positions in a Spark streaming checkpoint directory: ``offsets/<N>``
+    holds the end offsets of batch N (lines: ``v1``, the batch's metadata, then one JSON
+    object ``{"topic": {"partition": offset}}`` per source) and ``commits/<N>`` exists once
+    batch N was written. Returns the end offsets of the last committed batch, empty if none.
+    """
+    commits = directory / "commits"
+    done = (
+        sorted((int(p.name) for p in commits.glob("*") if p.name.isdigit()), reverse=True)
+        if commits.is_dir()
+        else []
+    )
+    for batch in done:
+        offsets = directory / "offsets" / str(batch)
+        try:
+            lines = offsets.read_text().splitlines()
+        except OSError:
+            continue
+        result: dict[tuple[str, int], int] = {}
+        for line in lines[2:]:
+            try:
+                source = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(source, dict):
+                for topic, partitions in source.items():
+                    for partition, offset in partitions.items():
+                        result[(topic, int(partition))] = int(offset)
+        return result
+    return {}

@@ -13,7 +13,6 @@ from pathlib import Path
 
 from mirrorflow.config.topology import Flow, load_topology
 from mirrorflow.errors import MirrorflowError
-from mirrorflow.mm2.policy import DefaultReplicationPolicy, IdentityReplicationPolicy
 from mirrorflow.replication.positions import offsets_topic
 
 
@@ -30,7 +29,6 @@ class MirrorSpec:
     target_client: dict[str, str] = field(repr=False)
     source_admin: dict[str, str] = field(repr=False)  # librdkafka admin settings
     target_admin: dict[str, str] = field(repr=False)
-    subscribe_pattern: str
     should_replicate: Callable[[str], bool]
     remote_topic: Callable[[str], str]
     replicate_config: Callable[[str], bool]
@@ -38,6 +36,8 @@ class MirrorSpec:
     heartbeats_topic: str = "heartbeats"
     emit_heartbeats: bool = True
     heartbeats_interval_s: float = 1.0
+    refresh_topics_enabled: bool = True
+    refresh_topics_interval_s: float = 600.0
     heartbeats_replication_factor: int = 3
     emit_offset_syncs: bool = True
     offset_syncs_topic: str = ""
@@ -45,18 +45,19 @@ class MirrorSpec:
     offset_syncs_replication_factor: int = 3
     max_offset_lag: int = 100
     offset_syncs_interval_ms: int = 5000  # held-back syncs (MirrorMaker 2: at offset flush)
-    checkpoint_dir: str = ""
+    flow_dir: str = ""  # the flow's local files: progress.json, the restart request
     starting_offsets: str = "earliest"  # earliest | latest | epoch milliseconds
-    trigger_interval: str = "1 second"
     retry_backoff_s: float = 2.0  # first wait after a cluster did not answer, doubling
     retry_backoff_max_s: float = 120.0
     max_records_per_batch: int = 500_000
-    # Exactly-once (``<target>.exactly.once.source.support = enabled``): positions commit with
-    # the copies, in Connect's offsets topic on the target.
+    # Positions live in Connect's offsets topic on the target, as MirrorMaker 2's. Exactly-once
+    # (``<target>.exactly.once.source.support = enabled``) commits them with the copies.
     exactly_once: bool = False
     offsets_topic: str = ""
+    offsets_partitions: int = 25
     offsets_replication_factor: int = 3
     target_consumer: dict[str, str] = field(default_factory=dict, repr=False)
+    source_consumer_client: dict[str, str] = field(default_factory=dict, repr=False)  # librdkafka
 
     @property
     def flow(self) -> str:
@@ -102,7 +103,6 @@ def spec_for_flow(
         target_client=flow.client_config("target.producer", librdkafka=True, label="mirror"),
         source_admin=flow.client_config("source.admin", librdkafka=True, label="mirror"),
         target_admin=flow.client_config("target.admin", librdkafka=True, label="mirror"),
-        subscribe_pattern=subscribe_pattern(flow),
         should_replicate=flow.should_replicate_topic,
         remote_topic=flow.remote_topic,
         replicate_config=flow.config_property_filter.should_replicate_config_property,
@@ -110,6 +110,8 @@ def spec_for_flow(
         heartbeats_topic=flow.policy.heartbeats_topic(),
         emit_heartbeats=bool(flow.setting("emit.heartbeats.enabled")),
         heartbeats_interval_s=float(flow.setting("emit.heartbeats.interval.seconds")),
+        refresh_topics_enabled=bool(flow.setting("refresh.topics.enabled")),
+        refresh_topics_interval_s=float(flow.setting("refresh.topics.interval.seconds")),
         heartbeats_replication_factor=int(flow.setting("heartbeats.topic.replication.factor")),
         emit_offset_syncs=bool(flow.setting("emit.offset-syncs.enabled")),
         offset_syncs_topic=flow.policy.offset_syncs_topic(
@@ -121,12 +123,16 @@ def spec_for_flow(
         offset_syncs_interval_ms=_worker_int(
             flow, "offset.flush.interval.ms", DEFAULT_HELD_BACK_SYNCS_INTERVAL_MS
         ),
-        checkpoint_dir=str(state_dir / f"{flow.source}-{flow.target}" / "checkpoint"),
+        flow_dir=str(state_dir / f"{flow.source}-{flow.target}"),
         starting_offsets=starting_offsets or reset,
         exactly_once=exactly_once,
         offsets_topic=offsets_topic(flow.source),
+        offsets_partitions=_worker_int(flow, "offset.storage.partitions", 25),
         offsets_replication_factor=_worker_int(flow, "offset.storage.replication.factor", 3),
         target_consumer=flow.client_config("target.consumer", librdkafka=True, label="mirror"),
+        source_consumer_client=flow.client_config(
+            "source.consumer", librdkafka=True, label="mirror"
+        ),
     )
 
 
@@ -162,28 +168,3 @@ def _exactly_once(flow: Flow, source_consumer: dict[str, str]) -> bool:
             f"(or {flow.name}.consumer.isolation.level), as MirrorMaker 2 requires",
         )
     return True
-
-
-def subscribe_pattern(flow: Flow) -> str:
-    """A Java regex for Spark's ``subscribePattern`` that matches every topic the flow may
-    replicate and, where cheap, none it may not: the include list minus the exclude list,
-    plus heartbeat topics, minus (default policy) topics named after the target.
-
-    It over-approximates; :meth:`Flow.should_replicate_topic` decides exactly per batch.
-    """
-    include = "|".join(flow.setting("topics"))
-    exclude = "|".join(flow.setting("topics.exclude"))
-    included = (
-        f"(?!(?:{exclude})$)(?:{include})" if exclude else f"(?:{include})" if include else "(?!)"
-    )
-    branches = [included]
-    if flow.setting("heartbeats.replication.enabled"):
-        branches.append(".*heartbeats")
-    pattern = "|".join(f"(?:{b})" for b in branches)
-    policy = flow.policy
-    if isinstance(policy, DefaultReplicationPolicy) and not isinstance(
-        policy, IdentityReplicationPolicy
-    ):
-        prefix = policy.format_remote_topic(flow.target, "")
-        pattern = f"(?!\\Q{prefix}\\E)(?:{pattern})"
-    return f"^{pattern}$"

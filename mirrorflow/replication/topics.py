@@ -69,6 +69,12 @@ _AUTH_ERRORS = (
 )
 
 
+def refused(exc: Exception) -> bool:
+    """Whether a failed admin call was refused (authentication or authorisation)."""
+    err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+    return err is not None and err.code() in _AUTH_ERRORS
+
+
 def cluster_error(admin: ClusterAdmin, action: str, exc: Exception) -> MirrorflowError:
     """A clear error for a failed admin call: authorisation, reachability, or other."""
     err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
@@ -79,7 +85,9 @@ def cluster_error(admin: ClusterAdmin, action: str, exc: Exception) -> Mirrorflo
             f"cluster {admin.alias} refused principal {admin.principal} while {action}: {text}",
             f"check the credentials and ACLs of {admin.principal} on {admin.alias}",
         )
-    if code in (KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN):
+    if code in (KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN) or (
+        err is not None and err.retriable()  # e.g. a leader moving after a broker restart
+    ):
         return ClusterUnreachable(
             f"cluster {admin.alias} did not answer while {action}: {text}",
             f"check {admin.alias}.bootstrap.servers and that the cluster is up",

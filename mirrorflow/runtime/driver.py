@@ -1,35 +1,46 @@
-"""The driver of a Spark mirror job: one flow ``S->T``, MirrorMaker 2's semantics.
+"""The driver of a mirror job: one flow ``S->T``, MirrorMaker 2's semantics, batch by batch.
 
-Spark's Kafka source reads every source topic that may be replicated (an anchored Java regex
-that over-approximates the flow's topic filter, so excluded topics are not even fetched) and
-keeps the read positions in the query's checkpoint. Each micro-batch then:
+The driver plans every batch itself, with Spark's public API only:
 
-1. lists the source topics and keeps those the flow replicates (filter, heartbeats, not
-   internal, no cycle), and creates or grows their remote topics on the target;
-2. copies the batch's records, same partition, key, value, headers and timestamp, in order:
+1. the flow's topics are listed (and their remote topics created or grown) at start and every
+   ``refresh.topics.interval.seconds``, as MirrorMaker 2 does;
+2. each source partition resumes from its position in ``mm2-offsets.<source>.internal`` on the
+   target, MirrorMaker 2's own record; a partition without one starts as ``auto.offset.reset``
+   (or ``--starting-offsets``) says;
+3. a batch is every partition's range from its position to its current end (at most
+   ``--max-records-per-batch`` records in all). When no partition has new records no Spark job
+   runs: a long-polling consumer on the driver waits for the next record, so a batch starts
+   as soon as one arrives;
+4. the ranges are copied, same partition, key, value, headers and timestamp, in order:
 
-   - **at-least-once** (the default): :data:`mirrorflow.runtime.jvm.COPIER_CLASS` copies the offset
-     ranges Spark planned for the batch on the executors, one task per source partition, with
-     Kafka's Java clients and without turning records into rows; from each copy's
-     acknowledgement it writes MirrorMaker 2's offset syncs (its ``OffsetSyncWriter`` rule), so
-     a sync never points at data that is not there;
-   - **exactly-once**: :func:`mirrorflow.runtime.eos_writer.copy_records` in the Python workers
-     commits each source partition's copies and its position in one Kafka transaction; the
-     driver then writes the offset syncs the copy produced.
+   - **at-least-once** (the default): :data:`mirrorflow.runtime.jvm.COPIER_CLASS` copies them on
+     the executors with Kafka's Java clients, one task per range, and writes MirrorMaker 2's
+     offset syncs from the acknowledgements; once every copy is acknowledged the driver writes
+     the batch's positions;
+   - **exactly-once**: Spark's Kafka batch source reads the ranges and
+     :func:`mirrorflow.runtime.eos_writer.copy_records` commits each partition's copies and its
+     position in one Kafka transaction; the driver then writes the offset syncs.
 
-Spark records a batch as done only after it was written, so a crash anywhere replays the batch:
-records may be copied twice (at-least-once), never lost, and every sync stays exact because it
-pairs a record with the offset of the copy that was acknowledged.
+A crash anywhere copies the unacknowledged batch again (at-least-once), never loses a record,
+and every offset sync stays exact because it pairs a record with the acknowledged offset of its
+copy. A stop request (SIGTERM, SIGINT, the stop file) takes effect when the batch in progress
+ends. Heartbeats are written to the target only, as MirrorMaker 2 writes them.
+
+A mirrorflow 0.x job kept at-least-once positions in a Spark streaming checkpoint
+(``S-T/checkpoint``); they are moved into the offsets topic once, at the first start.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import re
 import signal
 import threading
 import time
 import zipfile
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,28 +48,43 @@ from mirrorflow.config.librdkafka import principal
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
 from mirrorflow.mm2.formats import OffsetSync
 from mirrorflow.replication.heartbeats import HeartbeatEmitter
-from mirrorflow.replication.positions import OFFSETS_TOPIC_PARTITIONS, SourceOffsetReader
+from mirrorflow.replication.positions import PositionWriter, SourceOffsetReader, legacy_progress
+from mirrorflow.replication.scheduler import Scheduler
 from mirrorflow.replication.spec import MirrorSpec
-from mirrorflow.replication.topics import ClusterAdmin, RemoteTopics, ensure_internal_topic
+from mirrorflow.replication.topics import (
+    ClusterAdmin,
+    RemoteTopics,
+    cluster_error,
+    ensure_internal_topic,
+    refused,
+)
 from mirrorflow.runtime import eos_writer as mirror_writer
 from mirrorflow.runtime import jvm
 from mirrorflow.runtime.spark_session import kafka_options
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
-    from pyspark.sql.streaming import StreamingQuery
 
 log = logging.getLogger("mirrorflow.mirror")
 
+Partition = tuple[str, int]
+LEGACY_PROGRESS = "checkpoint"  # mirrorflow 0.x: Spark's streaming checkpoint of the flow
+PROGRESS_FILE = "progress.json"
+RESTART_FILE = "restart"
+DOORBELL_WAIT_S = 0.5
+
 
 class MirrorJob:
-    """Runs one flow as a Spark structured streaming query until told to stop."""
+    """Runs one flow, batch after batch, until told to stop."""
 
     def __init__(self, spark: SparkSession, spec: MirrorSpec) -> None:
         from confluent_kafka import Producer
 
         self.spark, self.spec = spark, spec
         self._stop_requested = threading.Event()
+        self._stop_logged = False
+        self._parent = os.getppid()
+        self._stop_file: Path | None = None
         self.admins = {
             alias: ClusterAdmin(alias, conf)
             for alias, conf in ((spec.source, spec.source_admin), (spec.target, spec.target_admin))
@@ -86,13 +112,24 @@ class MirrorJob:
             "queue.buffering.max.kbytes": 262_144,
             "message.max.bytes": 1_000_000_000,
         }
-        self.heartbeats: HeartbeatEmitter | None = None
-        self.positions: SourceOffsetReader | None = None
+        self.mapping: dict[str, str] = {}  # replicated source topic -> remote topic
+        self.positions: dict[Partition, int] = {}  # next offset to copy
+        self.reader: SourceOffsetReader | None = None
+        self.writer: PositionWriter | None = None
+        self.doorbell: Doorbell | None = None
+        self.scheduler: Scheduler | None = None
+        self.batches = 0
+        self.copied = [0, 0]  # records, bytes since start
+        self._once_ends: dict[Partition, int] | None = None
         self._copier_settings_cache: tuple | None = None
+
+    @property
+    def flow_dir(self) -> Path:
+        return Path(self.spec.flow_dir)
 
     # -- lifecycle -----------------------------------------------------------------------
     def prepare(self) -> None:
-        """Check both clusters and create the internal topics before reading anything."""
+        """Check both clusters, create the internal topics and load the flow's positions."""
         spec = self.spec
         for admin in self.admins.values():
             admin.metadata()
@@ -104,121 +141,148 @@ class MirrorJob:
                 "offset-syncs.topic.replication.factor",
             )
         if spec.emit_heartbeats:
-            for alias in (spec.source, spec.target):
-                ensure_internal_topic(
-                    self.admins[alias],
-                    spec.heartbeats_topic,
-                    spec.heartbeats_replication_factor,
-                    "heartbeats.topic.replication.factor",
-                )
-        if spec.exactly_once:
             ensure_internal_topic(
                 self.admins[spec.target],
-                spec.offsets_topic,
-                spec.offsets_replication_factor,
-                "offset.storage.replication.factor",
-                partitions=OFFSETS_TOPIC_PARTITIONS,
+                spec.heartbeats_topic,
+                spec.heartbeats_replication_factor,
+                "heartbeats.topic.replication.factor",
             )
-            self.positions = SourceOffsetReader(
+        ensure_internal_topic(
+            self.admins[spec.target],
+            spec.offsets_topic,
+            spec.offsets_replication_factor,
+            "offset.storage.replication.factor",
+            partitions=spec.offsets_partitions,
+        )
+        if self.reader is None:
+            self.reader = SourceOffsetReader(
                 spec.target_consumer, spec.target_admin, spec.offsets_topic, spec.source
             )
-        self.remote_topics.prepare()
+            self.writer = PositionWriter(spec.target_client, spec.offsets_topic, spec.source)
+        self.mapping = self.remote_topics.prepare()
+        self.positions = self._stored_positions()
 
-    def start(self, once: bool = False) -> StreamingQuery:
-        """Prepare the clusters and start the streaming query (and the heartbeats)."""
-        self.prepare()
-        self._ship_library()
-        spec = self.spec
-        reader = (
-            self.spark.readStream.format("kafka")
-            .options(**kafka_options(spec.source_consumer))
-            .option("subscribePattern", spec.subscribe_pattern)
-            .option("includeHeaders", "true")
-            .option("failOnDataLoss", "false")
-            .option("maxOffsetsPerTrigger", str(spec.max_records_per_batch))
-        )
-        if spec.starting_offsets.isdigit():
-            reader = reader.option("startingTimestamp", spec.starting_offsets)
-        else:
-            reader = reader.option("startingOffsets", spec.starting_offsets)
-        writer = (
-            reader.load()
-            .writeStream.queryName(f"mirror {spec.flow}")
-            .option("checkpointLocation", spec.checkpoint_dir)
-            .foreachBatch(self._copy_batch)
-        )
-        writer = (
-            writer.trigger(availableNow=True)
-            if once
-            else writer.trigger(processingTime=spec.trigger_interval)
-        )
-        if spec.emit_heartbeats:
-            self.heartbeats = HeartbeatEmitter(
-                spec.source,
-                spec.target,
-                self.producers,
-                spec.heartbeats_topic,
-                spec.heartbeats_interval_s,
+    def _stored_positions(self) -> dict[Partition, int]:
+        """Where each partition resumes: its stored position, migrated or restarted once."""
+        assert self.reader is not None and self.writer is not None
+        stored = {tp: last + 1 for tp, last in self.reader.read_to_end().items()}
+        restart = self.flow_dir / RESTART_FILE
+        if restart.exists():
+            starts = self._starts(self._partitions())
+            self.writer.write(starts)
+            log.warning(
+                "%s: restart requested: %d partitions start over from %s (their earlier "
+                "positions are overwritten)",
+                self.spec.flow,
+                len(starts),
+                self.spec.starting_offsets,
             )
-            self.heartbeats.beat()
-            self.heartbeats.start()
-        return writer.start()
+            restart.unlink(missing_ok=True)
+            return starts
+        legacy = self.flow_dir / LEGACY_PROGRESS
+        if legacy.is_dir():
+            migrated = {tp: o for tp, o in legacy_progress(legacy).items() if tp not in stored}
+            if migrated:
+                self.writer.write(migrated)
+                stored.update(migrated)
+            stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+            legacy.rename(legacy.with_name(f"{LEGACY_PROGRESS}.migrated-{stamp}"))
+            log.warning(
+                "%s: moved the positions of %d partitions from %s to %s (once)",
+                self.spec.flow,
+                len(migrated),
+                legacy,
+                self.spec.offsets_topic,
+            )
+        return stored
 
     def run(self, once: bool = False, stop_file: Path | None = None) -> None:
-        """Run until the query ends, SIGTERM/SIGINT arrives or ``stop_file`` appears.
+        """Run until everything available is copied (``once``), SIGTERM/SIGINT arrives or
+        ``stop_file`` appears.
 
-        A stop request lets the batch in progress finish, then stops the query. A cluster that
+        A stop request lets the batch in progress finish, then ends the job. A cluster that
         does not answer (at start or mid-run) is retried with exponential backoff, each retry
-        logged; the query then resumes from its checkpoint. Other errors end the run.
+        logged; the flow then resumes from its positions. Other errors end the run.
         """
         import tenacity
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self._stop_requested.set())
+        self._stop_file = stop_file
         retrying = tenacity.Retrying(
             retry=tenacity.retry_if_exception_type(ClusterUnreachable),
             wait=tenacity.wait_exponential_jitter(
                 initial=self.spec.retry_backoff_s, max=self.spec.retry_backoff_max_s
             ),
-            sleep=lambda seconds: self._sleep_unless_stopped(seconds, stop_file),
+            sleep=self._sleep_unless_stopped,
             before_sleep=self._log_retry,
             reraise=True,
         )
-        retrying(self._run_query, once, stop_file)
+        retrying(self._run_batches, once)
 
-    def _run_query(self, once: bool, stop_file: Path | None) -> None:
+    def stopping(self) -> bool:
+        """Whether a stop was requested (checked between batches: a stop ends the job once
+        the batch in progress is copied)."""
+        if self._stop_file is not None and self._stop_file.exists():
+            self._stop_requested.set()
+        if os.getppid() != self._parent:  # spark-submit's JVM, and with it Spark, is gone
+            log.warning("%s: the spark-submit process that ran this job is gone", self.spec.flow)
+            self._stop_requested.set()
+        if self._stop_requested.is_set() and not self._stop_logged:
+            self._stop_logged = True
+            log.info("stop requested: %s ends after batch %d", self.spec.flow, self.batches)
+        return self._stop_requested.is_set()
+
+    def _run_batches(self, once: bool) -> None:
         from confluent_kafka import KafkaException
-        from pyspark.errors import StreamingQueryException
 
-        if self._stop_requested.is_set():
+        if self.stopping():
             return
-        query = self.start(once=once)
+        self.prepare()
+        self._ship_library()
+        spec = self.spec
+        self.scheduler = Scheduler(spec.flow)
+        if spec.emit_heartbeats:
+            heartbeats = HeartbeatEmitter(
+                spec.source,
+                spec.target,
+                {spec.target: self.producers[spec.target]},
+                spec.heartbeats_topic,
+            )
+            self.scheduler.run_now(
+                self.scheduler.add("heartbeats", spec.heartbeats_interval_s, heartbeats.beat)
+            )
+        if spec.refresh_topics_enabled and not once:
+            self.scheduler.add(
+                "refresh-topics", spec.refresh_topics_interval_s, self._refresh_topics
+            )
+        self.scheduler.start()
+        self.doorbell = Doorbell(spec.source_consumer_client, spec.flow)
+        if once:
+            self._once_ends = self._ends(self._partitions())
         try:
-            while query.isActive:
-                if stop_file is not None and stop_file.exists():
-                    self._stop_requested.set()
-                if self._stop_requested.is_set():
-                    self._stop_after_current_batch(query)
+            while not self.stopping():
+                if self.scheduler.error is not None:
+                    raise self.scheduler.error
+                ranges = self._plan()
+                if ranges:
+                    self._copy(ranges)
+                elif once:
                     break
-                query.awaitTermination(1.0)
-            if query.exception() is not None:
-                raise _query_error(self.spec, query.exception())
-        except StreamingQueryException as exc:
-            raise _query_error(self.spec, exc) from None
+                else:
+                    self.doorbell.wait(self.positions, DOORBELL_WAIT_S)
         finally:
-            if self.heartbeats is not None:
-                self.heartbeats.stop()
+            self.scheduler.stop()
+            self.doorbell.close()
             for alias, producer in self.producers.items():
                 try:
                     producer.flush(10)
-                except KafkaException as exc:  # the query's own error, if any, says more
-                    log.warning("%s: the producer of %s failed: %s", self.spec.flow, alias, exc)
+                except KafkaException as exc:  # the batch's own error, if any, says more
+                    log.warning("%s: the producer of %s failed: %s", spec.flow, alias, exc)
 
-    def _sleep_unless_stopped(self, seconds: float, stop_file: Path | None) -> None:
+    def _sleep_unless_stopped(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline and not self._stop_requested.is_set():
-            if stop_file is not None and stop_file.exists():
-                self._stop_requested.set()
+        while time.monotonic() < deadline and not self.stopping():
             time.sleep(0.2)
 
     def _log_retry(self, state) -> None:
@@ -230,59 +294,190 @@ class MirrorJob:
             state.attempt_number,
         )
 
-    def _stop_after_current_batch(self, query: StreamingQuery) -> None:
-        log.info("stop requested: finishing the batch in progress of %s", self.spec.flow)
-        deadline = time.monotonic() + 600
-        while (
-            query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline
-        ):
-            time.sleep(0.2)
-        query.stop()
-
     def _ship_library(self) -> None:
         """Ship the mirrorflow package to the executors (a cluster's workers may lack it)."""
-        package = Path(mirror_writer.__file__).parent
-        archive = (
-            Path(self.spec.checkpoint_dir).parent
-            / f"mirrorflow-lib-{self.spec.source}-{self.spec.target}.zip"
-        )
+        package = Path(mirror_writer.__file__).parent.parent
+        archive = self.flow_dir / "mirrorflow-lib.zip"
         archive.parent.mkdir(parents=True, exist_ok=True)
         with zipfile.ZipFile(archive, "w") as zf:
             for path in sorted(package.rglob("*.py")):
                 zf.write(path, path.relative_to(package.parent))
         self.spark.sparkContext.addPyFile(str(archive))
 
-    # -- one micro-batch ---------------------------------------------------------------------
-    def _copy_batch(self, batch: DataFrame, batch_id: int) -> None:
+    # -- planning ------------------------------------------------------------------------------
+    def _refresh_topics(self) -> None:
+        """The scheduler's ``refresh-topics`` task: new topics and partitions join the flow."""
         mapping = self.remote_topics.prepare()
-        if self.spec.exactly_once:
-            records, size, syncs = self._copy_in_transactions(batch, mapping)
-            log.info(
-                "%s batch %d: %d records, %d bytes, %d offset syncs",
-                self.spec.flow,
-                batch_id,
-                records,
-                size,
-                syncs,
-            )
-        else:
-            copied = self._copy_with_copier(batch, batch_id, mapping)
-            log.info("%s batch %d: %s", self.spec.flow, batch_id, copied)
+        added = sorted(set(mapping) - set(self.mapping))
+        if added:
+            log.info("%s: new topics to replicate: %s", self.spec.flow, ", ".join(added))
+        self.mapping = mapping
 
-    def _copy_with_copier(self, batch: DataFrame, batch_id: int, mapping: dict[str, str]) -> str:
-        """At-least-once: the JVM copier copies the offset ranges Spark planned for the batch
-        and writes the offset syncs. Returns what it copied, for the log."""
+    def _partitions(self) -> list[Partition]:
+        counts = self.remote_topics.source_partitions
+        return [(t, p) for t in sorted(self.mapping) for p in range(counts.get(t, 0))]
+
+    def _offsets(self, partitions: list[Partition], spec_of) -> dict[Partition, int]:
+        from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
+
+        if not partitions:
+            return {}
+        admin = self.admins[self.spec.source]
+        committed = self.spec.source_consumer.get("isolation.level") == "read_committed"
+        isolation = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
+        futures = admin.client.list_offsets(
+            {TopicPartition(t, p): spec_of(t, p) for t, p in partitions},
+            isolation_level=isolation,
+            request_timeout=30,
+        )
+        result = {}
+        for tp, future in futures.items():
+            try:
+                result[(tp.topic, tp.partition)] = future.result().offset
+            except KafkaException as exc:
+                error = cluster_error(admin, f"listing offsets of {tp.topic}", exc)
+                if isinstance(error, ClusterUnreachable) or refused(exc):
+                    raise error from None
+                # Leaders move while a broker restarts: retried like an unreachable cluster.
+                raise ClusterUnreachable(
+                    error.message, f"check that {self.spec.source} is up; retrying"
+                ) from None
+        return result
+
+    def _ends(self, partitions: list[Partition]) -> dict[Partition, int]:
+        from confluent_kafka.admin import OffsetSpec
+
+        return self._offsets(partitions, lambda t, p: OffsetSpec.latest())
+
+    def _starts(self, partitions: list[Partition]) -> dict[Partition, int]:
+        """Where partitions without a position start: ``auto.offset.reset`` or a time."""
+        from confluent_kafka.admin import OffsetSpec
+
+        start = self.spec.starting_offsets
+        if start.isdigit():
+            at = self._offsets(partitions, lambda t, p: OffsetSpec.for_timestamp(int(start)))
+            ends = self._ends([tp for tp, o in at.items() if o < 0])
+            return {tp: (o if o >= 0 else ends[tp]) for tp, o in at.items()}
+        spec = OffsetSpec.latest() if start == "latest" else OffsetSpec.earliest()
+        return self._offsets(partitions, lambda t, p: spec)
+
+    def _plan(self) -> list[tuple[Partition, int, int]]:
+        """The next batch: (partition, from, until) with records, at most the batch's size."""
+        partitions = self._partitions()
+        new = [tp for tp in partitions if tp not in self.positions]
+        if new:
+            self.positions.update(self._starts(new))
+        ends = self._once_ends if self._once_ends is not None else self._ends(partitions)
+        pending = {}
+        for tp in partitions:
+            end, position = ends.get(tp, 0), self.positions[tp]
+            if position > end:
+                restart = self._starts([tp])[tp]
+                log.warning(
+                    "%s: %s-%d ends at %d, before its position %d (topic re-created or "
+                    "truncated); copying from %d",
+                    self.spec.flow,
+                    tp[0],
+                    tp[1],
+                    end,
+                    position,
+                    restart,
+                )
+                self.positions[tp] = position = restart
+            if end > position:
+                pending[tp] = end - position
+        total, cap = sum(pending.values()), self.spec.max_records_per_batch
+        ranges = []
+        for tp, count in sorted(pending.items()):
+            take = count if total <= cap else max(1, count * cap // total)
+            ranges.append((tp, self.positions[tp], self.positions[tp] + take))
+        return ranges
+
+    # -- one batch -----------------------------------------------------------------------------
+    def _copy(self, ranges: list[tuple[Partition, int, int]]) -> None:
+        mapping = self.mapping
+        self.batches += 1
+        started = time.monotonic()
+        if self.spec.exactly_once:
+            try:
+                records, size, syncs = self._copy_in_transactions(self._read(ranges), mapping)
+            except MirrorflowError:
+                raise
+            except Exception as exc:  # Spark's error: its text holds the copy's message
+                raise batch_error(self.spec, exc) from None
+            done = f"{records} records, {size} bytes, {syncs} offset syncs"
+        else:
+            records, size = self._copy_with_copier(ranges, mapping)
+            done = f"{records} records, {size} bytes"
+            assert self.writer is not None
+            self.writer.write({tp: until for tp, _start, until in ranges})
+        for tp, _start, until in ranges:
+            self.positions[tp] = until
+        self.copied[0] += records
+        self.copied[1] += size
+        elapsed = time.monotonic() - started
+        log.info(
+            "%s batch %d: %s from %d partitions in %.3f s",
+            self.spec.flow,
+            self.batches,
+            done,
+            len(ranges),
+            elapsed,
+        )
+        self._write_progress(elapsed)
+
+    def _write_progress(self, elapsed: float) -> None:
+        """``S-T/progress.json``: the flow's progress, for people and for Airflow."""
+        progress = {
+            "flow": self.spec.flow,
+            "batches": self.batches,
+            "records": self.copied[0],
+            "bytes": self.copied[1],
+            "last_batch_seconds": round(elapsed, 3),
+            "updated": datetime.now(UTC).isoformat(timespec="seconds"),
+            "tasks": self.scheduler.stats() if self.scheduler else {},
+        }
+        path = self.flow_dir / PROGRESS_FILE
+        partial = path.with_suffix(".partial")
+        partial.write_text(json.dumps(progress, indent=1) + "\n")
+        partial.replace(path)
+
+    def _read(self, ranges: list[tuple[Partition, int, int]]) -> DataFrame:
+        """The ranges as a DataFrame of Spark's Kafka batch source (exactly-once)."""
+        assign: dict[str, list[int]] = {}
+        starts: dict[str, dict[str, int]] = {}
+        ends: dict[str, dict[str, int]] = {}
+        for (topic, partition), start, until in ranges:
+            assign.setdefault(topic, []).append(partition)
+            starts.setdefault(topic, {})[str(partition)] = start
+            ends.setdefault(topic, {})[str(partition)] = until
+        return (
+            self.spark.read.format("kafka")
+            .options(**kafka_options(self.spec.source_consumer))
+            .option("assign", json.dumps(assign))
+            .option("startingOffsets", json.dumps(starts))
+            .option("endingOffsets", json.dumps(ends))
+            .option("includeHeaders", "true")
+            .option("failOnDataLoss", "false")
+            .load()
+        )
+
+    def _copy_with_copier(
+        self, ranges: list[tuple[Partition, int, int]], mapping: dict[str, str]
+    ) -> tuple[int, int]:
+        """At-least-once: the JVM copier copies the ranges and writes the offset syncs.
+        Returns (records, bytes) copied."""
         context = self.spark.sparkContext
         copier = getattr(context._jvm, jvm.COPIER_CLASS)
-        ranges = copier.plannedRanges(batch._jdf)
-        if len(ranges) == 0:
-            return "nothing new"
-        context.setJobDescription(f"mirror {self.spec.flow} batch {batch_id}")
+        lines = [f"{t}\t{p}\t{start}\t{until}" for (t, p), start, until in ranges]
+        context.setJobDescription(f"mirror {self.spec.flow} batch {self.batches}")
         try:
-            copied = copier.copy(context._jsc, ranges, self._copier_settings(mapping))
+            copied = copier.copy(context._jsc, lines, self._copier_settings(mapping))
+        except Exception as exc:  # py4j's error: its text holds the copier's message
+            raise batch_error(self.spec, exc) from None
         finally:
             context.setJobDescription(None)
-        return f"{copied[0]} records, {copied[1]} bytes from {len(ranges)} partitions"
+        return int(copied[0]), int(copied[1])
 
     def _copier_settings(self, mapping: dict[str, str]):
         """The copier's settings (see ``MirrorCopier``'s documentation) as a Java map, built
@@ -334,7 +529,6 @@ class MirrorJob:
         from pyspark.sql import functions as F
 
         spec = self.spec
-        assert self.positions is not None
         settings = mirror_writer.CopySettings(
             source_alias=spec.source,
             target_alias=spec.target,
@@ -343,7 +537,7 @@ class MirrorJob:
             max_message_bytes=dict(self.remote_topics.max_message_bytes),
             max_offset_lag=spec.max_offset_lag,
             transactional_id_prefix=f"mirrorflow-{spec.source}->{spec.target}",
-            committed=self.positions.read_to_end(),
+            committed={tp: position - 1 for tp, position in self.positions.items()},
             offsets_topic=spec.offsets_topic,
             consumer_config=spec.target_consumer,
             admin_config=spec.target_admin,
@@ -421,11 +615,11 @@ _KAFKA_CAUSE = re.compile(r"org\.apache\.kafka\.common\.errors\.\w+: .*")
 _DRIVER_ERROR = re.compile(r"mirrorflow\.errors\.(MirrorflowError|ClusterUnreachable): (.*)")
 
 
-def _query_error(spec: MirrorSpec, exc) -> MirrorflowError:
-    """The first line a user needs from a failed query (a copy error names the record); a
+def batch_error(spec: MirrorSpec, exc) -> MirrorflowError:
+    """The first line a user needs from a failed batch (a copy error names the record); a
     cluster that did not answer gives :class:`ClusterUnreachable`, which is retried."""
-    text = str(exc.desc if hasattr(exc, "desc") else exc)
-    driver = _DRIVER_ERROR.search(text)  # raised by this driver inside foreachBatch
+    text = str(exc)
+    driver = _DRIVER_ERROR.search(text)  # raised by mirrorflow's code on an executor
     if driver:
         kind = ClusterUnreachable if driver.group(1) == "ClusterUnreachable" else MirrorflowError
         return kind(f"flow {spec.flow} stopped: {driver.group(2).strip()}")
@@ -446,3 +640,56 @@ def _query_error(spec: MirrorSpec, exc) -> MirrorflowError:
             f"check that {spec.source} and {spec.target} are up and reachable",
         )
     return MirrorflowError(f"flow {spec.flow} stopped: {first[:500]}", "see the job's log")
+
+
+class Doorbell:
+    """Waits, on the driver, for the next record of any of a flow's source partitions.
+
+    A consumer without a group (nothing is committed) is assigned to the flow's positions and
+    long-polls the source: :meth:`wait` returns as soon as a record arrives, and costs nothing
+    while none does. Transaction markers and aborted records (``read_committed``) never ring.
+    """
+
+    def __init__(self, consumer_config: dict[str, str], flow: str) -> None:
+        from confluent_kafka import Consumer
+
+        config = {
+            k: v for k, v in consumer_config.items() if k not in ("group.id", "auto.offset.reset")
+        }
+        self._consumer = Consumer(
+            {
+                **config,
+                "group.id": f"mirrorflow-doorbell-{flow}",  # never joined nor committed
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "auto.offset.reset": "latest",
+                "max.partition.fetch.bytes": 65536,
+                "queued.max.messages.kbytes": 1024,
+            }
+        )
+        self._assigned: dict[Partition, int] = {}
+
+    def wait(self, positions: dict[Partition, int], timeout_s: float) -> bool:
+        """Whether a record at or past ``positions`` arrived within ``timeout_s``."""
+        from confluent_kafka import TopicPartition
+
+        if positions != self._assigned:
+            self._consumer.assign([TopicPartition(t, p, o) for (t, p), o in positions.items()])
+            self._assigned = dict(positions)
+        if not positions:
+            time.sleep(timeout_s)
+            return False
+        started = time.monotonic()
+        message = self._consumer.poll(timeout_s)
+        if message is None:
+            return False
+        if message.error() is not None:  # e.g. a broker away: wait as long as asked anyway
+            log.debug("doorbell: %s", message.error())
+            time.sleep(max(0.0, timeout_s - (time.monotonic() - started)))
+            return False
+        # Seen, not consumed: assign again at the positions before the next wait.
+        self._assigned = {}
+        return True
+
+    def close(self) -> None:
+        self._consumer.close()

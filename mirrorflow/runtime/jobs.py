@@ -3,7 +3,9 @@
 Per flow ``S->T``, under the flows state directory (``$MIRRORFLOW_STATE/flows`` by default, the
 job's own default)::
 
-    S-T/checkpoint/   Spark's progress (read positions): a restarted job resumes from it
+    S-T/progress.json the job's progress (batches, records, its periodic tasks); the positions
+                      themselves live in ``mm2-offsets.<source>.internal`` on the target
+    S-T/restart       a restart request: the job's next start begins at the requested position
     S-T/stop          the stop file: once it exists the job finishes its batch, then exits
     S-T/job.json      the running job: its process id (the leader of its own process group)
 
@@ -25,7 +27,6 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
 from mirrorflow import paths
@@ -33,7 +34,8 @@ from mirrorflow.errors import MirrorflowError
 from mirrorflow.runtime import launch
 
 PID_FILE = "job.json"
-CHECKPOINT = "checkpoint"
+PROGRESS_FILE = "progress.json"  # as the driver writes it
+RESTART_FILE = "restart"  # as the driver reads it
 KILL_WAIT = 10.0  # seconds between SIGTERM and SIGKILL to a job that outlived its grace period
 
 Log = Callable[[str], None]
@@ -82,8 +84,12 @@ class JobFiles:
         return self.directory / PID_FILE
 
     @property
-    def checkpoint(self) -> Path:
-        return self.directory / CHECKPOINT
+    def progress_file(self) -> Path:
+        return self.directory / PROGRESS_FILE
+
+    @property
+    def restart_file(self) -> Path:
+        return self.directory / RESTART_FILE
 
     def request_stop(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -124,16 +130,14 @@ class JobFiles:
         return str(self.stop_file).encode() in argv
 
     def has_progress(self) -> bool:
-        return self.checkpoint.is_dir() and any(self.checkpoint.iterdir())
+        """Whether the flow's job copied at least one batch here."""
+        return self.progress_file.exists()
 
-    def archive_checkpoint(self) -> Path | None:
-        """Move the job's progress aside (kept, not deleted); return where it went."""
-        if not self.checkpoint.exists():
-            return None
-        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-        target = self.directory / f"{CHECKPOINT}.discarded-{stamp}"
-        self.checkpoint.rename(target)
-        return target
+    def request_restart(self) -> None:
+        """Ask the job's next start to begin at its start position, not at its positions
+        (it overwrites them in the offsets topic, then removes the request)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.restart_file.touch()
 
 
 def process_alive(pid: int) -> bool:

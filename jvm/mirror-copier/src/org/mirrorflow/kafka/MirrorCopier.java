@@ -2,11 +2,11 @@ package org.mirrorflow.kafka;
 
 import java.nio.charset.StandardCharsets;
 import java.time.Duration;
-import java.util.ArrayDeque;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.TreeSet;
 import java.util.concurrent.atomic.AtomicReference;
 import org.apache.kafka.clients.consumer.ConsumerConfig;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
@@ -21,32 +21,27 @@ import org.apache.kafka.common.errors.AuthorizationException;
 import org.apache.kafka.common.header.Header;
 import org.apache.kafka.common.serialization.ByteArrayDeserializer;
 import org.apache.kafka.common.serialization.ByteArraySerializer;
-import org.apache.spark.Dependency;
-import org.apache.spark.Partition;
+import org.apache.spark.SparkExecutorInfo;
+import org.apache.spark.api.java.JavaRDD;
 import org.apache.spark.api.java.JavaSparkContext;
 import org.apache.spark.api.java.function.Function;
-import org.apache.spark.sql.connector.read.InputPartition;
-import org.apache.spark.rdd.RDD;
-import org.apache.spark.sql.execution.RDDScanExec;
-import org.apache.spark.sql.execution.SparkPlan;
-import org.apache.spark.sql.execution.datasources.v2.DataSourceRDD;
-import org.apache.spark.sql.execution.datasources.v2.DataSourceRDDPartition;
-import org.apache.spark.sql.execution.datasources.v2.MicroBatchScanExec;
-import org.apache.spark.sql.kafka010.KafkaBatchInputPartition;
-import org.apache.spark.sql.kafka010.KafkaOffsetRange;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
+import scala.Tuple2;
 import scala.jdk.javaapi.CollectionConverters;
+import scala.reflect.ClassTag;
+import scala.reflect.ClassTag$;
 
 /**
- * mirrorflow's at-least-once copy: Spark's Kafka source plans each micro-batch (which offsets of
- * which partitions, kept in the query's checkpoint), and the executors copy those offset ranges
- * with Kafka's own Java clients, record for record, without turning them into Spark rows.
+ * mirrorflow's at-least-once copy: the mirror job's driver plans each batch (which offsets of
+ * which source partitions, from the flow's positions to the partitions' ends), and the executors
+ * copy those offset ranges with Kafka's own Java clients, record for record, without turning them
+ * into Spark rows. Only Spark's public RDD API is used.
  *
  * <p>Each copy keeps its source record's partition, key, value, headers and timestamp. The
  * acknowledgement of each copy gives its exact downstream offset to the {@link OffsetSyncWriter}.
  * A task ends when every copy of its range is acknowledged; a failed copy fails the task, so
- * Spark never commits a micro-batch whose copies are not all on the target.
+ * the driver never records a position whose copies are not all on the target.
  *
  * <p>The settings are one flat map of strings: {@code consumer.*} and {@code producer.*} (Java
  * client properties of the source consumer and the target producer), {@code topic.<source>}
@@ -65,69 +60,13 @@ public final class MirrorCopier {
   private MirrorCopier() {}
 
   /**
-   * The offset ranges Spark's Kafka source planned for a micro-batch, as {@code
-   * topic\tpartition\tfrom\tuntil} (empty ranges left out). {@code batch} is the DataFrame
-   * {@code foreachBatch} was given: its plan scans the RDD of the micro-batch's own plan, whose
-   * partitions are the source's input partitions. Nothing is read.
-   */
-  public static List<String> plannedRanges(org.apache.spark.sql.Dataset<?> batch) {
-    SparkPlan plan =
-        ((org.apache.spark.sql.classic.Dataset<?>) batch).queryExecution().executedPlan();
-    List<String> ranges = new ArrayList<>();
-    boolean found = false;
-    for (SparkPlan leaf : CollectionConverters.asJava(plan.collectLeaves())) {
-      if (leaf instanceof MicroBatchScanExec scan) {
-        found = true;
-        for (InputPartition partition : CollectionConverters.asJava(scan.inputPartitions())) {
-          addRange(ranges, partition);
-        }
-      } else if (leaf instanceof RDDScanExec scan) {
-        ArrayDeque<RDD<?>> lineage = new ArrayDeque<>(List.of(scan.rdd()));
-        while (!lineage.isEmpty()) {
-          RDD<?> rdd = lineage.pop();
-          if (rdd instanceof DataSourceRDD) {
-            found = true;
-            for (Partition partition : rdd.partitions()) {
-              scala.Option<InputPartition> input =
-                  ((DataSourceRDDPartition) partition).inputPartition();
-              if (input.isDefined()) {
-                addRange(ranges, input.get());
-              }
-            }
-          } else {
-            for (Dependency<?> dependency : CollectionConverters.asJava(rdd.dependencies())) {
-              lineage.push(dependency.rdd());
-            }
-          }
-        }
-      }
-    }
-    if (!found) {
-      throw new IllegalStateException("no Kafka micro-batch scan in the plan:\n" + plan);
-    }
-    return ranges;
-  }
-
-  private static void addRange(List<String> ranges, InputPartition partition) {
-    if (!(partition instanceof KafkaBatchInputPartition kafka)) {
-      throw new IllegalStateException("not a Kafka micro-batch: " + partition.getClass());
-    }
-    KafkaOffsetRange range = kafka.offsetRange();
-    if (range.untilOffset() > range.fromOffset()) {
-      ranges.add(
-          range.topicPartition().topic()
-              + "\t"
-              + range.topicPartition().partition()
-              + "\t"
-              + range.fromOffset()
-              + "\t"
-              + range.untilOffset());
-    }
-  }
-
-  /**
-   * Copies {@code ranges} (from {@link #plannedRanges}) on the executors, one task per range.
-   * Returns {records copied, bytes of their keys, values and headers}.
+   * Copies {@code ranges} ({@code topic\tpartition\tfrom\tuntil}, planned by the driver) on the
+   * executors, one task per range. Returns {records copied, bytes of their keys, values and
+   * headers}.
+   *
+   * <p>On a cluster with executors on several hosts, each source partition prefers the same host
+   * batch after batch (a hash of its name), so the executor's cached consumer carries on from the
+   * records it already fetched.
    */
   public static long[] copy(JavaSparkContext spark, List<String> ranges, Map<String, String> settings) {
     long[] total = new long[2];
@@ -135,11 +74,44 @@ public final class MirrorCopier {
       return total;
     }
     HashMap<String, String> shipped = new HashMap<>(settings);
-    for (long[] copied : spark.parallelize(ranges, ranges.size()).map(new CopyRange(shipped)).collect()) {
+    for (long[] copied : rangesRdd(spark, ranges).map(new CopyRange(shipped)).collect()) {
       total[0] += copied[0];
       total[1] += copied[1];
     }
     return total;
+  }
+
+  /** The ranges as an RDD of one partition each, with a preferred host per source partition. */
+  private static JavaRDD<String> rangesRdd(JavaSparkContext spark, List<String> ranges) {
+    List<String> hosts = executorHosts(spark);
+    if (hosts.size() < 2) {
+      return spark.parallelize(ranges, ranges.size());
+    }
+    List<Tuple2<String, scala.collection.immutable.Seq<String>>> located = new ArrayList<>();
+    for (String range : ranges) {
+      String[] fields = range.split("\t", 3);
+      int slot = Math.floorMod((fields[0] + "-" + fields[1]).hashCode(), hosts.size());
+      located.add(new Tuple2<>(range, CollectionConverters.asScala(List.of(hosts.get(slot))).toList()));
+    }
+    ClassTag<String> tag = ClassTag$.MODULE$.apply(String.class);
+    return new JavaRDD<>(
+        spark.sc().makeRDD(CollectionConverters.asScala(located).toList(), tag), tag);
+  }
+
+  /** The distinct hosts of the executors (the driver's left out), sorted. */
+  private static List<String> executorHosts(JavaSparkContext spark) {
+    if (spark.sc().isLocal()) {
+      return List.of();
+    }
+    String driverHost = spark.getConf().get("spark.driver.host", "");
+    TreeSet<String> hosts = new TreeSet<>();
+    for (SparkExecutorInfo info : spark.sc().statusTracker().getExecutorInfos()) {
+      hosts.add(info.host());
+    }
+    if (hosts.size() > 1) {
+      hosts.remove(driverHost);
+    }
+    return new ArrayList<>(hosts);
   }
 
   /** One task: copy one offset range of one source partition. */

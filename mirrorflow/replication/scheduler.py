@@ -1,0 +1,120 @@
+"""A flow's periodic work as named tasks, each on its own MirrorMaker 2 interval.
+
+MirrorMaker 2 refreshes its topic list every ``refresh.topics.interval.seconds`` and emits
+heartbeats every ``emit.heartbeats.interval.seconds``; checkpoints and config sync follow the same
+pattern. Here each such job is a :class:`PeriodicTask`: named, run on one daemon thread at its
+interval, timed, logged, and with its failures counted, so a failing task shows up in the log
+and in :meth:`Scheduler.stats` without taking the flow down. A task that must end the flow
+records its error with :meth:`Scheduler.fail`; the flow's loop checks :attr:`Scheduler.error`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from mirrorflow.errors import ClusterUnreachable, MirrorflowError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PeriodicTask:
+    """One named job run every ``interval_s`` seconds (the first run at once)."""
+
+    name: str
+    interval_s: float
+    run: Callable[[], object]
+    runs: int = 0
+    failures: int = 0
+    last_duration_s: float = 0.0
+    last_error: str | None = None
+    next_due: float = field(default=0.0, repr=False)
+
+
+class Scheduler:
+    """Runs :class:`PeriodicTask` s on one daemon thread until :meth:`stop`.
+
+    A :class:`~mirrorflow.errors.ClusterUnreachable` is counted and logged, and the task runs
+    again at its next interval; any other :class:`~mirrorflow.errors.MirrorflowError` ends the
+    flow (:attr:`error`). Other exceptions are counted and logged, never raised.
+    """
+
+    def __init__(self, owner: str) -> None:
+        self.owner = owner
+        self.tasks: list[PeriodicTask] = []
+        self.error: MirrorflowError | None = None
+        self._stopped = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def add(self, name: str, interval_s: float, run: Callable[[], object]) -> PeriodicTask:
+        if interval_s <= 0:
+            raise ValueError(f"task {name}: the interval must be positive, not {interval_s}")
+        task = PeriodicTask(name, interval_s, run, next_due=time.monotonic() + interval_s)
+        self.tasks.append(task)
+        self._wake.set()
+        return task
+
+    def run_now(self, task: PeriodicTask) -> None:
+        """Run ``task`` on the calling thread, counted and timed like a scheduled run."""
+        started = time.monotonic()
+        try:
+            task.run()
+            task.last_error = None
+        except ClusterUnreachable as exc:
+            self._failed(task, exc)
+        except MirrorflowError as exc:
+            self._failed(task, exc)
+            self.fail(exc)
+        except Exception as exc:  # a periodic task must never kill the thread silently
+            self._failed(task, exc)
+        finally:
+            task.runs += 1
+            task.last_duration_s = time.monotonic() - started
+            task.next_due = started + task.interval_s
+
+    def _failed(self, task: PeriodicTask, exc: Exception) -> None:
+        task.failures += 1
+        task.last_error = str(exc)
+        log.warning("%s: task %s failed (%d so far): %s", self.owner, task.name, task.failures, exc)
+
+    def fail(self, error: MirrorflowError) -> None:
+        if self.error is None:
+            self.error = error
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name=f"tasks {self.owner}", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stopped.is_set():
+            now = time.monotonic()
+            for task in self.tasks:
+                if task.next_due <= now and not self._stopped.is_set():
+                    self.run_now(task)
+            due = min((t.next_due for t in self.tasks), default=now + 1.0)
+            self._wake.wait(max(0.0, min(due - time.monotonic(), 1.0)))
+            self._wake.clear()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._wake.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(30)
+
+    def stats(self) -> dict[str, dict[str, object]]:
+        """Per task: runs, failures, the last run's duration and error."""
+        return {
+            t.name: {
+                "interval_s": t.interval_s,
+                "runs": t.runs,
+                "failures": t.failures,
+                "last_duration_s": round(t.last_duration_s, 3),
+                "last_error": t.last_error,
+            }
+            for t in self.tasks
+        }
