@@ -18,11 +18,16 @@ BASE = """\
 """
 
 
-def _findings(*paths: Path) -> list[tuple[str, int, str, str]]:
-    """(severity, line, key, problem + fix) of each finding."""
+NOT_HONOURED = "not honoured by mirrorflow"
+
+
+def _findings(*paths: Path, not_honoured: bool = False) -> list[tuple[str, int, str, str]]:
+    """(severity, line, key, problem + fix) of each finding about the MirrorMaker 2 config
+    (with ``not_honoured``: also those about settings mirrorflow does not act on)."""
     return [
         (f.severity, f.location.line, f.key, f"{f.problem}; fix: {f.fix}")
         for f in validate(load_topology(paths))
+        if not_honoured or not f.problem.startswith(NOT_HONOURED)
     ]
 
 
@@ -209,3 +214,32 @@ def test_exit_codes_tell_errors_from_warnings(tmp_path):
     assert exit_code(validate(load_topology([SEEDS / "000-first-example.properties"]))) == 0
     assert exit_code(validate(load_topology([SEEDS / "002-active-active.properties"]))) == 1
     assert exit_code(validate(load_topology([SEEDS / "000-file-syntax.properties"]))) == 2
+
+
+def test_settings_mirrorflow_does_not_act_on_are_reported_as_not_honoured(tmp_path):
+    path = tmp_path / "mm2.properties"
+    path.write_text(
+        textwrap.dedent(
+            """\
+            clusters = a, b
+            a.bootstrap.servers = a:9092
+            b.bootstrap.servers = b:9092
+            a->b.enabled = true
+            a->b.sync.group.offsets.enabled = true
+            a->b.refresh.topics.interval.seconds = 30
+            sync.topic.acls.enabled = true
+            a->b.transforms = drop
+            a->b.offset.lag.max = 10
+            tasks.max = 4
+            """
+        )
+    )
+    found = {key: problem for _s, _line, key, problem in _findings(path, not_honoured=True)}
+    assert set(found) == {
+        "a->b.sync.group.offsets.enabled",
+        "sync.topic.acls.enabled",
+        "a->b.transforms",
+        "tasks.max",
+    }, "an honoured setting was reported, or a setting mirrorflow ignores was not"
+    assert all(problem.startswith(NOT_HONOURED) for problem in found.values())
+    assert "issue 10" in found["a->b.sync.group.offsets.enabled"]

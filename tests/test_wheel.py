@@ -119,7 +119,9 @@ def test_the_installed_wheel_validates_renders_and_mirrors_outside_the_checkout(
     validated = subprocess.run(
         [mirrorflow, "validate", "mm2.properties"], cwd=outside, env=env, capture_output=True
     )
-    assert validated.returncode == 0, validated.stdout + validated.stderr
+    # 1: warnings only (the sandbox flow file sizes MirrorMaker 2's checkpoints topic).
+    assert validated.returncode in (0, 1), validated.stdout + validated.stderr
+    assert b"0 errors" in validated.stdout
     _run([mirrorflow, "render", "mm2.properties", "--out", "dags"], cwd=outside, env=env)
     rendered = sorted(p.name for p in (outside / "dags").glob("*.py"))
     assert rendered, "render wrote no DAG file"

@@ -201,11 +201,79 @@ def _definition(prop: Property, aliases: list[str]) -> list[Finding]:
         if source == target:
             return [_at(prop, "error", "a flow from a cluster to itself: MM2 never runs it",
                         "remove the key")]  # fmt: skip
-        return _flow_key(prop, rest) + _value(prop, rest, raw_booleans=True)
+        return (
+            _flow_key(prop, rest)
+            + _value(prop, rest, raw_booleans=True)
+            + _not_honoured(prop, rest)
+        )
     if section == "clusters":
         return _cluster_key(prop, owner, rest) + _value(prop, None)
     raw_boolean = prop.key == "emit.heartbeats.enabled"
-    return _top_level_key(prop, aliases) + _value(prop, prop.key, raw_booleans=raw_boolean)
+    return (
+        _top_level_key(prop, aliases)
+        + _value(prop, prop.key, raw_booleans=raw_boolean)
+        + _not_honoured(prop, prop.key)
+    )
+
+
+_CHECKPOINTS = "consumer-group checkpoints and offset sync are not built yet (issue 10)"
+_SYNC = "topic-config and ACL sync are not built yet (issue 11)"
+NOT_HONOURED: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "emit.checkpoints.enabled",
+            "emit.checkpoints.interval.seconds",
+            "sync.group.offsets.enabled",
+            "sync.group.offsets.interval.seconds",
+            "groups",
+            "groups.exclude",
+            "groups.blacklist",
+            "group.filter.class",
+            "refresh.groups.enabled",
+            "refresh.groups.interval.seconds",
+            "checkpoints.topic.replication.factor",
+        ),
+        _CHECKPOINTS,
+    ),
+    **dict.fromkeys(
+        (
+            "sync.topic.configs.enabled",
+            "sync.topic.configs.interval.seconds",
+            "sync.topic.acls.enabled",
+            "sync.topic.acls.interval.seconds",
+            "use.incremental.alter.configs",
+        ),
+        _SYNC,
+    ),
+    "tasks.max": "mirrorflow copies each source partition as a Spark task: size it with the "
+    "Spark master's cores",
+    "transaction.boundary": "exactly-once commits one transaction per source partition and batch",
+}
+"""MirrorMaker 2 settings mirrorflow accepts but does not (yet) act on, with what it does."""
+_NOT_HONOURED_PREFIXES = {
+    ("transforms", "predicates"): "mirrorflow copies records unchanged: no Connect transforms",
+    ("errors.",): "mirrorflow stops a flow at a record it cannot copy: no Connect error handling",
+    ("key.converter", "value.converter", "header.converter"): "mirrorflow copies bytes as "
+    "MirrorMaker 2's default ByteArrayConverter does",
+}
+
+
+def _not_honoured(prop: Property, name: str) -> list[Finding]:
+    """A warning for a setting mirrorflow does not act on, saying what it does instead."""
+    reason = NOT_HONOURED.get(name) or next(
+        (why for prefixes, why in _NOT_HONOURED_PREFIXES.items() if name.startswith(prefixes)),
+        None,
+    )
+    if reason is None:
+        return []
+    return [
+        _at(
+            prop,
+            "warning",
+            f"not honoured by mirrorflow: {reason}",
+            "remove it, or keep it for MirrorMaker 2 knowing that mirrorflow ignores it",
+        )
+    ]
 
 
 def _at(prop: Property, severity: Severity, problem: str, fix: str) -> Finding:
