@@ -1,11 +1,13 @@
-"""Spark entry point of a mirror job: replicate one flow (``A->B``) of a flow definition.
+"""Spark entry point of a mirror job: replicate flows (``A->B``) of a flow definition.
 
     spark-submit [--master local[*]|spark://host:7077] spark_jobs/mirror.py \\
-        --config mm2.properties --flow primary->secondary [--once] [--stop-file PATH]
+        --config mm2.properties --flow primary->secondary [--flow ...] [--once] [--stop-file PATH]
 
-Credentials stay in the flow definition (or the secret references it names) and never appear
-on this command line. All the logic lives in :mod:`mirrorflow.runtime.driver`; the flow's
-positions live in ``mm2-offsets.<source>.internal`` on the target, as MirrorMaker 2's do.
+One application runs every flow it is given, as MirrorMaker 2 runs a site's flows in one process
+(:mod:`mirrorflow.runtime.application`). Credentials stay in the flow definition (or the secret
+references it names) and never appear on this command line. The logic lives in
+:mod:`mirrorflow.runtime.driver`; the flows' positions live in ``mm2-offsets.<source>.internal``
+on their targets, as MirrorMaker 2's do.
 """
 
 from __future__ import annotations
@@ -30,12 +32,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         type=Path,
         help="flow definition (mm2.properties or YAML); repeatable",
     )
-    parser.add_argument("--flow", required=True, help="the flow to run, e.g. primary->secondary")
+    parser.add_argument(
+        "--flow",
+        action="append",
+        required=True,
+        help="a flow to run, e.g. primary->secondary; repeatable: one application runs them all",
+    )
     parser.add_argument(
         "--once", action="store_true", help="copy everything available now, then exit"
     )
     parser.add_argument(
-        "--stop-file", type=Path, help="stop after the current batch once this file exists"
+        "--stop-file",
+        type=Path,
+        help="end every flow after its current batch once this file exists",
     )
     parser.add_argument(
         "--state-dir",
@@ -70,23 +79,28 @@ def main(argv: list[str] | None = None) -> int:
 
         spark_session.prefer_installed_pyspark()
         from mirrorflow.replication.spec import spec_for_flow
-        from mirrorflow.runtime.driver import MirrorJob
+        from mirrorflow.runtime.application import Application
 
-        spec = spec_for_flow(
-            args.config,
-            args.flow,
-            state_dir=args.state_dir or paths.state_dir() / "flows",
-            starting_offsets=args.starting_offsets,
-        )
-        if args.max_records_per_batch:
-            spec.max_records_per_batch = args.max_records_per_batch
-        spark = spark_session.build_session(f"mirrorflow {spec.flow}")
+        state_dir = args.state_dir or paths.state_dir() / "flows"
+        specs = []
+        for flow in dict.fromkeys(args.flow):  # each flow once, in the order given
+            spec = spec_for_flow(
+                args.config, flow, state_dir=state_dir, starting_offsets=args.starting_offsets
+            )
+            if args.max_records_per_batch:
+                spec.max_records_per_batch = args.max_records_per_batch
+            specs.append(spec)
+        spark = spark_session.build_session(f"mirrorflow {', '.join(s.flow for s in specs)}")
         spark.sparkContext.setLogLevel("WARN")
-        MirrorJob(spark, spec).run(once=args.once, stop_file=args.stop_file)
+        application = Application(spark, specs, once=args.once, stop_file=args.stop_file)
+        code = application.run()
     except MirrorflowError as exc:
         print(f"mirrorflow: error: {exc}", file=sys.stderr)
         return 2
-    return 0
+    for flow in application.flows:
+        if flow.error is not None:
+            print(f"mirrorflow: error: {flow.error}", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

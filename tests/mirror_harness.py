@@ -102,8 +102,9 @@ def stop_job(job: subprocess.Popen, timeout: float = 90) -> int:
     return job.returncode
 
 
-def mirror_command(config: Path, flow: str, state: Path, *extra: str) -> list[str]:
-    """The command that runs ``flow``: the same one ``mirrorflow mirror`` and the DAGs use."""
+def mirror_command(config: Path, flow: str | list[str], state: Path, *extra: str) -> list[str]:
+    """The command that runs ``flow`` (or several flows in one application): the same one
+    ``mirrorflow mirror`` and the DAGs use."""
 
     def option(name: str):
         return extra[extra.index(name) + 1] if name in extra else None
@@ -134,8 +135,10 @@ def run_mirror_once(config: Path, flow: str, state: Path, timeout: float = 240) 
     return result.stdout + result.stderr
 
 
-def start_mirror(config: Path, flow: str, state: Path, log: Path, *extra: str) -> subprocess.Popen:
-    """Start a long-running flow in the background (its output goes to ``log``)."""
+def start_mirror(
+    config: Path, flow: str | list[str], state: Path, log: Path, *extra: str
+) -> subprocess.Popen:
+    """Start a long-running flow (or flows) in the background (its output goes to ``log``)."""
     handle = open(log, "ab")  # noqa: SIM115 (closed when the process is waited for)
     return subprocess.Popen(
         mirror_command(config, flow, state, *extra),

@@ -1,4 +1,5 @@
-"""``mirrorflow mirror FILE… --flow S->T``: run one flow's Spark mirror job in the foreground."""
+"""``mirrorflow mirror FILE… --flow S->T [--flow …]``: run flows' Spark mirror job in the
+foreground (several flows: one Spark application runs them all)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,15 @@ from mirrorflow.runtime import launch
 def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "mirror",
-        help="run one flow's mirror job (SIGTERM/Ctrl-C: stop after the current batch)",
+        help="run flows' mirror job (SIGTERM/Ctrl-C: stop after the current batch)",
     )
     parser.add_argument("files", nargs="+", type=Path, help="flow files (mm2.properties, YAML)")
-    parser.add_argument("--flow", required=True, help="the flow to run, e.g. primary->secondary")
+    parser.add_argument(
+        "--flow",
+        action="append",
+        required=True,
+        help="a flow to run, e.g. primary->secondary; repeatable (one Spark application)",
+    )
     parser.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
     parser.add_argument("--once", action="store_true", help="copy what is there now, then exit")
     parser.add_argument(
@@ -39,14 +45,17 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def _mirror(args: argparse.Namespace) -> int:
-    flow = load_topology(args.files).flow(args.flow)  # unknown clusters and flows end here
-    if not flow.enabled:
-        raise MirrorflowError(f"flow {args.flow} is not enabled", f"set {args.flow}.enabled = true")
+    topology = load_topology(args.files)
+    flows = list(dict.fromkeys(args.flow))
+    for name in flows:
+        flow = topology.flow(name)  # unknown clusters and flows end here
+        if not flow.enabled:
+            raise MirrorflowError(f"flow {name} is not enabled", f"set {name}.enabled = true")
     state_dir = args.state_dir or paths.state_dir() / "flows"
-    stop_file = launch.stop_file_for(state_dir, args.flow)
+    stop_file = launch.stop_file_for(state_dir, flows)
     command = launch.mirror_command(
         args.files,
-        args.flow,
+        flows,
         master=args.master,
         state_dir=state_dir,
         once=args.once,

@@ -36,7 +36,6 @@ import json
 import logging
 import os
 import re
-import signal
 import threading
 import time
 import zipfile
@@ -72,6 +71,7 @@ LEGACY_PROGRESS = "checkpoint"  # mirrorflow 0.x: Spark's streaming checkpoint o
 PROGRESS_FILE = "progress.json"
 RESTART_FILE = "restart"
 DOORBELL_WAIT_S = 0.5
+_SHIPPED = False  # the mirrorflow package went to the executors (once per application)
 
 
 class MirrorJob:
@@ -121,6 +121,8 @@ class MirrorJob:
         self.batches = 0
         self.copied = [0, 0]  # records, bytes since start
         self._once_ends: dict[Partition, int] | None = None
+        self.state = "STARTING"
+        self._last_batch_s = 0.0
         self._copier_settings_cache: tuple | None = None
 
     @property
@@ -197,8 +199,8 @@ class MirrorJob:
         return stored
 
     def run(self, once: bool = False, stop_file: Path | None = None) -> None:
-        """Run until everything available is copied (``once``), SIGTERM/SIGINT arrives or
-        ``stop_file`` appears.
+        """Run until everything available is copied (``once``), :meth:`request_stop` is
+        called or ``stop_file`` appears.
 
         A stop request lets the batch in progress finish, then ends the job. A cluster that
         does not answer (at start or mid-run) is retried with exponential backoff, each retry
@@ -206,8 +208,6 @@ class MirrorJob:
         """
         import tenacity
 
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: self._stop_requested.set())
         self._stop_file = stop_file
         retrying = tenacity.Retrying(
             retry=tenacity.retry_if_exception_type(ClusterUnreachable),
@@ -219,6 +219,14 @@ class MirrorJob:
             reraise=True,
         )
         retrying(self._run_batches, once)
+
+    def request_stop(self) -> None:
+        """Ask the job to end once its batch in progress is copied (any thread)."""
+        self._stop_requested.set()
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop_requested.is_set()
 
     def stopping(self) -> bool:
         """Whether a stop was requested (checked between batches: a stop ends the job once
@@ -270,6 +278,8 @@ class MirrorJob:
                 elif once:
                     break
                 else:
+                    if self.state != "IDLE":
+                        self.record_state("IDLE")
                     self.doorbell.wait(self.positions, DOORBELL_WAIT_S)
         finally:
             self.scheduler.stop()
@@ -295,7 +305,12 @@ class MirrorJob:
         )
 
     def _ship_library(self) -> None:
-        """Ship the mirrorflow package to the executors (a cluster's workers may lack it)."""
+        """Ship the mirrorflow package to the executors (a cluster's workers may lack it),
+        once per application."""
+        global _SHIPPED
+        if _SHIPPED:
+            return
+        _SHIPPED = True
         package = Path(mirror_writer.__file__).parent.parent
         archive = self.flow_dir / "mirrorflow-lib.zip"
         archive.parent.mkdir(parents=True, exist_ok=True)
@@ -424,23 +439,23 @@ class MirrorJob:
             len(ranges),
             elapsed,
         )
-        self._write_progress(elapsed)
+        self._last_batch_s = elapsed
+        self.record_state("RUNNING")
 
-    def _write_progress(self, elapsed: float) -> None:
-        """``S-T/progress.json``: the flow's progress, for people and for Airflow."""
-        progress = {
-            "flow": self.spec.flow,
-            "batches": self.batches,
-            "records": self.copied[0],
-            "bytes": self.copied[1],
-            "last_batch_seconds": round(elapsed, 3),
-            "updated": datetime.now(UTC).isoformat(timespec="seconds"),
-            "tasks": self.scheduler.stats() if self.scheduler else {},
-        }
-        path = self.flow_dir / PROGRESS_FILE
-        partial = path.with_suffix(".partial")
-        partial.write_text(json.dumps(progress, indent=1) + "\n")
-        partial.replace(path)
+    def record_state(self, state: str, error: str | None = None) -> None:
+        """Write ``S-T/progress.json``: the flow's state and progress, for people and Airflow."""
+        self.state = state
+        record_state(
+            self.flow_dir,
+            self.spec.flow,
+            state,
+            error,
+            batches=self.batches,
+            records=self.copied[0],
+            bytes=self.copied[1],
+            last_batch_seconds=round(self._last_batch_s, 3),
+            tasks=self.scheduler.stats() if self.scheduler else {},
+        )
 
     def _read(self, ranges: list[tuple[Partition, int, int]]) -> DataFrame:
         """The ranges as a DataFrame of Spark's Kafka batch source (exactly-once)."""
@@ -603,6 +618,26 @@ class MirrorJob:
                 f"{self.spec.offset_syncs_cluster} failed: {cause}",
                 "the batch will be replayed when the job restarts; check the cluster",
             )
+
+
+def record_state(
+    flow_dir: Path, flow: str, state: str, error: str | None = None, **progress: object
+) -> None:
+    """Update the flow's ``progress.json``: its state (STARTING, RUNNING, IDLE, PAUSED,
+    STOPPED, FAILED), the error that stopped it, and any progress figures given."""
+    path = flow_dir / PROGRESS_FILE
+    try:
+        current = json.loads(path.read_text())
+    except (OSError, ValueError):
+        current = {}
+    current.update(progress)
+    current.update(
+        flow=flow, state=state, error=error, updated=datetime.now(UTC).isoformat(timespec="seconds")
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(current, indent=1) + "\n")
+    partial.replace(path)
 
 
 _UNREACHABLE = re.compile(

@@ -8,6 +8,7 @@ the command line; credentials stay in the flow files.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -27,9 +28,14 @@ def spark_conf() -> dict[str, str]:
     return base_spark_conf((archive,) if archive else ())
 
 
+def flow_list(flow: str | Sequence[str]) -> list[str]:
+    """One flow name or several, as a list."""
+    return [flow] if isinstance(flow, str) else list(flow)
+
+
 def job_args(
     configs: Iterable[Path],
-    flow: str,
+    flow: str | Sequence[str],
     *,
     state_dir: Path | None = None,
     once: bool = False,
@@ -39,7 +45,8 @@ def job_args(
 ) -> list[str]:
     """The mirror job's own arguments."""
     args = [arg for config in configs for arg in ("--config", str(Path(config).resolve()))]
-    args += ["--flow", flow]
+    for name in flow_list(flow):
+        args += ["--flow", name]
     if state_dir:
         args += ["--state-dir", str(Path(state_dir).resolve())]
     if once:
@@ -55,24 +62,36 @@ def job_args(
 
 def mirror_command(
     configs: Sequence[Path],
-    flow: str,
+    flow: str | Sequence[str],
     *,
     master: str = "local[*]",
     driver_memory: str = "1g",
     **job_options,
 ) -> list[str]:
-    """The full ``spark-submit`` command that runs ``flow`` of the flow files ``configs``."""
-    command = [spark_submit(), "--master", master, "--name", f"mirrorflow {flow}"]
+    """The full ``spark-submit`` command that runs ``flow`` (one name, or several run by one
+    application) of the flow files ``configs``."""
+    name = f"mirrorflow {', '.join(flow_list(flow))}"
+    command = [spark_submit(), "--master", master, "--name", name]
     command += ["--driver-memory", driver_memory]
     for key, value in spark_conf().items():
         command += ["--conf", f"{key}={value}"]
     return [*command, str(MIRROR_JOB), *job_args(configs, flow, **job_options)]
 
 
-def stop_file_for(state_dir: Path, flow: str) -> Path:
-    """The file whose appearance asks the running job of ``flow`` to stop after its batch."""
-    source, _, target = flow.partition("->")
-    return Path(state_dir) / f"{source}-{target}" / "stop"
+def stop_file_for(state_dir: Path, flow: str | Sequence[str]) -> Path:
+    """The file whose appearance asks the running job of ``flow`` (one name, or the flows of
+    one application) to stop after its batch: ``S-T/stop`` for one flow, ``to-T/stop`` for
+    several into one target, else ``app-<hash of the flows>/stop``."""
+    flows = flow_list(flow)
+    targets = {f.partition("->")[2] for f in flows}
+    if len(flows) == 1:
+        source, _, target = flows[0].partition("->")
+        name = f"{source}-{target}"
+    elif len(targets) == 1:
+        name = f"to-{targets.pop()}"
+    else:
+        name = "app-" + hashlib.sha256("\n".join(sorted(flows)).encode()).hexdigest()[:12]
+    return Path(state_dir) / name / "stop"
 
 
 def supervise(command: list[str], stop_file: Path, grace_s: float = 120.0) -> int:

@@ -44,6 +44,8 @@ def spark_conf(driver_options: tuple[str, ...] = ()) -> dict[str, str]:
         "spark.ui.showConsoleProgress": "false",
         "spark.speculation": "false",
         "spark.submit.deployMode": "client",
+        # Several flows share one application: each runs its jobs in a pool of its own.
+        "spark.scheduler.mode": "FAIR",
     }
 
 

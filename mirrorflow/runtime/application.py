@@ -1,0 +1,156 @@
+"""One Spark application running several flows, each with its own progress, errors and pause.
+
+MirrorMaker 2 runs every flow into a cluster in one process; so can a mirror job: each flow's
+:class:`~mirrorflow.runtime.driver.MirrorJob` runs on a thread of its own over the shared
+SparkContext (its Spark jobs in a FAIR scheduler pool named after the flow, so a large batch of
+one flow does not hold back the others). Per flow ``S->T``, under the flows state directory:
+
+- ``S-T/paused``: while it exists the flow does not run. Created while the flow runs, the flow
+  ends after its batch in progress; removed, the flow starts again from its positions.
+- ``S-T/progress.json``: the flow's progress and state (written by the flow's job).
+
+A flow that fails (a refused principal, a record too large) stops alone, its error logged in one
+line; the others go on. The application ends when it is asked to (SIGTERM, SIGINT, its stop
+file: every flow finishes its batch in progress), or, with ``once``, when every flow has copied
+what was there. It exits 2 if any flow failed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from mirrorflow.errors import MirrorflowError
+from mirrorflow.replication.spec import MirrorSpec
+from mirrorflow.runtime.driver import MirrorJob, record_state
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger("mirrorflow.mirror")
+
+PAUSED_FILE = "paused"
+CONTROL_INTERVAL_S = 0.5
+
+
+class FlowThread:
+    """One flow's job on its own thread; started again after a pause."""
+
+    def __init__(self, spec: MirrorSpec, make_job: Callable[[MirrorSpec], MirrorJob]) -> None:
+        self.spec, self._make_job = spec, make_job
+        self.job: MirrorJob | None = None
+        self.thread: threading.Thread | None = None
+        self.error: MirrorflowError | None = None
+        self.finished = False  # ended for good: --once done, or failed
+        self.paused = False
+        self.recorded: str | None = None  # the state this thread last wrote for the flow
+
+    @property
+    def flow_dir(self) -> Path:
+        return Path(self.spec.flow_dir)
+
+    @property
+    def running(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
+    def start(self, once: bool) -> None:
+        self.recorded = None
+        self.job = self._make_job(self.spec)
+        self.thread = threading.Thread(
+            target=self._run, args=(self.job, once), name=f"flow {self.spec.flow}", daemon=True
+        )
+        self.thread.start()
+
+    def _run(self, job: MirrorJob, once: bool) -> None:
+        job.spark.sparkContext.setLocalProperty("spark.scheduler.pool", self.spec.flow)
+        try:
+            job.run(once=once)
+            # Ended without a pause: --once is done, or the job was asked to stop.
+            self.finished = not self.paused
+        except MirrorflowError as exc:
+            self._failed(exc)
+        except Exception as exc:  # the flow dies alone, the others go on
+            log.exception("flow %s stopped", self.spec.flow)
+            self._failed(MirrorflowError(f"flow {self.spec.flow} stopped: {exc}"))
+
+    def _failed(self, error: MirrorflowError) -> None:
+        self.error, self.finished = error, True
+        log.error("%s", error)
+        record_state(self.flow_dir, self.spec.flow, "FAILED", str(error))
+
+    def request_stop(self) -> None:
+        if self.job is not None:
+            self.job.request_stop()
+
+
+class Application:
+    """Runs flows until they end or the application is asked to stop."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        specs: list[MirrorSpec],
+        *,
+        once: bool = False,
+        stop_file: Path | None = None,
+        make_job: Callable[[MirrorSpec], MirrorJob] | None = None,
+    ) -> None:
+        self.once, self.stop_file = once, stop_file
+        self.flows = [FlowThread(s, make_job or (lambda s: MirrorJob(spark, s))) for s in specs]
+        self._stop = threading.Event()
+
+    def request_stop(self, *_: object) -> None:
+        self._stop.set()
+
+    def run(self) -> int:
+        """Run every flow; 0 when all ended well, 2 when any failed."""
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, self.request_stop)
+        parent = os.getppid()
+        while True:
+            if self.stop_file is not None and self.stop_file.exists():
+                self._stop.set()
+            if os.getppid() != parent:  # spark-submit's JVM, and with it Spark, is gone
+                self._stop.set()
+            for flow in self.flows:
+                self._control(flow)
+            if all(not f.running for f in self.flows) and (
+                self._stop.is_set() or all(f.finished for f in self.flows)
+            ):
+                break
+            time.sleep(CONTROL_INTERVAL_S)
+        for flow in self.flows:
+            if flow.error is None and not flow.paused:
+                record_state(flow.flow_dir, flow.spec.flow, "STOPPED")
+        return 2 if any(f.error is not None for f in self.flows) else 0
+
+    def _control(self, flow: FlowThread) -> None:
+        paused = (flow.flow_dir / PAUSED_FILE).exists()
+        if flow.running:
+            if self._stop.is_set() or paused:
+                if paused and not flow.paused:
+                    flow.paused = True
+                    log.info("%s: paused: it ends after its batch in progress", flow.spec.flow)
+                flow.request_stop()
+            return
+        if self._stop.is_set() or flow.finished:
+            return
+        if paused:
+            if not flow.paused:
+                log.info("%s: paused", flow.spec.flow)
+                flow.paused = True
+            if flow.recorded != "PAUSED":
+                record_state(flow.flow_dir, flow.spec.flow, "PAUSED")
+                flow.recorded = "PAUSED"
+            return
+        if flow.paused:
+            log.info("%s: resumed", flow.spec.flow)
+            flow.paused = False
+        flow.start(self.once)

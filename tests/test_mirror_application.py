@@ -1,0 +1,87 @@
+"""Several flows in one Spark application: MirrorMaker 2's one process per site, with each flow
+keeping its own progress, errors and pause."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from mirrorflow.runtime import launch
+from tests.conftest import create_topics
+from tests.mirror_harness import (
+    produce,
+    read_topic,
+    start_mirror,
+    stop_job,
+    wait_for,
+    write_flow_file,
+)
+
+pytestmark = [pytest.mark.kafka, pytest.mark.spark]
+
+
+def progress(state, flow_dir: str) -> dict:
+    path = state / flow_dir / "progress.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def count(cluster, topic: str) -> int:
+    return sum(map(len, read_topic(cluster, topic).values()))
+
+
+def test_flows_into_one_site_share_an_application_and_one_pauses_while_the_other_goes_on(
+    sandbox, topic_name, tmp_path
+):
+    primary, secondary, tertiary = sandbox["primary"], sandbox["secondary"], sandbox["tertiary"]
+    a, b = topic_name("site-a"), topic_name("site-b")
+    create_topics(primary, a, partitions=2)
+    create_topics(tertiary, b, partitions=2)
+    produce(primary, a, 2, 100)
+    produce(tertiary, b, 2, 100)
+    config = write_flow_file(
+        tmp_path / "mm2.properties",
+        sandbox,
+        ["primary", "secondary", "tertiary"],
+        [
+            "primary->secondary.enabled = true",
+            f"primary->secondary.topics = {a}",
+            "tertiary->secondary.enabled = true",
+            f"tertiary->secondary.topics = {b}",
+        ],
+    )
+    state, log = tmp_path / "state", tmp_path / "mirror.log"
+    flows = ["primary->secondary", "tertiary->secondary"]
+    stop_file = launch.stop_file_for(state, flows)
+    job = start_mirror(config, flows, state, log, "--stop-file", str(stop_file))
+    try:
+        wait_for(lambda: progress(state, "primary-secondary").get("records", 0) >= 100, 120, "a")
+        wait_for(lambda: progress(state, "tertiary-secondary").get("records", 0) >= 100, 60, "b")
+        # Pause one flow (what its DAG's pause does): it ends, the other goes on.
+        (state / "tertiary-secondary" / "paused").touch()
+        wait_for(
+            lambda: progress(state, "tertiary-secondary").get("state") == "PAUSED", 60, "a pause"
+        )
+        produce(primary, a, 2, 50, start=100)
+        produce(tertiary, b, 2, 50, start=100)
+        wait_for(lambda: count(secondary, f"primary.{a}") >= 150, 60, "the running flow's copies")
+        time.sleep(3)
+        assert count(secondary, f"tertiary.{b}") == 100, "the paused flow copied records"
+        assert job.poll() is None, "the application ended with one flow paused"
+        # Unpaused, the flow resumes from its positions.
+        (state / "tertiary-secondary" / "paused").unlink()
+        wait_for(lambda: count(secondary, f"tertiary.{b}") >= 150, 120, "the resumed flow")
+        stop_file.parent.mkdir(parents=True, exist_ok=True)
+        stop_file.touch()  # what `mirrorflow mirror` and the operator do to stop the job
+        assert job.wait(120) == 0
+    finally:
+        stop_job(job)
+    assert count(secondary, f"tertiary.{b}") == 150, "the resumed flow copied records twice"
+    assert count(secondary, f"primary.{a}") == 150
+    assert "Traceback" not in log.read_text(errors="replace")
+    for flow_dir in ("primary-secondary", "tertiary-secondary"):
+        assert progress(state, flow_dir)["state"] == "STOPPED"

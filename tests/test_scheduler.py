@@ -1,0 +1,79 @@
+"""The flow's periodic tasks: each on its own interval, failures counted, fatal ones surfaced."""
+
+from __future__ import annotations
+
+import time
+
+from mirrorflow.errors import ClusterUnreachable, MirrorflowError
+from mirrorflow.replication.scheduler import Scheduler
+from mirrorflow.runtime.launch import stop_file_for
+
+
+def wait_until(condition, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_each_task_runs_on_its_own_interval_and_its_runs_are_counted():
+    scheduler = Scheduler("a->b")
+    fast, slow = [], []
+    scheduler.add("fast", 0.05, lambda: fast.append(time.monotonic()))
+    scheduler.add("slow", 10.0, lambda: slow.append(time.monotonic()))
+    scheduler.start()
+    try:
+        wait_until(lambda: len(fast) >= 4)
+    finally:
+        scheduler.stop()
+    assert slow == [], "a task ran before its interval had passed"
+    stats = scheduler.stats()
+    assert stats["fast"]["runs"] == len(fast) and stats["fast"]["failures"] == 0
+    assert stats["slow"]["runs"] == 0
+
+
+def test_an_unreachable_cluster_is_counted_and_retried_but_other_errors_end_the_flow():
+    scheduler = Scheduler("a->b")
+    calls = []
+
+    def flaky() -> None:
+        calls.append(1)
+        raise ClusterUnreachable("cluster b did not answer")
+
+    task = scheduler.add("heartbeats", 1.0, flaky)
+    scheduler.run_now(task)
+    scheduler.run_now(task)
+    assert scheduler.stats()["heartbeats"]["failures"] == 2
+    assert "did not answer" in scheduler.stats()["heartbeats"]["last_error"]
+    assert scheduler.error is None, "a retriable failure ended the flow"
+
+    refused = MirrorflowError("cluster a refused principal bob while listing topics")
+    scheduler.run_now(scheduler.add("refresh-topics", 1.0, lambda: (_ for _ in ()).throw(refused)))
+    assert scheduler.error is refused
+
+
+def test_an_unexpected_exception_is_counted_and_the_task_keeps_its_schedule():
+    scheduler = Scheduler("a->b")
+    runs = []
+
+    def broken() -> None:
+        runs.append(1)
+        raise ValueError("bug")
+
+    scheduler.add("broken", 0.05, broken)
+    scheduler.start()
+    try:
+        wait_until(lambda: len(runs) >= 3)
+    finally:
+        scheduler.stop()
+    assert scheduler.stats()["broken"]["failures"] >= 3
+    assert scheduler.error is None
+
+
+def test_one_stop_file_per_flow_and_one_per_application_of_several_flows(tmp_path):
+    assert stop_file_for(tmp_path, "a->b") == tmp_path / "a-b" / "stop"
+    assert stop_file_for(tmp_path, ["a->b"]) == tmp_path / "a-b" / "stop"
+    assert stop_file_for(tmp_path, ["a->t", "c->t"]) == tmp_path / "to-t" / "stop"
+    mixed = stop_file_for(tmp_path, ["a->b", "c->d"])
+    assert mixed.parent.name.startswith("app-")
+    assert mixed == stop_file_for(tmp_path, ["c->d", "a->b"]), "depends on the flows' order"
