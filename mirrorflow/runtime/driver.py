@@ -71,6 +71,7 @@ LEGACY_PROGRESS = "checkpoint"  # mirrorflow 0.x: Spark's streaming checkpoint o
 PROGRESS_FILE = "progress.json"
 RESTART_FILE = "restart"
 DOORBELL_WAIT_S = 0.5
+IDLE_REPLAN_S = 30.0  # an idle flow lists its partitions' ends this often, doorbell or not
 _SHIPPED = False  # the mirrorflow package went to the executors (once per application)
 
 
@@ -280,7 +281,7 @@ class MirrorJob:
                 else:
                     if self.state != "IDLE":
                         self.record_state("IDLE")
-                    self.doorbell.wait(self.positions, DOORBELL_WAIT_S)
+                    self._wait_for_records()
         finally:
             self.scheduler.stop()
             self.doorbell.close()
@@ -289,6 +290,23 @@ class MirrorJob:
                     producer.flush(10)
                 except KafkaException as exc:  # the batch's own error, if any, says more
                     log.warning("%s: the producer of %s failed: %s", spec.flow, alias, exc)
+
+    def _wait_for_records(self) -> None:
+        """Idle: wait until a record arrives, the topics change, a stop is asked or a task
+        failed; plan again at least every :data:`IDLE_REPLAN_S` (a safety net) but never list
+        the partitions' ends while nothing moves."""
+        assert self.doorbell is not None and self.scheduler is not None
+        mapping, since = self.mapping, time.monotonic()
+        while not self.doorbell.wait(self.positions, DOORBELL_WAIT_S):
+            if self.doorbell.error is not None:  # it cannot tell: list the ends each wait
+                return
+            if (
+                self.stopping()
+                or self.mapping is not mapping
+                or self.scheduler.error is not None
+                or time.monotonic() - since > IDLE_REPLAN_S
+            ):
+                return
 
     def _sleep_unless_stopped(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
@@ -680,9 +698,12 @@ def batch_error(spec: MirrorSpec, exc) -> MirrorflowError:
 class Doorbell:
     """Waits, on the driver, for the next record of any of a flow's source partitions.
 
-    A consumer without a group (nothing is committed) is assigned to the flow's positions and
-    long-polls the source: :meth:`wait` returns as soon as a record arrives, and costs nothing
-    while none does. Transaction markers and aborted records (``read_committed``) never ring.
+    A consumer assigned to the flow's positions long-polls the source: :meth:`wait` returns as
+    soon as a record arrives, and costs nothing while none does. Transaction markers and aborted
+    records (``read_committed``) never ring. It never joins its group nor commits (confluent-
+    kafka needs a ``group.id`` all the same); should its client fail, for instance because the
+    principal may not describe that group, :attr:`error` says so and the flow lists its
+    partitions' ends at each wait instead.
     """
 
     def __init__(self, consumer_config: dict[str, str], flow: str) -> None:
@@ -703,6 +724,8 @@ class Doorbell:
             }
         )
         self._assigned: dict[Partition, int] = {}
+        self.flow = flow
+        self.error: str | None = None  # the last wait failed: the caller plans again itself
 
     def wait(self, positions: dict[Partition, int], timeout_s: float) -> bool:
         """Whether a record at or past ``positions`` arrived within ``timeout_s``."""
@@ -718,10 +741,19 @@ class Doorbell:
         message = self._consumer.poll(timeout_s)
         if message is None:
             return False
-        if message.error() is not None:  # e.g. a broker away: wait as long as asked anyway
-            log.debug("doorbell: %s", message.error())
+        if message.error() is not None:  # e.g. a broker away, or no DESCRIBE on its group
+            if self.error is None:
+                log.warning(
+                    "%s: waiting for records with a consumer failed (%s): the flow lists its "
+                    "partitions' ends every %.1f s instead while idle",
+                    self.flow,
+                    message.error().str(),
+                    timeout_s,
+                )
+            self.error = message.error().str()
             time.sleep(max(0.0, timeout_s - (time.monotonic() - started)))
             return False
+        self.error = None
         # Seen, not consumed: assign again at the positions before the next wait.
         self._assigned = {}
         return True
