@@ -697,29 +697,51 @@ def judge(report: dict[str, Any]) -> dict[str, Any]:
 # The systems
 
 
+# Replication factors of 1 for MM2's (and mirrorflow's) own topics: the clusters have one broker.
+# plugin.discovery: MirrorMaker 2 logs this advice at start-up: it skips a ~7 s classpath scan.
+SINGLE_BROKER_PROPERTIES = (
+    "plugin.discovery = service_load",
+    "replication.factor = 1",
+    "checkpoints.topic.replication.factor = 1",
+    "heartbeats.topic.replication.factor = 1",
+    "offset-syncs.topic.replication.factor = 1",
+    "offset.storage.replication.factor = 1",
+    "status.storage.replication.factor = 1",
+    "config.storage.replication.factor = 1",
+)
+
+
+def mm2_properties(
+    clusters: list[sandbox_mod.Cluster],
+    flows: dict[str, str],
+    disabled: list[str],
+    tasks: int,
+    extra: list[tuple[str, str]],
+) -> list[str]:
+    """The lines of an mm2.properties: the clusters' connection settings, the enabled ``flows``
+    (flow -> topics pattern), the ``disabled`` ones, ``tasks.max``, replication factors of 1,
+    then the ``extra`` (key, value) lines."""
+    lines = [f"clusters = {', '.join(c.name for c in clusters)}"]
+    for cluster in clusters:
+        lines += [f"{cluster.name}.{k} = {v}" for k, v in cluster.java_client_config().items()]
+    for flow, topics in flows.items():
+        lines += [f"{flow}.enabled = true", f"{flow}.topics = {topics}"]
+    lines += [f"{flow}.enabled = false" for flow in disabled]
+    lines += [f"tasks.max = {tasks}", *SINGLE_BROKER_PROPERTIES]
+    return lines + [f"{k.strip()} = {v.strip()}" for k, v in extra]
+
+
 def flow_file(bench: Bench, case: Case) -> Path:
     """One mm2.properties per case, given unchanged to MirrorMaker 2 and to mirrorflow."""
     lines = [
         "# Written by benchmarks/replicate.py; read by MirrorMaker 2 and by mirrorflow alike.",
-        f"clusters = {SOURCE}, {TARGET}",
-    ]
-    for cluster in (bench.source, bench.target):
-        lines += [f"{cluster.name}.{k} = {v}" for k, v in cluster.java_client_config().items()]
-    lines += [
-        f"{FLOW}.enabled = true",
-        f"{FLOW}.topics = {case.topic}",
-        f"{TARGET}->{SOURCE}.enabled = false",
-        f"tasks.max = {bench.args.tasks}",
-        # MirrorMaker 2 logs this advice at start-up: it skips a ~7 s scan of the classpath.
-        "plugin.discovery = service_load",
-        "replication.factor = 1",
-        "checkpoints.topic.replication.factor = 1",
-        "heartbeats.topic.replication.factor = 1",
-        "offset-syncs.topic.replication.factor = 1",
-        "offset.storage.replication.factor = 1",
-        "status.storage.replication.factor = 1",
-        "config.storage.replication.factor = 1",
-        *(f"{k.strip()} = {v.strip()}" for k, v in bench.args.flow_prop),
+        *mm2_properties(
+            [bench.source, bench.target],
+            {FLOW: case.topic},
+            [f"{TARGET}->{SOURCE}"],
+            bench.args.tasks,
+            bench.args.flow_prop,
+        ),
     ]
     path = bench.workdir / f"{case.name}.mm2.properties"
     write_private(path, "\n".join(lines) + "\n")
@@ -731,31 +753,52 @@ def java() -> str:
 
 
 def mm2_launches(bench: Bench, case: Case) -> list[Launch]:
+    return [mm2_launch(bench, flow_file(bench, case), TARGET)]
+
+
+def mm2_launch(bench: Bench, config: Path, clusters: str | None) -> Launch:
+    """MirrorMaker 2 in dedicated mode on ``config``: the herders of the target ``clusters``,
+    or (None) every herder of the file, all in this one JVM."""
     command = jvm.mirrormaker_command(
-        flow_file(bench, case),
-        TARGET,
+        config,
+        clusters or "",
         bench.workdir,
         log_level=bench.args.mm2_log_level,
         jvm_options=(*MM2_HEAP, *KAFKA_JVM_PERFORMANCE_OPTS),
     )
-    return [Launch("mm2", command)]
+    if clusters is None:  # no --clusters: MirrorMaker 2 runs every herder of the file
+        command = command[: command.index("--clusters")]
+    return Launch("mm2", command)
 
 
 def mirrorflow_launches(bench: Bench, case: Case, run_no: int) -> list[Launch]:
     # A fresh state directory per run: no checkpoint of an earlier run to resume from.
     state = bench.workdir / "state" / f"{case.name}-mirrorflow-{run_no}"
+    return [mirrorflow_launch(bench, [flow_file(bench, case)], FLOW, state, once=True)]
+
+
+def mirrorflow_launch(
+    bench: Bench,
+    configs: list[Path],
+    flow: str | list[str],
+    state: Path,
+    name: str = "mirrorflow",
+    **job_options: Any,
+) -> Launch:
+    """One mirror job (Spark application) of ``flow`` (or several flows) with a fresh ``state``
+    directory, launched by the same command ``mirrorflow mirror`` and the generated DAGs run;
+    ``job_options`` go to :func:`mirrorflow.runtime.launch.mirror_command` (``once``, ...)."""
     shutil.rmtree(state, ignore_errors=True)
     state.mkdir(parents=True)
-    # The same command `mirrorflow mirror` and the generated DAGs run.
     command = launch.mirror_command(
-        [flow_file(bench, case)], FLOW, master=bench.args.spark_master, state_dir=state, once=True
+        configs, flow, master=bench.args.spark_master, state_dir=state, **job_options
     )
     job = command.index(str(launch.MIRROR_JOB))
     for conf in bench.args.spark_conf:  # after the launcher's own --conf: the last one wins
         command[job:job] = ["--conf", conf]
         job += 2
     env = {**launch.job_environment(), "MIRRORFLOW_STATE": str(state)}
-    return [Launch("mirrorflow", command, env=env, cwd=state, exits=True)]
+    return Launch(name, command, env=env, cwd=state, exits=bool(job_options.get("once")))
 
 
 def ceiling_launches(bench: Bench, case: Case, target_topic: str) -> list[Launch]:
@@ -998,6 +1041,24 @@ def environment() -> dict[str, Any]:
 # Main
 
 
+def add_system_arguments(
+    parser: argparse.ArgumentParser, group: Any, *, tasks: int, tasks_help: str
+) -> None:
+    """How MirrorMaker 2 and mirrorflow run: options every benchmark shares."""
+    group.add_argument("--tasks", type=int, default=tasks, help=tasks_help)
+    group.add_argument(
+        "--flow-prop",
+        action="append",
+        default=[],
+        type=lambda s: tuple(s.split("=", 1)) if "=" in s else parser.error(f"not k=v: {s}"),
+        metavar="KEY=VALUE",
+        help="extra line for the mm2.properties both systems read (repeatable)",
+    )
+    group.add_argument("--spark-master", default="local[*]")
+    group.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE")
+    group.add_argument("--mm2-log-level", default="INFO")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
@@ -1018,18 +1079,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"systems to run, in this order (default {','.join(SYSTEMS)})",
     )
     runs.add_argument("--repeat", type=int, default=1, help="runs per system (ratios: medians)")
-    runs.add_argument("--tasks", type=int, default=os.cpu_count() or 2, help="tasks.max")
-    runs.add_argument(
-        "--flow-prop",
-        action="append",
-        default=[],
-        type=lambda s: tuple(s.split("=", 1)) if "=" in s else parser.error(f"not k=v: {s}"),
-        metavar="KEY=VALUE",
-        help="extra line for the mm2.properties both systems read (repeatable)",
-    )
-    runs.add_argument("--spark-master", default="local[*]")
-    runs.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE")
-    runs.add_argument("--mm2-log-level", default="INFO")
+    add_system_arguments(parser, runs, tasks=os.cpu_count() or 2, tasks_help="tasks.max")
     runs.add_argument("--verify", choices=("full", "offsets"), default="full")
     limits = parser.add_argument_group("limits and sampling")
     limits.add_argument("--sample-interval", type=float, default=0.25, help="seconds")
