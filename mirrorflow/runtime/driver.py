@@ -701,9 +701,10 @@ class Doorbell:
     A consumer assigned to the flow's positions long-polls the source: :meth:`wait` returns as
     soon as a record arrives, and costs nothing while none does. Transaction markers and aborted
     records (``read_committed``) never ring. It never joins its group nor commits (confluent-
-    kafka needs a ``group.id`` all the same); should its client fail, for instance because the
-    principal may not describe that group, :attr:`error` says so and the flow lists its
-    partitions' ends at each wait instead.
+    kafka needs a ``group.id`` all the same, and librdkafka looks up its coordinator: a principal
+    without DESCRIBE on that group gets an error it ignores, and records arrive all the same).
+    Should the client fail otherwise, :attr:`error` says so and the flow lists its partitions'
+    ends at each wait instead.
     """
 
     def __init__(self, consumer_config: dict[str, str], flow: str) -> None:
@@ -726,10 +727,11 @@ class Doorbell:
         self._assigned: dict[Partition, int] = {}
         self.flow = flow
         self.error: str | None = None  # the last wait failed: the caller plans again itself
+        self._told_group = False
 
     def wait(self, positions: dict[Partition, int], timeout_s: float) -> bool:
         """Whether a record at or past ``positions`` arrived within ``timeout_s``."""
-        from confluent_kafka import TopicPartition
+        from confluent_kafka import KafkaError, TopicPartition
 
         if positions != self._assigned:
             self._consumer.assign([TopicPartition(t, p, o) for (t, p), o in positions.items()])
@@ -737,21 +739,33 @@ class Doorbell:
         if not positions:
             time.sleep(timeout_s)
             return False
-        started = time.monotonic()
-        message = self._consumer.poll(timeout_s)
-        if message is None:
-            return False
-        if message.error() is not None:  # e.g. a broker away, or no DESCRIBE on its group
+        deadline = time.monotonic() + timeout_s
+        while (remaining := deadline - time.monotonic()) > 0:
+            message = self._consumer.poll(remaining)
+            if message is None:
+                return False
+            error = message.error()
+            if error is None:
+                break
+            if error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
+                # librdkafka looks up the group it never joins; records come all the same.
+                if not self._told_group:
+                    self._told_group = True
+                    log.info("%s: waiting for records without its group: %s", self.flow, error)
+                continue
+            # e.g. a broker away: the caller lists the partitions' ends itself meanwhile
             if self.error is None:
                 log.warning(
                     "%s: waiting for records with a consumer failed (%s): the flow lists its "
                     "partitions' ends every %.1f s instead while idle",
                     self.flow,
-                    message.error().str(),
+                    error.str(),
                     timeout_s,
                 )
-            self.error = message.error().str()
-            time.sleep(max(0.0, timeout_s - (time.monotonic() - started)))
+            self.error = error.str()
+            time.sleep(max(0.0, deadline - time.monotonic()))
+            return False
+        else:
             return False
         self.error = None
         # Seen, not consumed: assign again at the positions before the next wait.
