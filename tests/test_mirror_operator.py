@@ -1,8 +1,10 @@
-"""MirrorFlowOperator's stop paths and Params, with stand-in job processes (no Spark)."""
+"""MirrorFlowOperator's stop paths, Params and Spark connection, with stand-in job processes
+(no Spark)."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -52,10 +54,12 @@ def fake_job(files: jobs.JobFiles, obeys_stop_file: bool) -> subprocess.Popen:
 
 
 def test_killing_the_task_lets_the_job_finish_its_batch_instead_of_killing_it(operator):
-    operator._hook = operator._get_hook()
-    assert operator._hook._connection["master"] == "local[1]"
+    from mirrorflow.airflow.hooks import MirrorJobHook
+
+    operator._hook = MirrorJobHook(operator.conn_id)
+    assert operator._hook.master() == "local[1]"
     job = fake_job(operator._job_files, obeys_stop_file=True)
-    operator._hook._submit_sp = job
+    operator._hook.process = job
     started = time.monotonic()
     operator.on_kill()  # what Airflow calls when the task is marked failed or times out
     assert operator._job_files.stop_file.exists()
@@ -65,9 +69,11 @@ def test_killing_the_task_lets_the_job_finish_its_batch_instead_of_killing_it(op
 
 def test_a_job_that_ignores_the_stop_request_is_killed_after_the_grace_period(operator):
     operator.stop_grace_period = 2
-    operator._hook = operator._get_hook()
+    from mirrorflow.airflow.hooks import MirrorJobHook
+
+    operator._hook = MirrorJobHook(operator.conn_id)
     job = fake_job(operator._job_files, obeys_stop_file=False)
-    operator._hook._submit_sp = job
+    operator._hook.process = job
     started = time.monotonic()
     operator.on_kill()
     assert job.wait(5) < 0  # killed by a signal
@@ -82,9 +88,7 @@ def test_pausing_the_dag_while_the_job_runs_asks_it_to_stop(operator):
         dag_id="mirror__primary__secondary",
         get_dag=lambda dag_id: SimpleNamespace(is_paused=next(answers, True)),
     )
-    watcher = _JobWatcher(
-        operator, SimpleNamespace(_submit_sp=None), operator._job_files, {"ti": ti}
-    )
+    watcher = _JobWatcher(operator, SimpleNamespace(process=None), operator._job_files, {"ti": ti})
     watcher.start()
     try:
         deadline = time.monotonic() + 10
@@ -99,9 +103,7 @@ def test_a_dag_already_paused_when_the_run_starts_keeps_its_job_running(operator
     from mirrorflow.airflow.operators import _JobWatcher
 
     ti = SimpleNamespace(dag_id="d", get_dag=lambda dag_id: SimpleNamespace(is_paused=True))
-    watcher = _JobWatcher(
-        operator, SimpleNamespace(_submit_sp=None), operator._job_files, {"ti": ti}
-    )
+    watcher = _JobWatcher(operator, SimpleNamespace(process=None), operator._job_files, {"ti": ti})
     watcher.start()
     time.sleep(1)  # five checks
     watcher.stop()
@@ -137,3 +139,45 @@ def test_a_missing_flow_file_fails_the_task_naming_it(operator):
     operator.flow_files = ["examples/no-such-flow.properties"]
     with pytest.raises(AirflowException, match=r"no-such-flow\.properties"):
         operator._flow_file_paths()
+
+
+@pytest.mark.parametrize(
+    ("connection", "master"),
+    [
+        ({"conn_type": "spark", "host": "local[2]"}, "local[2]"),
+        (
+            {"conn_type": "spark", "host": "spark://127.0.0.1", "port": 7077},
+            "spark://127.0.0.1:7077",
+        ),
+        (None, "local[*]"),  # no spark_default: local, as `mirrorflow mirror` runs it
+    ],
+)
+def test_the_spark_master_comes_from_the_airflow_connection(monkeypatch, connection, master):
+    from mirrorflow.airflow.hooks import MirrorJobHook
+
+    monkeypatch.delenv("AIRFLOW_CONN_SPARK_DEFAULT", raising=False)
+    if connection is not None:
+        monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps(connection))
+    assert MirrorJobHook().master() == master
+
+
+def test_a_named_spark_connection_that_does_not_exist_fails_the_task_naming_it(monkeypatch):
+    from airflow.sdk.exceptions import AirflowException
+
+    from mirrorflow.airflow.hooks import MirrorJobHook
+
+    with pytest.raises(AirflowException, match="'spark_prod' does not exist"):
+        MirrorJobHook("spark_prod").master()
+
+
+def test_the_job_is_launched_in_its_own_process_group_and_its_error_line_is_kept(tmp_path):
+    from mirrorflow.airflow.hooks import MirrorJobHook
+
+    hook = MirrorJobHook()
+    script = "import os, pathlib, sys; "
+    script += "pathlib.Path('group').write_text(str(os.getpgid(0) == os.getpid())); "
+    script += "print('mirrorflow: error: flow a->b stopped: refused'); sys.exit(2)"
+    code = hook.submit([sys.executable, "-c", script], cwd=tmp_path, env=dict(os.environ))
+    assert code == 2
+    assert (tmp_path / "group").read_text() == "True", "the job shares the task's process group"
+    assert hook.error_line == "mirrorflow: error: flow a->b stopped: refused"

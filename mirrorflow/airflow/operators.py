@@ -1,11 +1,12 @@
 """``MirrorFlowOperator``: a flow's Spark mirror job as one long-running Airflow task.
 
-It is the provider's ``SparkSubmitOperator`` with the mirror job's command filled in at run
-time (never at parse time: no file is read when the DAG is parsed):
+At run time (never at parse time: no file is read when the DAG is parsed) it builds the one
+``spark-submit`` command line every launcher uses (:func:`mirrorflow.runtime.launch.mirror_command`)
+and runs it through :class:`~mirrorflow.airflow.hooks.MirrorJobHook`:
 
-* **Spark connection** ``conn_id`` (default ``spark_default``): ``local[*]``, or
-  ``spark://host:7077`` for a standalone cluster. Without a ``spark_default`` connection the job
-  runs on ``local[*]`` (the provider would fall back to YARN). The driver always runs in client
+* **Spark connection** ``conn_id`` (default ``spark_default``, of the Spark provider's type
+  ``spark``): ``local[*]``, or ``spark://host:7077`` for a standalone cluster. Without a
+  ``spark_default`` connection the job runs on ``local[*]``. The driver always runs in client
   mode, beside the task: the stop file and the pid file are local files.
 * **Only paths on the command line**: flow files (relative ones against the project root, which
   is also the job's working directory, so the flow files' ``${file:…}`` references resolve as
@@ -25,29 +26,24 @@ time (never at parse time: no file is read when the DAG is parsed):
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import BaseHook
-from airflow.sdk.exceptions import AirflowException, AirflowNotFoundException
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException
 
+from mirrorflow.airflow.hooks import DEFAULT_CONN_ID, MirrorJobHook
 from mirrorflow.paths import project_root
 from mirrorflow.runtime import jobs, launch
 
-DEFAULT_CONN_ID = "spark_default"
-LOCAL_SPARK_CONNECTION = {"conn_type": "spark", "host": "local[*]"}
 STARTING_OFFSETS = ("default", "earliest", "latest", "timestamp")
 
 
-class MirrorFlowOperator(SparkSubmitOperator):
+class MirrorFlowOperator(BaseOperator):
     """Run the mirror job of ``flow`` (``"SOURCE->TARGET"``) defined by ``flow_files``.
 
     :param flow: the flow to run, e.g. ``"primary->secondary"``
@@ -56,6 +52,9 @@ class MirrorFlowOperator(SparkSubmitOperator):
         (default ``$MIRRORFLOW_STATE/flows``)
     :param stop_grace_period: how long a stop waits for the batch in progress to finish
     :param pause_check_interval: seconds between checks whether the DAG was paused
+    :param conn_id: the Airflow connection naming the Spark master (default ``spark_default``)
+    :param driver_memory: the Spark driver's memory
+    :param conf: Spark settings added to (or overriding) the mirror job's own
     """
 
     ui_color = "#e0f0ff"
@@ -70,30 +69,22 @@ class MirrorFlowOperator(SparkSubmitOperator):
         pause_check_interval: float = 10.0,
         conn_id: str = DEFAULT_CONN_ID,
         driver_memory: str = "1g",
+        conf: dict[str, str] | None = None,
         **kwargs: Any,
     ) -> None:
         jobs.split_flow(flow)
         if not flow_files:
             raise ValueError(f"flow {flow}: no flow files given")
-        if kwargs.get("deploy_mode") not in (None, "client"):
-            raise ValueError("a mirror job runs in client mode (its stop file is local)")
-        kwargs.setdefault("name", f"mirrorflow {flow}")
-        super().__init__(
-            application="",
-            conn_id=conn_id,
-            driver_memory=driver_memory,
-            deploy_mode="client",
-            durable=False,
-            **kwargs,
-        )
+        super().__init__(**kwargs)
         self.flow = flow
         self.flow_files = list(flow_files)
         self.state_dir = state_dir
         grace = stop_grace_period
         self.stop_grace_period = grace.total_seconds() if isinstance(grace, timedelta) else grace
         self.pause_check_interval = pause_check_interval
+        self.conn_id, self.driver_memory, self.conf = conn_id, driver_memory, dict(conf or {})
         self._job_files: jobs.JobFiles | None = None
-        self._told_local = False
+        self._hook: MirrorJobHook | None = None
 
     # -- running ---------------------------------------------------------------------------
     def execute(self, context: Any) -> None:
@@ -112,29 +103,30 @@ class MirrorFlowOperator(SparkSubmitOperator):
         files.clear_stop_request()
         first_try = getattr(context.get("ti"), "try_number", 1) <= 1
         starting_offsets = self._start_position(context.get("params") or {}, files, first_try)
-        self.application = str(launch.MIRROR_JOB)
-        self.application_args = launch.job_args(
+        self._hook = hook = MirrorJobHook(self.conn_id)
+        master = hook.master()
+        command = launch.mirror_command(
             flow_files,
             self.flow,
+            master=master,
+            driver_memory=self.driver_memory,
+            conf=self.conf,
             state_dir=files.state_dir,
             stop_file=files.stop_file,
             starting_offsets=starting_offsets,
         )
-        environment = launch.job_environment()
-        self.env_vars = {k: environment[k] for k in ("PYSPARK_PYTHON", "PYTHONPATH")}
-        self._spark_binary = self._spark_binary or launch.spark_submit()
-        master = self._get_hook()._connection["master"]
-        self.conf = {**launch.spark_conf(), **(self.conf or {})}
-        self._hook = hook = self._get_hook()
         self.log.info("running flow %s on Spark master %s", self.flow, master)
         watcher = _JobWatcher(self, hook, files, context)
         watcher.start()
         try:
-            hook.submit(self.application, cwd=str(project_root()), start_new_session=True)
+            code = hook.submit(command, cwd=project_root(), env=launch.job_environment())
         finally:
             watcher.stop()
-            if hook._submit_sp is not None:
-                files.forget(hook._submit_sp.pid)
+            if hook.process is not None:
+                files.forget(hook.process.pid)
+        if code != 0 and not (watcher.paused or files.stop_file.exists()):
+            reason = hook.error_line or f"exit code {code}; see the log above"
+            raise AirflowException(f"the mirror job of {self.flow} failed: {reason}")
         if watcher.paused:
             self.log.info("the DAG was paused: the mirror job of %s has stopped", self.flow)
         elif files.stop_file.exists():
@@ -188,23 +180,11 @@ class MirrorFlowOperator(SparkSubmitOperator):
             )
         return position
 
-    def _get_hook(self):
-        if _connection_exists(self._conn_id):
-            return super()._get_hook()
-        if self._conn_id != DEFAULT_CONN_ID:
-            raise AirflowException(f"the Spark connection {self._conn_id!r} does not exist")
-        if not self._told_local:
-            self._told_local = True
-            self.log.info("no Airflow connection %r: running Spark on local[*]", self._conn_id)
-        with _environment("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps(LOCAL_SPARK_CONNECTION)):
-            return super()._get_hook()
-
     # -- stopping --------------------------------------------------------------------------
     def on_kill(self) -> None:
         files, hook = self._job_files, self._hook
-        process = hook._submit_sp if hook is not None else None
+        process = hook.process if hook is not None else None
         if files is None or process is None or process.poll() is not None:
-            super().on_kill()
             return
         self.log.info(
             "stopping the mirror job of %s: finishing its batch (at most %.0fs)",
@@ -216,7 +196,6 @@ class MirrorFlowOperator(SparkSubmitOperator):
         jobs.spawn_reaper(files, process.pid, self.stop_grace_period)
         if jobs.wait_for_exit(process.pid, self.stop_grace_period):
             self.log.info("the mirror job of %s stopped cleanly", self.flow)
-        super().on_kill()  # the provider's kill, if it is still running
         jobs.kill_job(files, process.pid, self.log.warning)
 
 
@@ -244,7 +223,7 @@ class _JobWatcher:
         next_check = 0.0
         clock = threading.Event()
         while not self._done.is_set():
-            process = self.hook._submit_sp
+            process = self.hook.process
             if process is not None and recorded != process.pid:
                 recorded = process.pid
                 self.files.record(process.pid)
@@ -273,24 +252,3 @@ class _JobWatcher:
         except Exception as exc:
             self.operator.log.info("cannot watch whether the DAG is paused: %s", exc)
             return None
-
-
-def _connection_exists(conn_id: str) -> bool:
-    try:
-        BaseHook.get_connection(conn_id)
-    except AirflowNotFoundException:
-        return False
-    return True
-
-
-@contextlib.contextmanager
-def _environment(name: str, value: str) -> Iterator[None]:
-    previous = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = previous

@@ -66,14 +66,15 @@ def mirror_command(
     *,
     master: str = "local[*]",
     driver_memory: str = "1g",
+    conf: dict[str, str] | None = None,
     **job_options,
 ) -> list[str]:
     """The full ``spark-submit`` command that runs ``flow`` (one name, or several run by one
-    application) of the flow files ``configs``."""
+    application) of the flow files ``configs``; ``conf`` adds or overrides Spark settings."""
     name = f"mirrorflow {', '.join(flow_list(flow))}"
     command = [spark_submit(), "--master", master, "--name", name]
     command += ["--driver-memory", driver_memory]
-    for key, value in spark_conf().items():
+    for key, value in {**spark_conf(), **(conf or {})}.items():
         command += ["--conf", f"{key}={value}"]
     return [*command, str(MIRROR_JOB), *job_args(configs, flow, **job_options)]
 
