@@ -9,16 +9,15 @@ heartbeats come back as ``T.heartbeats`` on S, and further hops give ``S.T.heart
 
 from __future__ import annotations
 
-import logging
 import time
 
+from mirrorflow.errors import ClusterUnreachable
 from mirrorflow.mm2.formats import Heartbeat
-
-log = logging.getLogger(__name__)
 
 
 class HeartbeatEmitter:
-    """Writes a flow's heartbeats; :meth:`beat` is run by the flow's scheduler."""
+    """Writes a flow's heartbeats; :meth:`beat` is run by the flow's scheduler, which counts
+    and logs a heartbeat that failed."""
 
     def __init__(
         self,
@@ -30,11 +29,12 @@ class HeartbeatEmitter:
         self.source_alias, self.target_alias = source_alias, target_alias
         self.producers = producers  # cluster alias -> confluent_kafka.Producer
         self.topic = topic
-        self.failures = 0
 
     def beat(self, timeout_s: float = 10.0) -> None:
-        """Emit one heartbeat to each producer's cluster and wait for the acknowledgements."""
+        """Emit one heartbeat to each producer's cluster and wait for the acknowledgements;
+        :class:`~mirrorflow.errors.ClusterUnreachable` if one was not acknowledged."""
         heartbeat = Heartbeat(self.source_alias, self.target_alias, int(time.time() * 1000))
+        failed: list[str] = []
         for alias, producer in self.producers.items():
             producer.produce(
                 self.topic,
@@ -42,12 +42,9 @@ class HeartbeatEmitter:
                 heartbeat.key(),
                 partition=0,
                 timestamp=heartbeat.timestamp,
-                on_delivery=lambda err, _msg, alias=alias: self._delivered(alias, err),
+                on_delivery=lambda err, _msg, alias=alias: err and failed.append(f"{alias}: {err}"),
             )
-        for producer in self.producers.values():
-            producer.flush(timeout_s)
-
-    def _delivered(self, alias: str, err) -> None:
-        if err is not None:
-            self.failures += 1
-            log.warning("heartbeat to %s on %s failed: %s", self.topic, alias, err)
+        unsent = sum(producer.flush(timeout_s) for producer in self.producers.values())
+        if failed or unsent:
+            cause = failed[0] if failed else f"not acknowledged within {timeout_s:.0f}s"
+            raise ClusterUnreachable(f"heartbeat to {self.topic} failed: {cause}")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from mirrorflow.config.topology import Flow, load_topology
 from mirrorflow.errors import MirrorflowError
-from mirrorflow.replication.positions import offsets_topic
+from mirrorflow.replication.positions import OFFSETS_TOPIC_PARTITIONS, offsets_topic
 
 
 @dataclass
@@ -54,7 +54,7 @@ class MirrorSpec:
     # (``<target>.exactly.once.source.support = enabled``) commits them with the copies.
     exactly_once: bool = False
     offsets_topic: str = ""
-    offsets_partitions: int = 25
+    offsets_partitions: int = OFFSETS_TOPIC_PARTITIONS
     offsets_replication_factor: int = 3
     target_consumer: dict[str, str] = field(default_factory=dict, repr=False)
     source_consumer_client: dict[str, str] = field(default_factory=dict, repr=False)  # librdkafka
@@ -127,7 +127,7 @@ def spec_for_flow(
         starting_offsets=starting_offsets or reset,
         exactly_once=exactly_once,
         offsets_topic=offsets_topic(flow.source),
-        offsets_partitions=_worker_int(flow, "offset.storage.partitions", 25),
+        offsets_partitions=_worker_int(flow, "offset.storage.partitions", OFFSETS_TOPIC_PARTITIONS),
         offsets_replication_factor=_worker_int(flow, "offset.storage.replication.factor", 3),
         target_consumer=flow.client_config("target.consumer", librdkafka=True, label="mirror"),
         source_consumer_client=flow.client_config(
