@@ -34,7 +34,15 @@ os.environ["PYSPARK_PYTHON"] = sys.executable
 # closed the streams its handlers write to ("--- Logging error ---" after the summary).
 logging.getLogger("py4j").setLevel(logging.WARNING)
 
-from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+from confluent_kafka.admin import (  # noqa: E402
+    AclBinding,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    NewTopic,
+    ResourcePatternType,
+    ResourceType,
+)
 
 from mirrorflow.devtools import sandbox as sandbox_mod  # noqa: E402
 
@@ -101,3 +109,28 @@ def airflow_home() -> Path:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return home
+
+
+def allow(
+    cluster: sandbox_mod.Cluster,
+    user: str,
+    resource: ResourceType,
+    name: str,
+    *operations: AclOperation,
+) -> None:
+    """Grant ``user`` the ``operations`` on one literal resource of a sandbox cluster."""
+    admin = AdminClient(cluster.client_config())
+    bindings = [
+        AclBinding(
+            resource,
+            name,
+            ResourcePatternType.LITERAL,
+            f"User:{user}",
+            "*",
+            operation,
+            AclPermissionType.ALLOW,
+        )
+        for operation in operations
+    ]
+    for future in admin.create_acls(bindings).values():
+        future.result(timeout=30)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -222,3 +223,12 @@ def offset_syncs(cluster: sandbox_mod.Cluster, topic: str) -> list[OffsetSync]:
         OffsetSync.from_record(key, value)
         for _o, key, value, _h, _t in read_topic(cluster, topic).get(0, [])
     ]
+
+
+def progress(state: Path, flow_dir: str = "primary-secondary") -> dict:
+    """A flow's ``progress.json`` under the state directory (empty until the job writes it)."""
+    path = state / flow_dir / "progress.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}

@@ -5,17 +5,10 @@ from __future__ import annotations
 
 import pytest
 from confluent_kafka import Producer
-from confluent_kafka.admin import (
-    AclBinding,
-    AclOperation,
-    AclPermissionType,
-    AdminClient,
-    ResourcePatternType,
-    ResourceType,
-)
+from confluent_kafka.admin import AclOperation, ResourceType
 
 from mirrorflow.runtime.driver import Doorbell
-from tests.conftest import create_topics
+from tests.conftest import allow, create_topics
 from tests.mirror_harness import wait_for
 
 pytestmark = [pytest.mark.kafka]
@@ -25,21 +18,7 @@ def test_the_doorbell_rings_on_a_new_record_for_a_principal_without_group_acls(s
     cluster = sandbox["primary"]
     topic = topic_name("bell")
     create_topics(cluster, topic, partitions=2)
-    admin = AdminClient(cluster.client_config())
-    grants = [
-        AclBinding(
-            ResourceType.TOPIC,
-            topic,
-            ResourcePatternType.LITERAL,
-            "User:bob",
-            "*",
-            operation,
-            AclPermissionType.ALLOW,
-        )
-        for operation in (AclOperation.READ, AclOperation.DESCRIBE)
-    ]
-    for future in admin.create_acls(grants).values():
-        future.result(30)
+    allow(cluster, "bob", ResourceType.TOPIC, topic, AclOperation.READ, AclOperation.DESCRIBE)
     bell = Doorbell(cluster.client_config("bob"), "primary->secondary")
     positions = {(topic, 0): 0, (topic, 1): 0}
     try:

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import (
-    AclBinding,
     AclBindingFilter,
     AclOperation,
     AclPermissionType,
@@ -23,7 +22,7 @@ from confluent_kafka.admin import (
 )
 
 from mirrorflow.runtime import spark_session
-from tests.conftest import create_topics
+from tests.conftest import allow, create_topics
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -83,30 +82,8 @@ def test_acls_are_enforced_for_principals_that_are_not_super_users(sandbox, topi
     create_topics(cluster, topic)
     _produce(cluster, topic, [(b"k", b"v")])
     admin = AdminClient(cluster.client_config())
-    acls = [
-        AclBinding(
-            ResourceType.TOPIC,
-            topic,
-            ResourcePatternType.LITERAL,
-            "User:alice",
-            "*",
-            op,
-            AclPermissionType.ALLOW,
-        )
-        for op in (AclOperation.READ, AclOperation.DESCRIBE)
-    ] + [
-        AclBinding(
-            ResourceType.GROUP,
-            "*",
-            ResourcePatternType.LITERAL,
-            "User:alice",
-            "*",
-            AclOperation.READ,
-            AclPermissionType.ALLOW,
-        )
-    ]
-    for future in admin.create_acls(acls).values():
-        future.result(timeout=30)
+    allow(cluster, "alice", ResourceType.TOPIC, topic, AclOperation.READ, AclOperation.DESCRIBE)
+    allow(cluster, "alice", ResourceType.GROUP, "*", AclOperation.READ)
 
     described = admin.describe_acls(
         AclBindingFilter(

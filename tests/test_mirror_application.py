@@ -3,7 +3,6 @@ keeping its own progress, errors and pause."""
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
@@ -12,6 +11,7 @@ from mirrorflow.runtime import launch
 from tests.conftest import create_topics
 from tests.mirror_harness import (
     produce,
+    progress,
     read_topic,
     start_mirror,
     stop_job,
@@ -20,14 +20,6 @@ from tests.mirror_harness import (
 )
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
-
-
-def progress(state, flow_dir: str) -> dict:
-    path = state / flow_dir / "progress.json"
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def count(cluster, topic: str) -> int:

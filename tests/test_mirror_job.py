@@ -26,6 +26,7 @@ from tests.mirror_harness import (
     mirror_command,
     offset_syncs,
     produce,
+    progress,
     read_topic,
     run_mirror_once,
     start_mirror,
@@ -579,11 +580,6 @@ def test_an_unreachable_target_is_retried_with_backoff_and_logged_until_it_answe
         )
     finally:
         stop_job(job)
-
-
-def progress(state, flow: str = "primary-secondary") -> dict:
-    path = state / flow / "progress.json"
-    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def test_an_idle_flow_runs_no_spark_job_and_a_new_record_starts_a_batch(
