@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -15,7 +14,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from mirrorflow.devtools import sandbox as sandbox_mod
 from mirrorflow.mm2.formats import OffsetSync
-from mirrorflow.runtime import launch
+from mirrorflow.runtime import jobs, launch
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -227,8 +226,4 @@ def offset_syncs(cluster: sandbox_mod.Cluster, topic: str) -> list[OffsetSync]:
 
 def progress(state: Path, flow_dir: str = "primary-secondary") -> dict:
     """A flow's ``progress.json`` under the state directory (empty until the job writes it)."""
-    path = state / flow_dir / "progress.json"
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
+    return jobs.read_progress(state / flow_dir)

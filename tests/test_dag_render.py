@@ -16,16 +16,27 @@ EXAMPLES = ROOT / "examples"
 SEEDS = ROOT / "tests" / "data" / "seeds"
 
 # Flow files and the DAGs they must give: the examples, and the seeds' active/passive ("a first
-# example", seed 000) and active/active (seed 002) configurations as their sources wrote them.
+# example", seed 000) and active/active (seed 002) configurations as their sources wrote them:
+# a mirror DAG per target cluster, a DAG per flow.
 RENDERED = {
-    "examples/active-passive.properties": ["mirror__primary__secondary"],
-    "examples/active-passive.yaml": ["mirror__primary__secondary"],
+    "examples/active-passive.properties": ["flow__primary__secondary", "mirror__secondary"],
+    "examples/active-passive.yaml": ["flow__primary__secondary", "mirror__secondary"],
     "examples/active-active.properties": [
-        "mirror__primary__secondary",
-        "mirror__secondary__primary",
+        "flow__primary__secondary",
+        "flow__secondary__primary",
+        "mirror__primary",
+        "mirror__secondary",
     ],
-    "tests/data/seeds/000-first-example.properties": ["mirror__primary__secondary"],
-    "tests/data/seeds/002-active-active.properties": ["mirror__dc1__dc2", "mirror__dc2__dc1"],
+    "tests/data/seeds/000-first-example.properties": [
+        "flow__primary__secondary",
+        "mirror__secondary",
+    ],
+    "tests/data/seeds/002-active-active.properties": [
+        "flow__dc1__dc2",
+        "flow__dc2__dc1",
+        "mirror__dc1",
+        "mirror__dc2",
+    ],
 }
 
 
@@ -34,7 +45,9 @@ def render_cli(*args: str | Path) -> int:
 
 
 @pytest.mark.parametrize("flow_file", sorted(RENDERED))
-def test_render_writes_one_mirror_dag_per_enabled_flow(flow_file, tmp_path, capsys):
+def test_render_writes_a_mirror_dag_per_target_and_a_dag_per_enabled_flow(
+    flow_file, tmp_path, capsys
+):
     assert render_cli(ROOT / flow_file, "--out", tmp_path) == 0
     files = sorted(p.name for p in tmp_path.iterdir())
     assert files == [f"{dag_id}.py" for dag_id in RENDERED[flow_file]]
@@ -42,7 +55,8 @@ def test_render_writes_one_mirror_dag_per_enabled_flow(flow_file, tmp_path, caps
         text = (tmp_path / name).read_text()
         assert text.startswith(rendering.GENERATED_MARK + "\n")
         assert f"# Flow files: {flow_file}\n" in text  # inside the project: a relative path
-        assert "# Template:   templates/mirror_dag.py.j2\n" in text
+        kind = name.split("__")[0]
+        assert f"# Template:   templates/{kind}_dag.py.j2\n" in text
     out = capsys.readouterr().out
     assert out.count(": written (flow ") == len(files)
 
@@ -57,7 +71,7 @@ def test_rendering_is_byte_identical_whatever_the_folder_or_working_directory(
     assert render_cli(source, "--out", tmp_path / "b") == 0  # a second render changes nothing
     first = {p.name: p.read_bytes() for p in sorted((tmp_path / "a").iterdir())}
     second = {p.name: p.read_bytes() for p in sorted((tmp_path / "b").iterdir())}
-    assert first == second and len(first) == 2
+    assert first == second and len(first) == 4
     again = rendering.render([source])
     assert [d.text.encode() for d in again.dags] == list(first.values())
 
@@ -69,7 +83,7 @@ def test_the_committed_dags_are_the_fresh_rendering_of_the_active_passive_exampl
     assert render_cli("examples/active-passive.properties", "--out", "dags", "--check") == 0, (
         capsys.readouterr().out
     )
-    assert capsys.readouterr().out == "dags: 1 DAG file(s) up to date\n"
+    assert capsys.readouterr().out == "dags: 2 DAG file(s) up to date\n"
 
 
 def test_check_lists_stale_missing_and_extra_files_and_render_repairs_only_generated_ones(
@@ -77,26 +91,25 @@ def test_check_lists_stale_missing_and_extra_files_and_render_repairs_only_gener
 ):
     source = EXAMPLES / "active-active.properties"
     assert render_cli(source, "--out", tmp_path) == 0
-    stale, missing = tmp_path / "mirror__primary__secondary.py", "mirror__secondary__primary.py"
+    stale, missing = tmp_path / "mirror__secondary.py", "flow__secondary__primary.py"
     stale.write_text(stale.read_text().replace('"retries": 10', '"retries": 3'))
     (tmp_path / missing).unlink()
-    shutil.copy(stale, tmp_path / "mirror__old__flow.py")  # a flow that was since removed
+    shutil.copy(stale, tmp_path / "flow__old__flow.py")  # a flow that was since removed
     own = tmp_path / "my_own_dag.py"
     own.write_text("# written by hand\n")
     capsys.readouterr()
 
     assert render_cli(source, "--out", tmp_path, "--check") == 1
     assert capsys.readouterr().out.splitlines() == [
-        "stale:   mirror__primary__secondary.py (differs from a fresh rendering)",
-        "missing: mirror__secondary__primary.py",
-        "extra:   mirror__old__flow.py (generated, but no enabled flow renders it)",
+        "stale:   mirror__secondary.py (differs from a fresh rendering)",
+        "missing: flow__secondary__primary.py",
+        "extra:   flow__old__flow.py (generated, but no enabled flow renders it)",
         f"{tmp_path} is out of date: run `mirrorflow render {source} --out {tmp_path}`",
     ]
     assert render_cli(source, "--out", tmp_path) == 0
     assert render_cli(source, "--out", tmp_path, "--check") == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "mirror__primary__secondary.py",
-        "mirror__secondary__primary.py",
+        *(f"{dag_id}.py" for dag_id in RENDERED["examples/active-active.properties"]),
         "my_own_dag.py",
     ]
     assert own.read_text() == "# written by hand\n"
@@ -106,7 +119,7 @@ def test_options_change_the_dags_and_check_compares_with_the_same_options(tmp_pa
     source = EXAMPLES / "active-passive.properties"
     options = ("--retries", "3", "--spark-conn-id", "spark_x")
     assert render_cli(source, "--out", tmp_path, *options) == 0
-    text = (tmp_path / "mirror__primary__secondary.py").read_text()
+    text = (tmp_path / "mirror__secondary.py").read_text()
     assert '"retries": 3,' in text and 'conn_id="spark_x",' in text
     assert "--spark-conn-id spark_x --retries 3 --out <this folder>" in text
     assert render_cli(source, "--out", tmp_path, "--check") == 1
@@ -124,7 +137,7 @@ def test_render_refuses_flow_files_with_validation_errors_and_writes_nothing(tmp
 
 
 def test_a_hand_written_file_with_a_generated_name_is_never_overwritten(tmp_path, capsys):
-    mine = tmp_path / "mirror__primary__secondary.py"
+    mine = tmp_path / "mirror__secondary.py"
     mine.write_text("# mine\n")
     assert render_cli(EXAMPLES / "active-passive.properties", "--out", tmp_path) == 2
     assert "was not generated by mirrorflow render" in capsys.readouterr().err
@@ -147,13 +160,15 @@ def test_generated_dags_hold_no_secrets_only_flow_names_and_paths(tmp_path):
         "primary->backup.topics = payments.*\n"
     )
     result = rendering.render([flow_file])
-    assert [d.dag_id for d in result.dags] == ["mirror__primary__backup"]
-    text = result.dags[0].text
-    for secret in (password, host, "backup-host", "alice", "jaas", "SASL", "truststore"):
-        assert secret not in text
-    assert str(flow_file) in text  # outside the project: the absolute path
-    # Every string literal in the file is a name, a path or fixed text from the template.
-    assert 'FLOW = "primary->backup"' in text
+    assert [d.dag_id for d in result.dags] == ["flow__primary__backup", "mirror__backup"]
+    for dag in result.dags:
+        for secret in (password, host, "backup-host", "alice", "jaas", "SASL", "truststore"):
+            assert secret not in dag.text
+    flow_dag, mirror_dag = (d.text for d in result.dags)
+    assert str(flow_file) in mirror_dag  # outside the project: the absolute path
+    # Every string literal in the files is a name, a path or fixed text from the template.
+    assert 'FLOW = "primary->backup"' in flow_dag
+    assert '"primary->backup": "flow__primary__backup",' in mirror_dag
 
 
 def test_generated_dags_import_into_airflow_without_errors(tmp_path, record_property, capsys):
@@ -176,18 +191,46 @@ def test_generated_dags_import_into_airflow_without_errors(tmp_path, record_prop
             report.append(f"{seconds * 1000:7.0f} ms  {label}: {path.name}")
             (dag,) = bag.dags.values()
             assert dag.dag_id == path.stem
-            _, source, target = dag.dag_id.split("__")
-            flow = f"{source}->{target}"
-            assert dag.schedule == "@continuous"
-            assert dag.max_active_runs == 1
-            assert {"mirrorflow", "kind:mirror", f"flow:{flow}"} <= set(dag.tags)
-            assert f"flow `{flow}`" in dag.doc_md
-            assert set(dag.params) == {"starting_offsets", "starting_timestamp", "restart"}
+            kind, *names = dag.dag_id.split("__")
+            assert {"mirrorflow", f"kind:{kind}"} <= set(dag.tags)
             (task,) = dag.tasks
-            assert type(task).__name__ == "MirrorFlowOperator"
-            assert (task.flow, task.execution_timeout) == (flow, None)
-            assert task.retries == 10 and task.retry_exponential_backoff == 2.0
+            if kind == "mirror":  # the site: every flow into it, in one job, always on
+                (target,) = names
+                assert dag.schedule == "@continuous" and dag.max_active_runs == 1
+                assert type(task).__name__ == "MirrorFlowOperator"
+                assert task.flows and all(f.endswith(f"->{target}") for f in task.flows)
+                assert task.flow_dags == {
+                    f: "flow__{}__{}".format(*f.split("->")) for f in task.flows
+                }
+                assert task.execution_timeout is None
+                assert task.retries == 10 and task.retry_exponential_backoff == 2.0
+            else:  # a flow's switch: unpaused at creation, runs only when triggered
+                flow = "{}->{}".format(*names)
+                assert kind == "flow" and dag.schedule is None
+                assert dag.is_paused_upon_creation is False
+                assert f"flow:{flow}" in dag.tags and f"flow `{flow}`" in dag.doc_md
+                assert set(dag.params) == {"starting_offsets", "starting_timestamp", "restart"}
+                assert type(task).__name__ == "FlowControlOperator" and task.flow == flow
             assert seconds < 10, f"{path.name} took {seconds:.1f}s to parse"
     record_property("dag_parse_times", report)
     with capsys.disabled():
         print("\nDAG parse times (DagBag, one file each):\n" + "\n".join(report))
+
+
+def test_every_flow_into_a_cluster_runs_in_its_mirror_dag_and_keeps_a_dag_of_its_own(tmp_path):
+    # Seed 000's multi-cluster topology: 12 flows into 6 clusters (west-1 receives three).
+    seed = (SEEDS / "000-multi-cluster.properties").read_text()
+    flow_file = tmp_path / "multi-cluster.properties"
+    flow_file.write_text(seed.replace("bootstrap.servers = ...", "bootstrap.servers = h:9092"))
+    result = rendering.render([flow_file])
+    mirror = {d.dag_id: d for d in result.dags if d.kind == "mirror"}
+    flow_dags = sorted(d.dag_id for d in result.dags if d.kind == "flow")
+    assert len(flow_dags) == 12 and len(mirror) == 6
+    assert mirror["mirror__west-1"].flows == ("east-1->west-1", "north-1->west-1", "west-2->west-1")
+    assert sorted(f for d in mirror.values() for f in d.flows) == sorted(
+        "{}->{}".format(*dag_id.split("__")[1:]) for dag_id in flow_dags
+    )
+    text = mirror["mirror__west-1"].text
+    for flow in mirror["mirror__west-1"].flows:
+        source = flow.split("->")[0]
+        assert f'"{flow}": "flow__{source}__west-1",' in text

@@ -1,5 +1,5 @@
 """Several flows in one Spark application: MirrorMaker 2's one process per site, with each flow
-keeping its own progress, errors and pause."""
+keeping its own progress, errors, pause and restart."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from mirrorflow.runtime import launch
+from mirrorflow.runtime import jobs, launch
 from tests.conftest import create_topics
 from tests.mirror_harness import (
     produce,
@@ -26,7 +26,7 @@ def count(cluster, topic: str) -> int:
     return sum(map(len, read_topic(cluster, topic).values()))
 
 
-def test_flows_into_one_site_share_an_application_and_one_pauses_while_the_other_goes_on(
+def test_flows_into_one_site_share_an_application_and_one_pauses_or_restarts_alone(
     sandbox, topic_name, tmp_path
 ):
     primary, secondary, tertiary = sandbox["primary"], sandbox["secondary"], sandbox["tertiary"]
@@ -67,12 +67,19 @@ def test_flows_into_one_site_share_an_application_and_one_pauses_while_the_other
         # Unpaused, the flow resumes from its positions.
         (state / "tertiary-secondary" / "paused").unlink()
         wait_for(lambda: count(secondary, f"tertiary.{b}") >= 150, 120, "the resumed flow")
+        # A restart request (what the flow's DAG writes): the running flow starts over from
+        # the requested position, the other flow and the application go on.
+        jobs.request_restart(state / "tertiary-secondary", "earliest")
+        wait_for(lambda: count(secondary, f"tertiary.{b}") >= 300, 120, "the restarted flow")
+        assert jobs.restart_request(state / "tertiary-secondary") is None
+        assert job.poll() is None
         stop_file.parent.mkdir(parents=True, exist_ok=True)
         stop_file.touch()  # what `mirrorflow mirror` and the operator do to stop the job
         assert job.wait(120) == 0
     finally:
         stop_job(job)
-    assert count(secondary, f"tertiary.{b}") == 150, "the resumed flow copied records twice"
+    # Resumed from its positions, then started over from the earliest: every record twice.
+    assert count(secondary, f"tertiary.{b}") == 300, "the resumed or restarted flow's copies"
     assert count(secondary, f"primary.{a}") == 150
     assert "Traceback" not in log.read_text(errors="replace")
     for flow_dir in ("primary-secondary", "tertiary-secondary"):

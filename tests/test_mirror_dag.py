@@ -1,4 +1,5 @@
-"""The generated mirror DAG run by Airflow (``dag.test()``) against real clusters and Spark."""
+"""The generated DAGs run by Airflow (``dag.test()``) against real clusters and Spark: a site's
+mirror DAG runs its flows' job; a flow's own DAG pauses that flow alone."""
 
 from __future__ import annotations
 
@@ -16,7 +17,16 @@ import pytest
 from mirrorflow.airflow import rendering
 from mirrorflow.runtime import jobs
 from tests.conftest import create_topics
-from tests.mirror_harness import copied, flow_file, produce, read_topic, topic_names, wait_for
+from tests.mirror_harness import (
+    copied,
+    flow_file,
+    produce,
+    progress,
+    read_topic,
+    topic_names,
+    wait_for,
+    write_flow_file,
+)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.airflow]
 
@@ -31,11 +41,12 @@ def records(by_partition: dict[int, list]) -> set[tuple]:
 
 
 def render_into_dags_folder(flow_file: Path) -> Path:
-    """Render the flow file's DAG where Airflow looks for DAGs; return the DAG file."""
+    """Render the flow file's DAGs where Airflow looks for DAGs; return the mirror DAG's file
+    (there is one target site in the tests' flow files)."""
     folder = Path(os.environ["AIRFLOW__CORE__DAGS_FOLDER"]) / "mirrorflow"
     result = rendering.render([flow_file], OPTIONS)
     rendering.write(result, folder)
-    (dag,) = result.dags
+    (dag,) = [d for d in result.dags if d.kind == "mirror"]
     return folder / dag.filename
 
 
@@ -115,7 +126,7 @@ def test_the_mirror_dag_runs_the_spark_job_that_replicates_until_asked_to_stop(
     assert result == {"state": "success", "tasks": {"mirror": ["success", 1]}}
     assert not jobs.process_alive(job) and files.recorded_pid() is None
     output = log.read_text()
-    assert "running flow primary->secondary on Spark master local[2]" in output
+    assert "running primary->secondary on Spark master local[2]" in output
     assert "stopped on request (stop file)" in output
     # Every record once, in order, per partition: a clean stop replays nothing.
     source, target = read_topic(primary, topic), read_topic(secondary, f"primary.{topic}")
@@ -166,6 +177,76 @@ def test_a_killed_spark_job_is_started_again_by_airflow_and_no_record_is_lost(
     assert "no Airflow connection 'spark_default': running Spark on local[*]" in output
     # At-least-once: a record may have been copied twice, none may be missing or made up.
     assert records(read_topic(tertiary, remote)) == records(read_topic(primary, topic))
+
+
+def airflow_cli(*args: str) -> None:
+    """An ``airflow`` command on the tests' metadata DB, as an operator would type it."""
+    airflow = Path(sys.executable).parent / "airflow"
+    result = subprocess.run([str(airflow), *args], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_pausing_a_flows_dag_pauses_that_flow_in_its_sites_job_while_the_other_goes_on(
+    sandbox, airflow_home, topic_name, tmp_path
+):
+    primary, secondary, tertiary = sandbox["primary"], sandbox["secondary"], sandbox["tertiary"]
+    a, b = topic_name("site-a"), topic_name("site-b")
+    create_topics(primary, a, partitions=2)
+    create_topics(tertiary, b, partitions=2)
+    produce(primary, a, 2, 50)
+    produce(tertiary, b, 2, 50)
+    config = write_flow_file(
+        tmp_path / "mm2.properties",
+        sandbox,
+        ["primary", "secondary", "tertiary"],
+        [
+            "primary->secondary.enabled = true",
+            f"primary->secondary.topics = {a}",
+            "tertiary->secondary.enabled = true",
+            f"tertiary->secondary.topics = {b}",
+        ],
+    )
+    dag_file = render_into_dags_folder(config)
+    assert dag_file.name == "mirror__secondary.py"
+    state, log = tmp_path / "state", tmp_path / "dag-test.log"
+    flows = ["primary->secondary", "tertiary->secondary"]
+    files = jobs.JobFiles.for_flows(flows, state / "flows")
+    paused_file = files.flow_dir("tertiary->secondary") / jobs.PAUSED_FILE
+    run = start_dag_test(dag_file, state, log)
+    try:
+        wait_for(lambda: count(secondary, f"primary.{a}") >= 50, 180, "flow a's first copy")
+        wait_for(lambda: count(secondary, f"tertiary.{b}") >= 50, 60, "flow b's first copy")
+        job = files.running_pid()
+        assert job is not None, "the site's job is not recorded in its pid file"
+        # The flow's own DAG paused, as the UI's toggle does (the CLI writes the same flag).
+        airflow_cli("dags", "pause", "flow__tertiary__secondary")
+        wait_for(paused_file.exists, 60, "the operator to pause the flow")
+        wait_for(
+            lambda: progress(state / "flows", "tertiary-secondary").get("state") == "PAUSED",
+            60,
+            "the flow to pause",
+        )
+        produce(primary, a, 2, 30, start=50)
+        produce(tertiary, b, 2, 30, start=50)
+        wait_for(lambda: count(secondary, f"primary.{a}") >= 80, 60, "the other flow's copies")
+        time.sleep(3)
+        assert count(secondary, f"tertiary.{b}") == 50, "the paused flow copied records"
+        assert files.running_pid() == job, "pausing one flow restarted the site's job"
+        airflow_cli("dags", "unpause", "flow__tertiary__secondary")
+        wait_for(lambda: count(secondary, f"tertiary.{b}") >= 80, 120, "the resumed flow")
+        assert not paused_file.exists() and files.running_pid() == job
+        files.request_stop()
+        result = finish(run, log)
+    finally:
+        stop_everything(run, files)
+    assert result == {"state": "success", "tasks": {"mirror": ["success", 1]}}
+    output = log.read_text()
+    assert "running primary->secondary, tertiary->secondary on Spark master" in output
+    assert "flow tertiary->secondary paused" in output and "resumed" in output
+    # Paused and resumed from its positions: nothing copied twice, nothing lost.
+    for source, topic in ((primary, a), (tertiary, b)):
+        remote = f"{source.name}.{topic}"
+        assert copied(read_topic(secondary, remote)) == copied(read_topic(source, topic))
 
 
 def test_a_stop_request_lets_a_job_finish_and_one_that_hangs_is_killed_after_its_grace(

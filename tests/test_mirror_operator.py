@@ -1,5 +1,5 @@
-"""MirrorFlowOperator's stop paths, Params and Spark connection, with stand-in job processes
-(no Spark)."""
+"""MirrorFlowOperator's stop and pause paths and Spark connection, FlowControlOperator's
+Params, with stand-in job processes (no Spark)."""
 
 from __future__ import annotations
 
@@ -28,13 +28,17 @@ def operator(tmp_path, monkeypatch):
 
     op = MirrorFlowOperator(
         task_id="mirror",
-        flow="primary->secondary",
+        flows=["primary->secondary", "tertiary->secondary"],
+        flow_dags={
+            "primary->secondary": "flow__primary__secondary",
+            "tertiary->secondary": "flow__tertiary__secondary",
+        },
         flow_files=["examples/active-passive.properties"],
         state_dir=str(tmp_path / "flows"),
         stop_grace_period=timedelta(seconds=20),
         pause_check_interval=0.2,
     )
-    op._job_files = jobs.JobFiles.for_flow(op.flow, op.state_dir)
+    op._job_files = jobs.JobFiles.for_flows(op.flows, op.state_dir)
     op._job_files.directory.mkdir(parents=True)
     return op
 
@@ -85,8 +89,10 @@ def test_pausing_the_dag_while_the_job_runs_asks_it_to_stop(operator):
 
     answers = iter([False, False, True])
     ti = SimpleNamespace(
-        dag_id="mirror__primary__secondary",
-        get_dag=lambda dag_id: SimpleNamespace(is_paused=next(answers, True)),
+        dag_id="mirror__secondary",
+        get_dag=lambda dag_id: SimpleNamespace(
+            is_paused=next(answers, True) if dag_id == "mirror__secondary" else False
+        ),
     )
     watcher = _JobWatcher(operator, SimpleNamespace(process=None), operator._job_files, {"ti": ti})
     watcher.start()
@@ -110,27 +116,94 @@ def test_a_dag_already_paused_when_the_run_starts_keeps_its_job_running(operator
     assert not watcher.paused and not operator._job_files.stop_file.exists()
 
 
-def test_params_choose_the_start_position_and_restart_asks_the_job_to_start_over(operator):
-    files = operator._job_files
-    assert operator._start_position({"starting_offsets": "default"}, files) is None
-    assert operator._start_position({"starting_offsets": "latest"}, files) == "latest"
-    when = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
-    position = operator._start_position(
-        {"starting_offsets": "timestamp", "starting_timestamp": "2026-03-01T12:00:00Z"}, files
+def test_a_flow_is_paused_while_its_own_dag_is_and_resumed_when_unpaused(operator):
+    from mirrorflow.airflow.operators import _JobWatcher
+
+    paused = {"mirror__secondary": False, "flow__tertiary__secondary": True}
+    ti = SimpleNamespace(
+        dag_id="mirror__secondary",
+        get_dag=lambda dag_id: SimpleNamespace(is_paused=paused.get(dag_id, False)),
     )
-    assert position == str(int(when.timestamp() * 1000))
-    assert not files.restart_file.exists(), "a start position alone must not restart the flow"
-    params = {"starting_offsets": "earliest", "restart": True}
-    assert operator._start_position(params, files) == "earliest"
-    assert files.restart_file.exists()
-    # A retry of the same run resumes from what its first try copied: no second restart.
-    files.restart_file.unlink()
-    assert operator._start_position(params, files, first_try=False) == "earliest"
-    assert not files.restart_file.exists()
+    files = operator._job_files
+    one, other = (files.flow_dir(f) / jobs.PAUSED_FILE for f in operator.flows)
+    one.parent.mkdir(parents=True, exist_ok=True)
+    one.touch()  # left from an earlier run: its DAG is unpaused now
+    watcher = _JobWatcher(operator, SimpleNamespace(process=None), files, {"ti": ti})
+    watcher.sync_flow_pauses()  # before the job starts: a paused flow does not start at all
+    assert other.exists() and not one.exists()
+    watcher.start()
+    try:
+        paused["flow__tertiary__secondary"] = False
+        paused["flow__primary__secondary"] = True
+        deadline = time.monotonic() + 10
+        while (other.exists() or not one.exists()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        watcher.stop()
+    assert one.exists() and not other.exists()
+    assert not watcher.paused and not files.stop_file.exists(), "the whole job was stopped"
+
+
+@pytest.fixture
+def control(tmp_path):
+    from mirrorflow.airflow.operators import FlowControlOperator
+
+    return FlowControlOperator(
+        task_id="control",
+        flow="tertiary->secondary",
+        state_dir=str(tmp_path / "flows"),
+        wait_timeout=timedelta(seconds=10),
+    )
+
+
+def test_params_give_the_start_position():
     from airflow.sdk.exceptions import AirflowException
 
+    from mirrorflow.airflow.operators import start_position
+
+    assert start_position({"starting_offsets": "default"}) is None
+    assert start_position({}) is None
+    assert start_position({"starting_offsets": "latest"}) == "latest"
+    when = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+    stamp = {"starting_offsets": "timestamp", "starting_timestamp": "2026-03-01T12:00:00Z"}
+    assert start_position(stamp) == str(int(when.timestamp() * 1000))
     with pytest.raises(AirflowException, match="needs starting_timestamp"):
-        operator._start_position({"starting_offsets": "timestamp"}, files)
+        start_position({"starting_offsets": "timestamp"})
+    with pytest.raises(AirflowException, match="must be one of"):
+        start_position({"starting_offsets": "beginning"})
+
+
+def test_a_flow_run_with_restart_asks_the_running_job_to_start_the_flow_over(control):
+    import threading
+
+    flow_dir = control.flow_dir
+    flow_dir.mkdir(parents=True)
+    (flow_dir / jobs.PROGRESS_FILE).write_text(json.dumps({"state": "RUNNING", "records": 7}))
+    # A start position alone does not move a flow that has progress.
+    assert control.execute({"params": {"starting_offsets": "latest"}})["records"] == 7
+    assert jobs.restart_request(flow_dir) is None
+
+    def running_job_takes_the_request():  # as the application and the driver do
+        while jobs.restart_request(flow_dir) != "earliest":
+            time.sleep(0.05)
+        (flow_dir / jobs.RESTART_FILE).unlink()
+
+    taker = threading.Thread(target=running_job_takes_the_request)
+    taker.start()
+    started = time.monotonic()
+    control.execute({"params": {"starting_offsets": "earliest", "restart": True}})
+    taker.join(5)
+    assert time.monotonic() - started < 5, "the task did not see the request taken"
+    # Without a running job the request stays for the flow's next start.
+    control.wait_timeout = 1
+    control.execute({"params": {"starting_offsets": "default", "restart": True}})
+    assert jobs.restart_request(flow_dir) == ""  # the job's own start position
+
+
+def test_a_start_position_starts_a_flow_without_progress_there(control):
+    control.wait_timeout = 0
+    control.execute({"params": {"starting_offsets": "latest"}})
+    assert jobs.restart_request(control.flow_dir) == "latest"
 
 
 def test_a_missing_flow_file_fails_the_task_naming_it(operator):

@@ -1,5 +1,7 @@
-"""``MirrorFlowOperator``: a flow's Spark mirror job as one long-running Airflow task.
+"""Operators of the generated DAGs: a site's Spark mirror job, and each flow's control.
 
+``MirrorFlowOperator`` runs one mirror job, an application of every flow it is given (the site
+DAG ``mirror__<target>`` gives it every enabled flow into ``<target>``), as one long-running task.
 At run time (never at parse time: no file is read when the DAG is parsed) it builds the one
 ``spark-submit`` command line every launcher uses (:func:`mirrorflow.runtime.launch.mirror_command`)
 and runs it through :class:`~mirrorflow.airflow.hooks.MirrorJobHook`:
@@ -10,18 +12,23 @@ and runs it through :class:`~mirrorflow.airflow.hooks.MirrorJobHook`:
   mode, beside the task: the stop file and the pid file are local files.
 * **Only paths on the command line**: flow files (relative ones against the project root, which
   is also the job's working directory, so the flow files' ``${file:…}`` references resolve as
-  they do for ``mirrorflow`` commands), the flow's name, the state directory, the stop file.
+  they do for ``mirrorflow`` commands), the flows' names, the state directory, the stop file.
 * **A clean stop**: the job runs in its own process group. ``on_kill`` (task marked failed,
-  timeout) creates the stop file, waits ``stop_grace_period`` for the batch in progress to
-  finish, and only then falls back to the provider's kill. Pausing the DAG while the job runs
-  has the same effect, and the task then ends successfully.
+  timeout) creates the stop file, waits ``stop_grace_period`` for the batches in progress to
+  finish, and only then falls back to a kill. Pausing the DAG while the job runs has the same
+  effect, and the task then ends successfully.
+* **One flow paused, the others going on**: each flow has a DAG of its own (``flow_dags``,
+  ``flow__<source>__<target>``); while that DAG is paused the flow is paused inside the
+  running application (its ``S-T/paused`` file), and unpausing it resumes the flow.
 * **Restarts without loss**: a job that dies fails the task; the DAG's retries start it again
   and it resumes from its positions (in the target's ``mm2-offsets.<source>.internal``). A job
   left over from an earlier try (its task killed) is stopped before a new one starts, so two
-  never copy the same flow at once.
-* **Params** of a manual run: ``starting_offsets`` (default/earliest/latest/timestamp) with
-  ``starting_timestamp``, and ``restart`` (start over at the chosen position, the flow's
-  positions overwritten).
+  never copy the same flows at once.
+
+``FlowControlOperator`` is the task of a flow's own DAG: a manual run with Params restarts the
+flow at a start position (``starting_offsets``: default/earliest/latest/timestamp, with
+``starting_timestamp``; ``restart``), inside the running application, and reports the flow's
+state and progress.
 """
 
 from __future__ import annotations
@@ -44,14 +51,17 @@ STARTING_OFFSETS = ("default", "earliest", "latest", "timestamp")
 
 
 class MirrorFlowOperator(BaseOperator):
-    """Run the mirror job of ``flow`` (``"SOURCE->TARGET"``) defined by ``flow_files``.
+    """Run the mirror job of ``flows`` (``"SOURCE->TARGET"`` each) defined by ``flow_files``,
+    all of them in one Spark application.
 
-    :param flow: the flow to run, e.g. ``"primary->secondary"``
-    :param flow_files: its flow files (mm2.properties or YAML), merged in order
-    :param state_dir: where the job keeps its local files: progress, stop and restart requests
-        (default ``$MIRRORFLOW_STATE/flows``)
-    :param stop_grace_period: how long a stop waits for the batch in progress to finish
-    :param pause_check_interval: seconds between checks whether the DAG was paused
+    :param flows: the flows to run, e.g. ``["primary->secondary", "tertiary->secondary"]``
+    :param flow: one flow (instead of ``flows``)
+    :param flow_files: their flow files (mm2.properties or YAML), merged in order
+    :param flow_dags: per flow, the DAG whose pause pauses that flow (``flow__S__T``)
+    :param state_dir: where the job keeps its local files: progress, stop, pause and restart
+        requests (default ``$MIRRORFLOW_STATE/flows``)
+    :param stop_grace_period: how long a stop waits for the batches in progress to finish
+    :param pause_check_interval: seconds between checks whether the DAGs were paused
     :param conn_id: the Airflow connection naming the Spark master (default ``spark_default``)
     :param driver_memory: the Spark driver's memory
     :param conf: Spark settings added to (or overriding) the mirror job's own
@@ -62,8 +72,10 @@ class MirrorFlowOperator(BaseOperator):
     def __init__(
         self,
         *,
-        flow: str,
         flow_files: Sequence[str],
+        flows: Sequence[str] | None = None,
+        flow: str | None = None,
+        flow_dags: dict[str, str] | None = None,
         state_dir: str | None = None,
         stop_grace_period: timedelta | float = timedelta(seconds=60),
         pause_check_interval: float = 10.0,
@@ -72,12 +84,20 @@ class MirrorFlowOperator(BaseOperator):
         conf: dict[str, str] | None = None,
         **kwargs: Any,
     ) -> None:
-        jobs.split_flow(flow)
+        names = list(flows or ()) + ([flow] if flow else [])
+        if not names:
+            raise ValueError("no flow given: pass flows=[...] (or flow=...)")
+        for name in names:
+            jobs.split_flow(name)
         if not flow_files:
-            raise ValueError(f"flow {flow}: no flow files given")
+            raise ValueError(f"flows {', '.join(names)}: no flow files given")
+        unknown = sorted(set(flow_dags or {}) - set(names))
+        if unknown:
+            raise ValueError(f"flow_dags names flows this job does not run: {unknown}")
         super().__init__(**kwargs)
-        self.flow = flow
+        self.flows = list(dict.fromkeys(names))
         self.flow_files = list(flow_files)
+        self.flow_dags = dict(flow_dags or {})
         self.state_dir = state_dir
         grace = stop_grace_period
         self.stop_grace_period = grace.total_seconds() if isinstance(grace, timedelta) else grace
@@ -86,9 +106,13 @@ class MirrorFlowOperator(BaseOperator):
         self._job_files: jobs.JobFiles | None = None
         self._hook: MirrorJobHook | None = None
 
+    @property
+    def label(self) -> str:
+        return ", ".join(self.flows)
+
     # -- running ---------------------------------------------------------------------------
     def execute(self, context: Any) -> None:
-        files = jobs.JobFiles.for_flow(self.flow, self.state_dir)
+        files = jobs.JobFiles.for_flows(self.flows, self.state_dir)
         self._job_files = files
         flow_files = self._flow_file_paths()
         leftover = files.running_pid()
@@ -96,27 +120,25 @@ class MirrorFlowOperator(BaseOperator):
             self.log.warning(
                 "a mirror job of %s from an earlier try is still running (pid %d): "
                 "stopping it before starting a new one",
-                self.flow,
+                self.label,
                 leftover,
             )
             jobs.stop_job(files, leftover, self.stop_grace_period, self.log.warning)
         files.clear_stop_request()
-        first_try = getattr(context.get("ti"), "try_number", 1) <= 1
-        starting_offsets = self._start_position(context.get("params") or {}, files, first_try)
         self._hook = hook = MirrorJobHook(self.conn_id)
         master = hook.master()
         command = launch.mirror_command(
             flow_files,
-            self.flow,
+            self.flows,
             master=master,
             driver_memory=self.driver_memory,
             conf=self.conf,
             state_dir=files.state_dir,
             stop_file=files.stop_file,
-            starting_offsets=starting_offsets,
         )
-        self.log.info("running flow %s on Spark master %s", self.flow, master)
         watcher = _JobWatcher(self, hook, files, context)
+        watcher.sync_flow_pauses()  # a flow whose DAG is paused does not start at all
+        self.log.info("running %s on Spark master %s", self.label, master)
         watcher.start()
         try:
             code = hook.submit(command, cwd=project_root(), env=launch.job_environment())
@@ -126,59 +148,14 @@ class MirrorFlowOperator(BaseOperator):
                 files.forget(hook.process.pid)
         if code != 0 and not (watcher.paused or files.stop_file.exists()):
             reason = hook.error_line or f"exit code {code}; see the log above"
-            raise AirflowException(f"the mirror job of {self.flow} failed: {reason}")
+            raise AirflowException(f"the mirror job of {self.label} failed: {reason}")
         if watcher.paused:
-            self.log.info("the DAG was paused: the mirror job of %s has stopped", self.flow)
+            self.log.info("the DAG was paused: the mirror job of %s has stopped", self.label)
         elif files.stop_file.exists():
-            self.log.info("the mirror job of %s stopped on request (stop file)", self.flow)
+            self.log.info("the mirror job of %s stopped on request (stop file)", self.label)
 
     def _flow_file_paths(self) -> list[Path]:
-        root = project_root()
-        resolved = [p if p.is_absolute() else root / p for p in map(Path, self.flow_files)]
-        missing = [str(p) for p in resolved if not p.is_file()]
-        if missing:
-            raise AirflowException(
-                f"flow {self.flow}: flow file(s) not found: {', '.join(missing)} "
-                f"(relative paths are read from {root})"
-            )
-        return resolved
-
-    def _start_position(
-        self, params: dict[str, Any], files: jobs.JobFiles, first_try: bool = True
-    ) -> str | None:
-        """``--starting-offsets`` from the run's Params; on restart, the first try asks the job
-        to start over there (a retry resumes from what the first try copied)."""
-        choice = params.get("starting_offsets") or "default"
-        if choice not in STARTING_OFFSETS:
-            raise AirflowException(f"starting_offsets must be one of {', '.join(STARTING_OFFSETS)}")
-        position = None
-        if choice == "timestamp":
-            stamp = params.get("starting_timestamp")
-            if not stamp:
-                raise AirflowException("starting_offsets 'timestamp' needs starting_timestamp")
-            when = datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
-            if when.tzinfo is None:
-                raise AirflowException("starting_timestamp needs a time zone, e.g. ...Z")
-            position = str(int(when.timestamp() * 1000))
-        elif choice != "default":
-            position = choice
-        if params.get("restart") and first_try:
-            files.request_restart()
-            self.log.warning(
-                "restart: %s starts over from %s, its positions overwritten",
-                self.flow,
-                choice,
-            )
-        elif params.get("restart"):
-            self.log.info("restart was done by this run's first try: resuming from its progress")
-        elif position is not None and files.has_progress():
-            self.log.warning(
-                "flow %s resumes from its progress; starting_offsets=%s applies only to a flow "
-                "without progress, or with restart",
-                self.flow,
-                choice,
-            )
-        return position
+        return flow_file_paths(self.flow_files, self.label)
 
     # -- stopping --------------------------------------------------------------------------
     def on_kill(self) -> None:
@@ -187,25 +164,41 @@ class MirrorFlowOperator(BaseOperator):
         if files is None or process is None or process.poll() is not None:
             return
         self.log.info(
-            "stopping the mirror job of %s: finishing its batch (at most %.0fs)",
-            self.flow,
+            "stopping the mirror job of %s: finishing its batches (at most %.0fs)",
+            self.label,
             self.stop_grace_period,
         )
         files.request_stop()
         # If this task is killed before the grace period ends, the reaper still ends the job.
         jobs.spawn_reaper(files, process.pid, self.stop_grace_period)
         if jobs.wait_for_exit(process.pid, self.stop_grace_period):
-            self.log.info("the mirror job of %s stopped cleanly", self.flow)
+            self.log.info("the mirror job of %s stopped cleanly", self.label)
         jobs.kill_job(files, process.pid, self.log.warning)
 
 
+def flow_file_paths(flow_files: Sequence[str], label: str) -> list[Path]:
+    """The flow files as paths (relative ones against the project root); a missing one fails
+    the task, naming it."""
+    root = project_root()
+    resolved = [p if p.is_absolute() else root / p for p in map(Path, flow_files)]
+    missing = [str(p) for p in resolved if not p.is_file()]
+    if missing:
+        raise AirflowException(
+            f"{label}: flow file(s) not found: {', '.join(missing)} "
+            f"(relative paths are read from {root})"
+        )
+    return resolved
+
+
 class _JobWatcher:
-    """While the job runs: records its process id, and stops it if the DAG gets paused."""
+    """While the job runs: records its process id, stops it if its DAG gets paused, and pauses
+    or resumes each flow as its own DAG is paused or unpaused."""
 
     def __init__(self, operator: MirrorFlowOperator, hook, files: jobs.JobFiles, context) -> None:
         self.operator, self.hook, self.files = operator, hook, files
         self.ti = context.get("ti")
         self.dag_id = getattr(self.ti, "dag_id", None)
+        self.flow_dags = dict(operator.flow_dags) if self.ti is not None else {}
         self.paused = False
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="mirrorflow-watcher", daemon=True)
@@ -217,10 +210,26 @@ class _JobWatcher:
         self._done.set()
         self._thread.join(5)
 
+    def sync_flow_pauses(self) -> None:
+        """Pause each flow whose DAG is paused, resume each whose DAG is not."""
+        for flow, dag_id in list(self.flow_dags.items()):
+            paused = self._dag_paused(dag_id)
+            if paused is None:
+                del self.flow_dags[flow]  # this Airflow cannot tell: the flow runs
+                jobs.set_paused(self.files.flow_dir(flow), False)
+            elif jobs.set_paused(self.files.flow_dir(flow), paused):
+                self.operator.log.info(
+                    "flow %s %s (its DAG %s is %s)",
+                    flow,
+                    "paused: it ends after its batch" if paused else "resumed",
+                    dag_id,
+                    "paused" if paused else "unpaused",
+                )
+
     def _run(self) -> None:
         recorded = None
         seen_unpaused = False
-        next_check = 0.0
+        next_check = time.monotonic() + self.operator.pause_check_interval
         clock = threading.Event()
         while not self._done.is_set():
             process = self.hook.process
@@ -228,9 +237,10 @@ class _JobWatcher:
                 recorded = process.pid
                 self.files.record(process.pid)
             now = time.monotonic()
-            if now >= next_check and self.dag_id is not None:
+            if now >= next_check:
                 next_check = now + self.operator.pause_check_interval
-                paused = self._dag_paused()
+                self.sync_flow_pauses()
+                paused = self._dag_paused(self.dag_id) if self.dag_id is not None else None
                 if paused is None:
                     self.dag_id = None  # this Airflow cannot tell: stop asking
                 elif not paused:
@@ -240,15 +250,118 @@ class _JobWatcher:
                     # dag.test(), is the user's explicit choice and keeps going).
                     self.paused = True
                     self.operator.log.info(
-                        "the DAG %s was paused: stopping the mirror job after its batch",
+                        "the DAG %s was paused: stopping the mirror job after its batches",
                         self.dag_id,
                     )
                     self.files.request_stop()
             clock.wait(0.5)
 
-    def _dag_paused(self) -> bool | None:
+    def _dag_paused(self, dag_id: str) -> bool | None:
         try:
-            return bool(self.ti.get_dag(self.dag_id).is_paused)
+            return bool(self.ti.get_dag(dag_id).is_paused)
         except Exception as exc:
-            self.operator.log.info("cannot watch whether the DAG is paused: %s", exc)
+            self.operator.log.info("cannot watch whether the DAG %s is paused: %s", dag_id, exc)
             return None
+
+
+class FlowControlOperator(BaseOperator):
+    """The task of a flow's own DAG: applies a manual run's Params to the flow and reports its
+    state and progress (returned, so it lands in XCom).
+
+    The flow runs inside its site's mirror job; pausing this task's DAG pauses the flow there.
+    A run with *Restart* (or a start position, for a flow without progress) asks the flow to
+    start over at that position: the running application restarts it after its batch, and
+    this task waits up to ``wait_timeout`` for that; without a running job the request waits
+    for the flow's next start.
+
+    :param flow: the flow (``"SOURCE->TARGET"``)
+    :param state_dir: the flows' state directory, as the mirror job's (default
+        ``$MIRRORFLOW_STATE/flows``)
+    :param wait_timeout: how long to wait for a running job to take a restart request
+    """
+
+    ui_color = "#f0f0e0"
+
+    def __init__(
+        self,
+        *,
+        flow: str,
+        state_dir: str | None = None,
+        wait_timeout: timedelta | float = timedelta(seconds=120),
+        **kwargs: Any,
+    ) -> None:
+        jobs.split_flow(flow)
+        super().__init__(**kwargs)
+        self.flow, self.state_dir = flow, state_dir
+        wait = wait_timeout
+        self.wait_timeout = wait.total_seconds() if isinstance(wait, timedelta) else wait
+
+    @property
+    def flow_dir(self) -> Path:
+        return jobs.JobFiles.for_flow(self.flow, self.state_dir).flow_dir(self.flow)
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        params = context.get("params") or {}
+        position = start_position(params)
+        flow_dir = self.flow_dir
+        choice = params.get("starting_offsets") or "default"
+        if params.get("restart") or (position is not None and not jobs.has_progress(flow_dir)):
+            jobs.request_restart(flow_dir, position)
+            self.log.warning(
+                "restart: %s starts over from %s, its positions overwritten",
+                self.flow,
+                choice if position is None else position,
+            )
+            self._wait_for_restart(flow_dir)
+        elif position is not None:
+            self.log.warning(
+                "flow %s has progress: starting_offsets=%s applies only with restart "
+                "(nothing changed)",
+                self.flow,
+                choice,
+            )
+        progress = jobs.read_progress(flow_dir)
+        self.log.info(
+            "flow %s: %s; %s records in %s batches; last update %s%s",
+            self.flow,
+            progress.get("state", "never run here"),
+            progress.get("records", 0),
+            progress.get("batches", 0),
+            progress.get("updated", "-"),
+            f"; error: {progress['error']}" if progress.get("error") else "",
+        )
+        return progress
+
+    def _wait_for_restart(self, flow_dir: Path) -> None:
+        if (flow_dir / jobs.PAUSED_FILE).exists():
+            self.log.info("the flow is paused: it starts over when its DAG is unpaused")
+            return
+        deadline = time.monotonic() + self.wait_timeout
+        while time.monotonic() < deadline:
+            if jobs.restart_request(flow_dir) is None:
+                self.log.info("the mirror job took the request: %s started over", self.flow)
+                return
+            time.sleep(1)
+        self.log.info(
+            "no running mirror job took the request within %.0fs: %s starts over when its "
+            "site's mirror DAG next starts it",
+            self.wait_timeout,
+            self.flow,
+        )
+
+
+def start_position(params: dict[str, Any]) -> str | None:
+    """``starting_offsets`` of a run's Params as the job takes it: None (the flow's own),
+    earliest, latest, or epoch milliseconds."""
+    choice = params.get("starting_offsets") or "default"
+    if choice not in STARTING_OFFSETS:
+        raise AirflowException(f"starting_offsets must be one of {', '.join(STARTING_OFFSETS)}")
+    if choice == "timestamp":
+        stamp = params.get("starting_timestamp")
+        if not stamp:
+            raise AirflowException("starting_offsets 'timestamp' needs starting_timestamp")
+        when = datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
+        if when.tzinfo is None:
+            raise AirflowException("starting_timestamp needs a time zone, e.g. ...Z")
+        return str(int(when.timestamp() * 1000))
+    return None if choice == "default" else choice

@@ -1,9 +1,17 @@
-"""Airflow DAG files from flow definitions: one file per enabled flow and DAG kind.
+"""Airflow DAG files from flow definitions: one file per DAG kind and target site or flow.
 
 ``mirrorflow render FILE… --out dags/`` loads and validates the flow files as one topology,
-then renders each DAG kind's Jinja2 template (``templates/<kind>_dag.py.j2``) for every flow
-the kind applies to. Files are static Python, readable in the Airflow UI's code view, and
-cheap to parse: no flow file is read when Airflow parses them.
+then renders each DAG kind's Jinja2 template (``templates/<kind>_dag.py.j2``):
+
+* ``mirror__<target>`` (scope *site*): one Spark application runs every enabled flow into
+  ``<target>``, as MirrorMaker 2 runs a site's flows in one process (measured in
+  ``benchmarks/README.md``: an application per flow costs about its own JVM per flow);
+* ``flow__<source>__<target>`` (scope *flow*): the flow's own switch and controls. Pausing it
+  pauses that flow inside the site's application while the others go on; a manual run
+  restarts the flow at a chosen position and reports its progress.
+
+Files are static Python, readable in the Airflow UI's code view, and cheap to parse: no flow
+file is read when Airflow parses them.
 
 * **Stable**: same inputs, byte-identical files. Flows and kinds are rendered in sorted order,
   no timestamp, no machine-specific path for files inside the project (those are written
@@ -16,7 +24,7 @@ cheap to parse: no flow file is read when Airflow parses them.
   from the flow files (or the config providers they name) when it runs.
 
 DAG kinds live in :data:`DAG_KINDS`; a later kind (topic-config and ACL sync, checkpoints,
-failover, failback, DR drill) is a new template plus one entry there.
+failover, failback, DR drill) is a new template plus one entry there, per flow or per site.
 """
 
 from __future__ import annotations
@@ -39,24 +47,44 @@ _DAG_ID = re.compile(r"^[A-Za-z0-9_.\-]{1,250}$")
 
 @dataclass(frozen=True)
 class DagKind:
-    """One kind of DAG: its template and the flows it is rendered for."""
+    """One kind of DAG: its template, the flows it is rendered for, and its scope: one DAG per
+    flow (``flow``) or one per target site, for all its flows (``site``)."""
 
     name: str
     template: str
     summary: str
+    scope: str = "flow"
     applies_to: Callable[[Flow], bool] = lambda flow: True
 
-    def dag_id(self, flow: Flow) -> str:
+    def dag_id(self, flows: Sequence[Flow]) -> str:
+        if self.scope == "site":
+            return f"{self.name}__{flows[0].target}"
+        (flow,) = flows
         return f"{self.name}__{flow.source}__{flow.target}"
 
+    def groups(self, flows: Sequence[Flow]) -> list[list[Flow]]:
+        """The flows of each DAG of this kind (flows sorted by source and target)."""
+        chosen = sorted(filter(self.applies_to, flows), key=lambda f: (f.source, f.target))
+        if self.scope != "site":
+            return [[flow] for flow in chosen]
+        sites: dict[str, list[Flow]] = {}
+        for flow in chosen:
+            sites.setdefault(flow.target, []).append(flow)
+        return [sites[target] for target in sorted(sites)]
 
-DAG_KINDS: tuple[DagKind, ...] = (
-    DagKind(
-        "mirror",
-        "mirror_dag.py.j2",
-        "runs the flow's Spark mirror job and keeps it running",
-    ),
+
+MIRROR_KIND = DagKind(
+    "mirror",
+    "mirror_dag.py.j2",
+    "one Spark job for every flow into it, always on",
+    scope="site",
 )
+FLOW_KIND = DagKind(
+    "flow",
+    "flow_dag.py.j2",
+    "pause it to pause the flow; trigger it to restart",
+)
+DAG_KINDS: tuple[DagKind, ...] = (MIRROR_KIND, FLOW_KIND)
 
 
 @dataclass(frozen=True)
@@ -102,8 +130,13 @@ class RenderedDag:
     filename: str
     dag_id: str
     kind: str
-    flow: str
+    flows: tuple[str, ...]
     text: str
+
+    @property
+    def flow(self) -> str:
+        """Its flow, or its flows, for messages."""
+        return ", ".join(self.flows)
 
 
 @dataclass
@@ -181,37 +214,40 @@ def _render_topology(topology: Topology, flow_files: list[str], options: RenderO
     environment = _jinja()
     dags: list[RenderedDag] = []
     seen: dict[str, str] = {}
-    for flow in sorted(topology.flows, key=lambda f: (f.source, f.target)):
-        for kind in DAG_KINDS:
-            if not kind.applies_to(flow):
-                continue
-            dag_id = kind.dag_id(flow)
+    rerender = " ".join(["mirrorflow render", *flow_files, *options.cli_args()])
+    for kind in DAG_KINDS:
+        for flows in kind.groups(topology.flows):
+            names = ", ".join(f.name for f in flows)
+            dag_id = kind.dag_id(flows)
             if not _DAG_ID.match(dag_id):
                 raise MirrorflowError(
-                    f"flow {flow.name} gives the DAG id {dag_id!r}, which Airflow does not "
+                    f"flow {names} gives the DAG id {dag_id!r}, which Airflow does not "
                     "accept (letters, digits, '_', '.' and '-' only)",
                     "rename the cluster aliases to use only those characters",
                 )
             if dag_id in seen:
                 raise MirrorflowError(
-                    f"flows {seen[dag_id]} and {flow.name} both give the DAG id {dag_id!r}",
+                    f"flows {seen[dag_id]} and {names} both give the DAG id {dag_id!r}",
                     "rename one of the cluster aliases",
                 )
-            seen[dag_id] = flow.name
-            rerender = " ".join(["mirrorflow render", *flow_files, *options.cli_args()])
+            seen[dag_id] = names
             text = environment.get_template(kind.template).render(
                 mark=GENERATED_MARK,
                 template=f"templates/{kind.template}",
                 rerender=rerender,
                 kind=kind,
                 dag_id=dag_id,
-                flow=flow,
+                flows=flows,
+                flow=flows[0],
+                target=flows[0].target,
+                flow_dags={f.name: FLOW_KIND.dag_id([f]) for f in flows},
                 flow_files=flow_files,
-                remote_topic=flow.remote_topic("<topic>"),
+                remote_topic=flows[0].remote_topic("<topic>"),
                 options=options,
             )
-            dags.append(RenderedDag(f"{dag_id}.py", dag_id, kind.name, flow.name, text))
-    return dags
+            flow_names = tuple(f.name for f in flows)
+            dags.append(RenderedDag(f"{dag_id}.py", dag_id, kind.name, flow_names, text))
+    return sorted(dags, key=lambda d: d.dag_id)
 
 
 def _jinja():

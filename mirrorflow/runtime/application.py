@@ -7,6 +7,8 @@ one flow does not hold back the others). Per flow ``S->T``, under the flows stat
 
 - ``S-T/paused``: while it exists the flow does not run. Created while the flow runs, the flow
   ends after its batch in progress; removed, the flow starts again from its positions.
+- ``S-T/restart``: a restart request (:func:`mirrorflow.runtime.jobs.request_restart`). A
+  running flow ends its batch and starts again at the requested position.
 - ``S-T/progress.json``: the flow's progress and state (written by the flow's job).
 
 A flow that fails (a refused principal, a record too large) stops alone, its error logged in one
@@ -28,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from mirrorflow.errors import MirrorflowError
 from mirrorflow.replication.spec import MirrorSpec
+from mirrorflow.runtime import jobs
 from mirrorflow.runtime.driver import MirrorJob, record_state
 
 if TYPE_CHECKING:
@@ -35,7 +38,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mirrorflow.mirror")
 
-PAUSED_FILE = "paused"
 CONTROL_INTERVAL_S = 0.5
 
 
@@ -49,6 +51,7 @@ class FlowThread:
         self.error: MirrorflowError | None = None
         self.finished = False  # ended for good: --once done, or failed
         self.paused = False
+        self.restarting = False  # ending its batch to start over (a restart request)
         self.recorded: str | None = None  # the state this thread last wrote for the flow
 
     @property
@@ -60,7 +63,7 @@ class FlowThread:
         return self.thread is not None and self.thread.is_alive()
 
     def start(self, once: bool) -> None:
-        self.recorded = None
+        self.recorded, self.restarting = None, False
         self.job = self._make_job(self.spec)
         self.thread = threading.Thread(
             target=self._run, args=(self.job, once), name=f"flow {self.spec.flow}", daemon=True
@@ -71,8 +74,8 @@ class FlowThread:
         job.spark.sparkContext.setLocalProperty("spark.scheduler.pool", self.spec.flow)
         try:
             job.run(once=once)
-            # Ended without a pause: --once is done, or the job was asked to stop.
-            self.finished = not self.paused
+            # Ended without a pause or restart: --once is done, or the job was asked to stop.
+            self.finished = not (self.paused or self.restarting)
         except MirrorflowError as exc:
             self._failed(exc)
         except Exception as exc:  # the flow dies alone, the others go on
@@ -132,12 +135,16 @@ class Application:
         return 2 if any(f.error is not None for f in self.flows) else 0
 
     def _control(self, flow: FlowThread) -> None:
-        paused = (flow.flow_dir / PAUSED_FILE).exists()
+        paused = (flow.flow_dir / jobs.PAUSED_FILE).exists()
         if flow.running:
             if self._stop.is_set() or paused:
                 if paused and not flow.paused:
                     flow.paused = True
                     log.info("%s: paused: it ends after its batch in progress", flow.spec.flow)
+                flow.request_stop()
+            elif not flow.restarting and jobs.restart_request(flow.flow_dir) is not None:
+                flow.restarting = True
+                log.info("%s: restart requested: it starts over after its batch", flow.spec.flow)
                 flow.request_stop()
             return
         if self._stop.is_set() or flow.finished:

@@ -58,7 +58,7 @@ from mirrorflow.replication.topics import (
     refused,
 )
 from mirrorflow.runtime import eos_writer as mirror_writer
-from mirrorflow.runtime import jvm
+from mirrorflow.runtime import jobs, jvm
 from mirrorflow.runtime.spark_session import kafka_options
 
 if TYPE_CHECKING:
@@ -69,7 +69,6 @@ log = logging.getLogger("mirrorflow.mirror")
 Partition = tuple[str, int]
 LEGACY_PROGRESS = "checkpoint"  # mirrorflow 0.x: Spark's streaming checkpoint of the flow
 PROGRESS_FILE = "progress.json"
-RESTART_FILE = "restart"
 DOORBELL_WAIT_S = 0.5
 IDLE_REPLAN_S = 30.0  # an idle flow lists its partitions' ends this often, doorbell or not
 _SHIPPED = False  # the mirrorflow package went to the executors (once per application)
@@ -169,18 +168,19 @@ class MirrorJob:
         """Where each partition resumes: its stored position, migrated or restarted once."""
         assert self.reader is not None and self.writer is not None
         stored = {tp: last + 1 for tp, last in self.reader.read_to_end().items()}
-        restart = self.flow_dir / RESTART_FILE
-        if restart.exists():
-            starts = self._starts(self._partitions())
+        restart = jobs.restart_request(self.flow_dir)
+        if restart is not None:
+            position = restart or self.spec.starting_offsets
+            starts = self._starts(self._partitions(), position)
             self.writer.write(starts)
             log.warning(
                 "%s: restart requested: %d partitions start over from %s (their earlier "
                 "positions are overwritten)",
                 self.spec.flow,
                 len(starts),
-                self.spec.starting_offsets,
+                position,
             )
-            restart.unlink(missing_ok=True)
+            (self.flow_dir / jobs.RESTART_FILE).unlink(missing_ok=True)
             return starts
         legacy = self.flow_dir / LEGACY_PROGRESS
         if legacy.is_dir():
@@ -382,11 +382,14 @@ class MirrorJob:
 
         return self._offsets(partitions, lambda t, p: OffsetSpec.latest())
 
-    def _starts(self, partitions: list[Partition]) -> dict[Partition, int]:
-        """Where partitions without a position start: ``auto.offset.reset`` or a time."""
+    def _starts(
+        self, partitions: list[Partition], start: str | None = None
+    ) -> dict[Partition, int]:
+        """Where partitions without a position start: ``start`` (earliest, latest or epoch
+        milliseconds), by default ``auto.offset.reset`` or ``--starting-offsets``."""
         from confluent_kafka.admin import OffsetSpec
 
-        start = self.spec.starting_offsets
+        start = start or self.spec.starting_offsets
         if start.isdigit():
             at = self._offsets(partitions, lambda t, p: OffsetSpec.for_timestamp(int(start)))
             ends = self._ends([tp for tp, o in at.items() if o < 0])

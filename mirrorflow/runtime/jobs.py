@@ -1,13 +1,19 @@
-"""A flow's mirror job as files and processes: where its state lives and how it is stopped.
+"""A mirror job as files and processes: where its state lives and how it is stopped.
 
 Per flow ``S->T``, under the flows state directory (``$MIRRORFLOW_STATE/flows`` by default, the
 job's own default)::
 
-    S-T/progress.json the job's progress (batches, records, its periodic tasks); the positions
+    S-T/progress.json the flow's progress (batches, records, its periodic tasks); the positions
                       themselves live in ``mm2-offsets.<source>.internal`` on the target
-    S-T/restart       a restart request: the job's next start begins at the requested position
-    S-T/stop          the stop file: once it exists the job finishes its batch, then exits
-    S-T/job.json      the running job: its process id (the leader of its own process group)
+    S-T/restart       a restart request: the flow starts over at the requested position (a
+                      running application restarts the flow after its batch)
+    S-T/paused        the flow is paused (its DAG is): it does not run while the file exists
+
+Per job, in the directory of its stop file (``S-T`` for a job of one flow, ``to-T`` for a job
+running every flow into ``T``, as the generated site DAGs run them)::
+
+    stop              the stop file: once it exists the job finishes its batches, then exits
+    job.json          the running job: its process id (the leader of its own process group)
 
 The job runs in a process group of its own, so a signal meant for the Airflow task (SIGTERM
 when a task is marked failed, then SIGKILL 5 seconds later) never cuts a batch short: the task
@@ -25,7 +31,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +42,7 @@ from mirrorflow.runtime import launch
 PID_FILE = "job.json"
 PROGRESS_FILE = "progress.json"  # as the driver writes it
 RESTART_FILE = "restart"  # as the driver reads it
+PAUSED_FILE = "paused"  # as the application reads it
 KILL_WAIT = 10.0  # seconds between SIGTERM and SIGKILL to a job that outlived its grace period
 
 Log = Callable[[str], None]
@@ -55,41 +62,51 @@ def split_flow(flow: str) -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class JobFiles:
-    """The files through which a flow's job is found, stopped and restarted."""
+    """The files through which a mirror job (one flow, or the flows of one application) is
+    found, stopped and restarted.
+
+    The job's own files (``job.json``, ``stop``) live in the directory of its stop file
+    (:func:`mirrorflow.runtime.launch.stop_file_for`: ``S-T`` for one flow, ``to-T`` for the
+    flows of a target site); each flow's progress and restart request in its ``S-T``.
+    """
 
     state_dir: Path
-    source: str
-    target: str
+    flows: tuple[str, ...]
 
     @classmethod
     def for_flow(cls, flow: str, state_dir: Path | str | None = None) -> JobFiles:
-        source, target = split_flow(flow)
+        return cls.for_flows([flow], state_dir)
+
+    @classmethod
+    def for_flows(cls, flows: Sequence[str], state_dir: Path | str | None = None) -> JobFiles:
+        if not flows:
+            raise MirrorflowError("no flow given", "name at least one flow, as SOURCE->TARGET")
+        for flow in flows:
+            split_flow(flow)
         base = Path(state_dir) if state_dir else default_state_dir()
-        return cls(base.resolve(), source, target)
+        return cls(base.resolve(), tuple(dict.fromkeys(flows)))
 
     @property
     def flow(self) -> str:
-        return f"{self.source}->{self.target}"
+        """The job's name in messages: its flow, or its flows."""
+        return ", ".join(self.flows)
 
     @property
     def directory(self) -> Path:
-        return self.state_dir / f"{self.source}-{self.target}"  # as mirror_spec names it
+        return self.stop_file.parent
 
     @property
     def stop_file(self) -> Path:
-        return launch.stop_file_for(self.state_dir, self.flow)  # where `mirrorflow mirror` puts it
+        return launch.stop_file_for(self.state_dir, self.flows)  # as `mirrorflow mirror` does
 
     @property
     def pid_file(self) -> Path:
         return self.directory / PID_FILE
 
-    @property
-    def progress_file(self) -> Path:
-        return self.directory / PROGRESS_FILE
-
-    @property
-    def restart_file(self) -> Path:
-        return self.directory / RESTART_FILE
+    def flow_dir(self, flow: str) -> Path:
+        """A flow's own directory (as the job's spec names it): progress, restart, pause."""
+        source, target = split_flow(flow)
+        return self.state_dir / f"{source}-{target}"
 
     def request_stop(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -101,7 +118,7 @@ class JobFiles:
     def record(self, pid: int) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         partial = self.pid_file.with_suffix(".partial")
-        partial.write_text(json.dumps({"pid": pid, "flow": self.flow}) + "\n")
+        partial.write_text(json.dumps({"pid": pid, "flows": list(self.flows)}) + "\n")
         partial.replace(self.pid_file)
 
     def forget(self, pid: int) -> None:
@@ -115,7 +132,7 @@ class JobFiles:
             return None
 
     def running_pid(self) -> int | None:
-        """The recorded job's process id if that process is still this flow's job."""
+        """The recorded job's process id if that process is still this job."""
         pid = self.recorded_pid()
         return pid if pid is not None and self.is_job(pid) else None
 
@@ -129,15 +146,56 @@ class JobFiles:
             return False
         return str(self.stop_file).encode() in argv
 
-    def has_progress(self) -> bool:
-        """Whether the flow's job copied at least one batch here."""
-        return self.progress_file.exists()
 
-    def request_restart(self) -> None:
-        """Ask the job's next start to begin at its start position, not at its positions
-        (it overwrites them in the offsets topic, then removes the request)."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self.restart_file.touch()
+def has_progress(flow_dir: Path) -> bool:
+    """Whether the flow's job copied at least one batch with this state directory."""
+    return (flow_dir / PROGRESS_FILE).exists()
+
+
+def read_progress(flow_dir: Path) -> dict:
+    """The flow's ``progress.json`` (empty when it has none yet)."""
+    try:
+        return json.loads((flow_dir / PROGRESS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def set_paused(flow_dir: Path, paused: bool) -> bool:
+    """Pause or resume the flow (its ``paused`` file); True when that changed anything."""
+    path = flow_dir / PAUSED_FILE
+    if paused == path.exists():
+        return False
+    if paused:
+        flow_dir.mkdir(parents=True, exist_ok=True)
+        path.touch()
+    else:
+        path.unlink(missing_ok=True)
+    return True
+
+
+def request_restart(flow_dir: Path, starting_offsets: str | None = None) -> None:
+    """Ask the flow to start over at ``starting_offsets`` (earliest, latest or epoch ms; None:
+    the job's own start position), its positions overwritten in the offsets topic. A running
+    application restarts the flow after its batch; otherwise its next start does."""
+    flow_dir.mkdir(parents=True, exist_ok=True)
+    partial = flow_dir / f"{RESTART_FILE}.partial"
+    partial.write_text(json.dumps({"starting_offsets": starting_offsets}) + "\n")
+    partial.replace(flow_dir / RESTART_FILE)
+
+
+def restart_request(flow_dir: Path) -> str | None:
+    """The flow's pending restart request: None when there is none, else its start position
+    ("" for the job's own; an empty request file, as 0.x wrote it, means that too)."""
+    path = flow_dir / RESTART_FILE
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    try:
+        position = json.loads(text).get("starting_offsets") if text else None
+    except (ValueError, AttributeError):
+        position = None
+    return str(position or "")
 
 
 def process_alive(pid: int) -> bool:
@@ -188,7 +246,8 @@ def stop_job(files: JobFiles, pid: int, grace: float, log: Log = print) -> bool:
 def spawn_reaper(files: JobFiles, pid: int, grace: float) -> None:
     """A detached process that kills the job if it is still running after ``grace`` seconds
     (in case whoever asked it to stop is killed before it can check)."""
-    command = [sys.executable, "-m", "mirrorflow.runtime.jobs", "reap", "--flow", files.flow]
+    command = [sys.executable, "-m", "mirrorflow.runtime.jobs", "reap"]
+    command += [arg for flow in files.flows for arg in ("--flow", flow)]
     command += ["--state-dir", str(files.state_dir), "--pid", str(pid), "--grace", str(grace)]
     subprocess.Popen(
         command,
@@ -205,17 +264,18 @@ def stop_all(state_dir: Path, grace: float, log: Log = print) -> list[str]:
     stopped = []
     for pid_file in sorted(state_dir.glob(f"*/{PID_FILE}")):
         try:
-            flow = json.loads(pid_file.read_text())["flow"]
-        except (OSError, ValueError, KeyError, TypeError):
+            recorded = json.loads(pid_file.read_text())
+            flows = recorded.get("flows") or [recorded["flow"]]  # 0.x recorded one flow
+            files = JobFiles.for_flows(flows, state_dir)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, MirrorflowError):
             continue
-        files = JobFiles.for_flow(flow, state_dir)
         pid = files.running_pid()
         if pid is None:
             continue
-        log(f"stopping the mirror job of {flow} (finishing its batch, at most {grace:.0f}s)")
+        log(f"stopping the mirror job of {files.flow} (finishing its batch, at most {grace:.0f}s)")
         stop_job(files, pid, grace, log)
         files.forget(pid)
-        stopped.append(flow)
+        stopped.extend(files.flows)
     return stopped
 
 
@@ -223,12 +283,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mirrorflow.runtime.jobs")
     commands = parser.add_subparsers(dest="command", required=True)
     reap = commands.add_parser("reap", help="kill a job still running after its grace period")
-    reap.add_argument("--flow", required=True)
+    reap.add_argument("--flow", required=True, action="append")
     reap.add_argument("--state-dir", required=True, type=Path)
     reap.add_argument("--pid", required=True, type=int)
     reap.add_argument("--grace", required=True, type=float)
     args = parser.parse_args(argv)
-    files = JobFiles.for_flow(args.flow, args.state_dir)
+    files = JobFiles.for_flows(args.flow, args.state_dir)
     if not wait_for_exit(args.pid, args.grace):
         kill_job(files, args.pid, log=lambda _line: None)
     return 0
