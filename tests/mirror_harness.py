@@ -15,6 +15,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 from mirrorflow.devtools import sandbox as sandbox_mod
 from mirrorflow.mm2.formats import OffsetSync
 from mirrorflow.runtime import jobs, launch
+from tests.conftest import create_topics
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -56,6 +57,21 @@ def flow_file(
         [source, target],
         [f"{flow}.enabled = true", f"{flow}.topics = {topics}", *lines],
     )
+
+
+def site_flow_file(
+    directory: Path, box: sandbox_mod.Sandbox, topics: dict[str, str], records: int
+) -> Path:
+    """Flows into one site: ``topics`` maps each flow ``S->T`` to a topic created on ``S``
+    (2 partitions, ``records`` records); returns ``directory/mm2.properties`` enabling them."""
+    lines, aliases = [], []
+    for flow, topic in topics.items():
+        source, _, target = flow.partition("->")
+        create_topics(box[source], topic, partitions=2)
+        produce(box[source], topic, 2, records)
+        aliases += [a for a in (source, target) if a not in aliases]
+        lines += [f"{flow}.enabled = true", f"{flow}.topics = {topic}"]
+    return write_flow_file(directory / "mm2.properties", box, sorted(aliases), lines)
 
 
 def produce(cluster, topic: str, partitions: int, count: int, start: int = 0) -> list:

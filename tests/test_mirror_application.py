@@ -8,15 +8,14 @@ import time
 import pytest
 
 from mirrorflow.runtime import jobs, launch
-from tests.conftest import create_topics
 from tests.mirror_harness import (
     produce,
     progress,
     read_topic,
+    site_flow_file,
     start_mirror,
     stop_job,
     wait_for,
-    write_flow_file,
 )
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
@@ -31,21 +30,8 @@ def test_flows_into_one_site_share_an_application_and_one_pauses_or_restarts_alo
 ):
     primary, secondary, tertiary = sandbox["primary"], sandbox["secondary"], sandbox["tertiary"]
     a, b = topic_name("site-a"), topic_name("site-b")
-    create_topics(primary, a, partitions=2)
-    create_topics(tertiary, b, partitions=2)
-    produce(primary, a, 2, 100)
-    produce(tertiary, b, 2, 100)
-    config = write_flow_file(
-        tmp_path / "mm2.properties",
-        sandbox,
-        ["primary", "secondary", "tertiary"],
-        [
-            "primary->secondary.enabled = true",
-            f"primary->secondary.topics = {a}",
-            "tertiary->secondary.enabled = true",
-            f"tertiary->secondary.topics = {b}",
-        ],
-    )
+    topics = {"primary->secondary": a, "tertiary->secondary": b}
+    config = site_flow_file(tmp_path, sandbox, topics, records=100)
     state, log = tmp_path / "state", tmp_path / "mirror.log"
     flows = ["primary->secondary", "tertiary->secondary"]
     stop_file = launch.stop_file_for(state, flows)

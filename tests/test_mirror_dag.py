@@ -23,9 +23,9 @@ from tests.mirror_harness import (
     produce,
     progress,
     read_topic,
+    site_flow_file,
     topic_names,
     wait_for,
-    write_flow_file,
 )
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.airflow]
@@ -191,21 +191,8 @@ def test_pausing_a_flows_dag_pauses_that_flow_in_its_sites_job_while_the_other_g
 ):
     primary, secondary, tertiary = sandbox["primary"], sandbox["secondary"], sandbox["tertiary"]
     a, b = topic_name("site-a"), topic_name("site-b")
-    create_topics(primary, a, partitions=2)
-    create_topics(tertiary, b, partitions=2)
-    produce(primary, a, 2, 50)
-    produce(tertiary, b, 2, 50)
-    config = write_flow_file(
-        tmp_path / "mm2.properties",
-        sandbox,
-        ["primary", "secondary", "tertiary"],
-        [
-            "primary->secondary.enabled = true",
-            f"primary->secondary.topics = {a}",
-            "tertiary->secondary.enabled = true",
-            f"tertiary->secondary.topics = {b}",
-        ],
-    )
+    topics = {"primary->secondary": a, "tertiary->secondary": b}
+    config = site_flow_file(tmp_path, sandbox, topics, records=50)
     dag_file = render_into_dags_folder(config)
     assert dag_file.name == "mirror__secondary.py"
     state, log = tmp_path / "state", tmp_path / "dag-test.log"
