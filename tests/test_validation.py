@@ -227,6 +227,7 @@ def test_settings_mirrorflow_does_not_act_on_are_reported_as_not_honoured(tmp_pa
             a->b.enabled = true
             a->b.sync.group.offsets.enabled = true
             a->b.refresh.topics.interval.seconds = 30
+            a->b.sync.topic.configs.interval.seconds = 60
             sync.topic.acls.enabled = true
             a->b.transforms = drop
             a->b.offset.lag.max = 10

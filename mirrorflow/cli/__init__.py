@@ -21,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
         render_cmd,
         sandbox_cmd,
         setup_cmd,
+        sync_cmd,
     )
 
     parser = argparse.ArgumentParser(
@@ -28,7 +29,15 @@ def build_parser() -> argparse.ArgumentParser:
         description="Kafka replication with MirrorMaker 2 semantics on Airflow and Spark.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (setup_cmd, sandbox_cmd, flows_cmd, mirror_cmd, render_cmd, demo_cmd):
+    for module in (
+        setup_cmd,
+        sandbox_cmd,
+        flows_cmd,
+        mirror_cmd,
+        sync_cmd,
+        render_cmd,
+        demo_cmd,
+    ):
         module.register(commands)
     return parser
 

@@ -217,7 +217,7 @@ def _definition(prop: Property, aliases: list[str]) -> list[Finding]:
 
 
 _CHECKPOINTS = "consumer-group checkpoints and offset sync are not built yet (issue 10)"
-_SYNC = "topic-config and ACL sync are not built yet (issue 11)"
+_SYNC = "ACL sync is not built yet (issue 11)"
 NOT_HONOURED: dict[str, str] = {
     **dict.fromkeys(
         (
@@ -237,14 +237,13 @@ NOT_HONOURED: dict[str, str] = {
     ),
     **dict.fromkeys(
         (
-            "sync.topic.configs.enabled",
-            "sync.topic.configs.interval.seconds",
             "sync.topic.acls.enabled",
             "sync.topic.acls.interval.seconds",
-            "use.incremental.alter.configs",
         ),
         _SYNC,
     ),
+    "use.incremental.alter.configs": "MirrorMaker 2 4.x removed it; mirrorflow always syncs "
+    "topic configs by incremental alter, as 4.x does",
     "tasks.max": "mirrorflow copies each source partition as a Spark task: size it with the "
     "Spark master's cores",
     "transaction.boundary": "exactly-once commits one transaction per source partition and batch",

@@ -5,7 +5,8 @@ heartbeats every ``emit.heartbeats.interval.seconds``; checkpoints and config sy
 pattern. Here each such job is a :class:`PeriodicTask`: named, run on one daemon thread at its
 interval, timed, logged, and with its failures counted, so a failing task shows up in the log
 and in :meth:`Scheduler.stats` without taking the flow down. A task that must end the flow
-records its error with :meth:`Scheduler.fail`; the flow's loop checks :attr:`Scheduler.error`.
+records its error with :meth:`Scheduler.fail`; the flow's loop checks :attr:`Scheduler.error`;
+a task whose run failed but must not end the flow raises :class:`TaskFailed`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ from dataclasses import dataclass, field
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
 
 log = logging.getLogger(__name__)
+
+
+class TaskFailed(Exception):
+    """A task's run failed (a refused sync, say): counted and logged, and the flow goes on."""
 
 
 @dataclass

@@ -33,6 +33,9 @@ class MirrorSpec:
     remote_topic: Callable[[str], str]
     replicate_config: Callable[[str], bool]
     replication_factor: int
+    replicate_source_default: Callable[[str], bool] = lambda name: False
+    sync_configs_enabled: bool = True
+    sync_configs_interval_s: float = 600.0
     heartbeats_topic: str = "heartbeats"
     emit_heartbeats: bool = True
     heartbeats_interval_s: float = 1.0
@@ -77,7 +80,7 @@ checkpoints of caught-up groups closer to the end of the topic, at a few records
 def spec_for_flow(
     config_paths: Iterable[Path],
     flow_name: str,
-    state_dir: Path,
+    state_dir: Path | None = None,
     starting_offsets: str | None = None,
 ) -> MirrorSpec:
     """The mirror job's spec for ``flow_name`` (``S->T``) of the given flow files."""
@@ -106,6 +109,9 @@ def spec_for_flow(
         should_replicate=flow.should_replicate_topic,
         remote_topic=flow.remote_topic,
         replicate_config=flow.config_property_filter.should_replicate_config_property,
+        replicate_source_default=flow.config_property_filter.should_replicate_source_default,
+        sync_configs_enabled=bool(flow.setting("sync.topic.configs.enabled")),
+        sync_configs_interval_s=float(flow.setting("sync.topic.configs.interval.seconds")),
         replication_factor=int(flow.setting("replication.factor")),
         heartbeats_topic=flow.policy.heartbeats_topic(),
         emit_heartbeats=bool(flow.setting("emit.heartbeats.enabled")),
@@ -123,7 +129,7 @@ def spec_for_flow(
         offset_syncs_interval_ms=_worker_int(
             flow, "offset.flush.interval.ms", DEFAULT_HELD_BACK_SYNCS_INTERVAL_MS
         ),
-        flow_dir=str(state_dir / f"{flow.source}-{flow.target}"),
+        flow_dir=str(state_dir / f"{flow.source}-{flow.target}") if state_dir else "",
         starting_offsets=starting_offsets or reset,
         exactly_once=exactly_once,
         offsets_topic=offsets_topic(flow.source),

@@ -50,6 +50,7 @@ from mirrorflow.replication.heartbeats import HeartbeatEmitter
 from mirrorflow.replication.positions import PositionWriter, SourceOffsetReader, legacy_progress
 from mirrorflow.replication.scheduler import Scheduler
 from mirrorflow.replication.spec import MirrorSpec
+from mirrorflow.replication.sync import TopicSync
 from mirrorflow.replication.topics import (
     ClusterAdmin,
     RemoteTopics,
@@ -71,6 +72,7 @@ LEGACY_PROGRESS = "checkpoint"  # mirrorflow 0.x: Spark's streaming checkpoint o
 PROGRESS_FILE = "progress.json"
 DOORBELL_WAIT_S = 0.5
 IDLE_REPLAN_S = 30.0  # an idle flow lists its partitions' ends this often, doorbell or not
+IDLE_PROGRESS_S = 10.0  # an idle flow's progress.json shows its tasks' runs this fresh
 _SHIPPED = False  # the mirrorflow package went to the executors (once per application)
 
 
@@ -265,6 +267,11 @@ class MirrorJob:
             self.scheduler.add(
                 "refresh-topics", spec.refresh_topics_interval_s, self._refresh_topics
             )
+        if spec.sync_configs_enabled and not once:
+            sync = TopicSync.for_spec(spec, self.admins)
+            self.scheduler.add(
+                "sync-topic-configs", spec.sync_configs_interval_s, sync.scheduled_run
+            )
         self.scheduler.start()
         self.doorbell = Doorbell(spec.source_consumer_client, spec.flow)
         if once:
@@ -297,9 +304,14 @@ class MirrorJob:
         the partitions' ends while nothing moves."""
         assert self.doorbell is not None and self.scheduler is not None
         mapping, since = self.mapping, time.monotonic()
+        written, runs = since, self._task_runs()
         while not self.doorbell.wait(self.positions, DOORBELL_WAIT_S):
             if self.doorbell.error is not None:  # it cannot tell: list the ends each wait
                 return
+            now = time.monotonic()
+            if now - written > IDLE_PROGRESS_S and self._task_runs() != runs:
+                self.record_state("IDLE")  # the periodic tasks' figures, while nothing moves
+                written, runs = now, self._task_runs()
             if (
                 self.stopping()
                 or self.mapping is not mapping
@@ -307,6 +319,9 @@ class MirrorJob:
                 or time.monotonic() - since > IDLE_REPLAN_S
             ):
                 return
+
+    def _task_runs(self) -> int:
+        return sum(t.runs for t in self.scheduler.tasks) if self.scheduler else 0
 
     def _sleep_unless_stopped(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds

@@ -1,0 +1,287 @@
+"""Topic-config and partition sync of a flow, by MirrorMaker 2 4.x's rules, diff first.
+
+MirrorMaker 2 (``MirrorSourceConnector.syncTopicConfigs`` and ``computeAndCreateTopicPartitions``)
+applies, every ``sync.topic.configs.interval.seconds``, to each replicated topic whose remote topic
+exists on the target:
+
+* the source topic's configs that are neither read-only, sensitive, a static broker setting, nor
+  excluded by ``config.properties.exclude`` (the ``config.property.filter.class``);
+* by incremental alter: a config at its default on the source is **deleted** on the target (the
+  target's own default applies) unless ``use.defaults.from = source``; any other is **set** to
+  the source's value;
+* partition counts are raised to the source's, never lowered; topics are never deleted.
+
+mirrorflow computes the same result as a list of :class:`Change`, compared with what the target
+holds now, so a run shows what it would change before it changes anything (``dry_run``) and a
+second run finds nothing to do. Settings the filter excludes (``min.insync.replicas``, the
+throttles, ...) are never touched on the target.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import (
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ConfigSource,
+    NewPartitions,
+    ResourceType,
+)
+
+from mirrorflow.errors import ClusterUnreachable, MirrorflowError
+from mirrorflow.replication.scheduler import TaskFailed
+from mirrorflow.replication.spec import MirrorSpec
+from mirrorflow.replication.topics import ADMIN_TIMEOUT_S, ClusterAdmin, cluster_error
+
+log = logging.getLogger("mirrorflow.mirror")
+
+_SKIPPED_SOURCES = (ConfigSource.STATIC_BROKER_CONFIG.value,)
+
+
+@dataclass(frozen=True)
+class Change:
+    """One change the sync makes on the target."""
+
+    kind: str  # "config" or "partitions"
+    action: str  # "set", "delete" (back to the target's default), "increase"
+    topic: str  # the remote topic
+    name: str = ""  # the config's name
+    before: str | None = None  # the target's value now (None: its default)
+    after: str | None = None  # the value it gets (None: its default)
+
+    def describe(self) -> str:
+        if self.kind == "partitions":
+            return f"{self.topic}: partitions {self.before} -> {self.after}"
+        if self.action == "delete":
+            return f"{self.topic}: {self.name} {self.before} -> the target's default"
+        return f"{self.topic}: {self.name} {self.before or '(default)'} -> {self.after}"
+
+    def as_dict(self) -> dict[str, str | None]:
+        return asdict(self)
+
+
+@dataclass
+class SyncReport:
+    """What one sync of a flow found and did."""
+
+    flow: str
+    dry_run: bool
+    changes: list[Change] = field(default_factory=list)
+    applied: int = 0
+    failures: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        verb = "would change" if self.dry_run else "changed"
+        if not self.changes:
+            head = f"{self.flow}: configs and partitions in sync, nothing to change"
+        elif self.dry_run:
+            head = f"{self.flow}: {verb} {len(self.changes)} (dry run: nothing applied)"
+        else:
+            head = f"{self.flow}: {verb} {self.applied} of {len(self.changes)}"
+        return [
+            head,
+            *(f"  {c.describe()}" for c in self.changes),
+            *(f"  note: {n}" for n in self.notes),
+            *(f"  failed: {f}" for f in self.failures),
+        ]
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "flow": self.flow,
+            "dry_run": self.dry_run,
+            "changes": [c.as_dict() for c in self.changes],
+            "applied": self.applied,
+            "failures": self.failures,
+            "notes": self.notes,
+        }
+
+
+class TopicSync:
+    """Topic configs and partition counts of one flow's remote topics, kept as the source's."""
+
+    def __init__(
+        self,
+        flow: str,
+        source: ClusterAdmin,
+        target: ClusterAdmin,
+        should_replicate: Callable[[str], bool],
+        remote_name: Callable[[str], str],
+        replicate_config: Callable[[str], bool],
+        replicate_source_default: Callable[[str], bool],
+    ) -> None:
+        self.flow, self.source, self.target = flow, source, target
+        self.should_replicate, self.remote_name = should_replicate, remote_name
+        self.replicate_config = replicate_config
+        self.replicate_source_default = replicate_source_default
+
+    @classmethod
+    def for_spec(cls, spec: MirrorSpec, admins: dict[str, ClusterAdmin] | None = None) -> TopicSync:
+        """The sync of the flow ``spec`` describes, with the given admin clients (by cluster
+        alias) or its own."""
+        admins = admins or {
+            spec.source: ClusterAdmin(spec.source, spec.source_admin),
+            spec.target: ClusterAdmin(spec.target, spec.target_admin),
+        }
+        return cls(
+            spec.flow,
+            admins[spec.source],
+            admins[spec.target],
+            spec.should_replicate,
+            spec.remote_topic,
+            spec.replicate_config,
+            spec.replicate_source_default,
+        )
+
+    def run(self, dry_run: bool = False) -> SyncReport:
+        """Compute the diff, and apply it unless ``dry_run``."""
+        report = SyncReport(self.flow, dry_run)
+        report.changes = self.diff(report.notes)
+        if not dry_run and report.changes:
+            report.applied, report.failures = self.apply(report.changes)
+        return report
+
+    def scheduled_run(self) -> None:
+        """One run of the mirror job's ``sync-topic-configs`` task: every change applied is
+        logged; a refusal fails the run (counted, logged, retried at the next interval) and
+        never stops the copying, as in MirrorMaker 2."""
+        try:
+            report = self.run()
+        except ClusterUnreachable:
+            raise
+        except MirrorflowError as exc:
+            raise TaskFailed(str(exc)) from None
+        for change in report.changes:
+            log.info("%s: synced %s", self.flow, change.describe())
+        if report.failures:
+            more = f" (and {len(report.failures) - 1} more)" if len(report.failures) > 1 else ""
+            raise TaskFailed(report.failures[0] + more)
+
+    def diff(self, notes: list[str] | None = None) -> list[Change]:
+        """Every change the sync would make now, partitions first, then configs by topic."""
+        notes = notes if notes is not None else []
+        source_meta, target_meta = self.source.metadata(), self.target.metadata()
+        pairs = {}
+        for name in sorted(source_meta.topics):
+            if not self.should_replicate(name):
+                continue
+            remote = self.remote_name(name)
+            if remote in target_meta.topics:
+                pairs[name] = remote
+            else:
+                notes.append(
+                    f"{remote} does not exist on {self.target.alias} yet: the mirror job "
+                    "creates it before copying to it"
+                )
+        changes = [
+            Change("partitions", "increase", remote, before=str(have), after=str(want))
+            for name, remote in pairs.items()
+            if (have := len(target_meta.topics[remote].partitions))
+            < (want := len(source_meta.topics[name].partitions))
+        ]
+        source_configs = _describe(self.source, list(pairs))
+        target_configs = _describe(self.target, list(pairs.values()))
+        for name, remote in pairs.items():
+            changes += self._config_changes(remote, source_configs[name], target_configs[remote])
+        return changes
+
+    def _config_changes(
+        self, remote: str, source: dict[str, ConfigEntry], target: dict[str, ConfigEntry]
+    ) -> list[Change]:
+        changes = []
+        for name in sorted(source):
+            entry = source[name]
+            if (
+                entry.is_read_only
+                or entry.is_sensitive
+                or entry.source in _SKIPPED_SOURCES
+                or not self.replicate_config(name)
+            ):
+                continue
+            current = target.get(name)
+            overridden = current is not None and current.source == _TOPIC
+            if entry.source == _DEFAULT and not self.replicate_source_default(name):
+                if overridden:
+                    changes.append(Change("config", "delete", remote, name, current.value, None))
+            elif not overridden or current.value != entry.value:
+                before = current.value if overridden else None
+                changes.append(Change("config", "set", remote, name, before, entry.value))
+        return changes
+
+    def apply(self, changes: list[Change]) -> tuple[int, list[str]]:
+        """Apply ``changes`` on the target; the number applied and one line per failure."""
+        applied, failures = 0, []
+        grow = [
+            NewPartitions(c.topic, int(c.after or 0)) for c in changes if c.kind == "partitions"
+        ]
+        if grow:
+            futures = self.target.client.create_partitions(grow, request_timeout=ADMIN_TIMEOUT_S)
+            for topic, future in futures.items():
+                try:
+                    future.result()
+                    applied += 1
+                except KafkaException as exc:
+                    if exc.args[0].code() == KafkaError.INVALID_PARTITIONS:
+                        applied += 1  # grown meanwhile (by the mirror job): as MM2, not an error
+                    else:
+                        error = cluster_error(self.target, f"adding partitions to {topic}", exc)
+                        failures.append(str(error))
+        by_topic: dict[str, list[Change]] = {}
+        for change in changes:
+            if change.kind == "config":
+                by_topic.setdefault(change.topic, []).append(change)
+        if by_topic:
+            resources = [
+                ConfigResource(
+                    ResourceType.TOPIC,
+                    topic,
+                    incremental_configs=[
+                        ConfigEntry(
+                            c.name,
+                            c.after,
+                            incremental_operation=AlterConfigOpType.SET
+                            if c.action == "set"
+                            else AlterConfigOpType.DELETE,
+                        )
+                        for c in topic_changes
+                    ],
+                )
+                for topic, topic_changes in by_topic.items()
+            ]
+            futures = self.target.client.incremental_alter_configs(
+                resources, request_timeout=ADMIN_TIMEOUT_S
+            )
+            for resource, future in futures.items():
+                try:
+                    future.result()
+                    applied += len(by_topic[resource.name])
+                except KafkaException as exc:
+                    error = cluster_error(
+                        self.target, f"altering the configs of {resource.name}", exc
+                    )
+                    failures.append(str(error))
+        return applied, failures
+
+
+_TOPIC = ConfigSource.DYNAMIC_TOPIC_CONFIG.value
+_DEFAULT = ConfigSource.DEFAULT_CONFIG.value
+
+
+def _describe(admin: ClusterAdmin, topics: list[str]) -> dict[str, dict[str, ConfigEntry]]:
+    """Each topic's configs as the cluster describes them."""
+    if not topics:
+        return {}
+    resources = [ConfigResource(ResourceType.TOPIC, t) for t in topics]
+    result = {}
+    futures = admin.client.describe_configs(resources, request_timeout=ADMIN_TIMEOUT_S)
+    for resource, future in futures.items():
+        try:
+            result[resource.name] = future.result()
+        except KafkaException as exc:
+            raise cluster_error(admin, f"describing the configs of {resource.name}", exc) from None
+    return result

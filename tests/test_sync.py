@@ -1,0 +1,189 @@
+"""`mirrorflow sync`: remote topics' configs and partitions follow their sources by MirrorMaker 2
+4.x's rules, shown as a diff first, on the sandbox's authorizer-enabled clusters."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from confluent_kafka.admin import AclOperation, AdminClient, ConfigResource, NewTopic, ResourceType
+
+from mirrorflow.cli import main
+from tests.conftest import allow
+from tests.mirror_harness import (
+    flow_file,
+    progress,
+    start_mirror,
+    stop_job,
+    topic_names,
+    wait_for,
+)
+
+pytestmark = pytest.mark.kafka
+
+
+def create(cluster, topic: str, partitions: int, config: dict[str, str]) -> None:
+    admin = AdminClient(cluster.client_config())
+    for future in admin.create_topics([NewTopic(topic, partitions, 1, config=config)]).values():
+        future.result(timeout=30)
+
+
+def alter(cluster, topic: str, config: dict[str, str]) -> None:
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry
+
+    entries = [
+        ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in config.items()
+    ]
+    admin = AdminClient(cluster.client_config())
+    resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=entries)
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(timeout=30)
+
+
+def overrides(cluster, topic: str) -> dict[str, str]:
+    """The topic's own settings (DYNAMIC_TOPIC_CONFIG) on a cluster."""
+    admin = AdminClient(cluster.client_config())
+    (future,) = admin.describe_configs([ConfigResource(ResourceType.TOPIC, topic)]).values()
+    return {n: e.value for n, e in future.result(timeout=30).items() if e.source == 1}
+
+
+def partitions(cluster, topic: str) -> int:
+    admin = AdminClient(cluster.client_config())
+    return len(admin.list_topics(topic, timeout=30).topics[topic].partitions)
+
+
+def sync(capsys, config, *args: str) -> tuple[int, list[dict]]:
+    code = main(["sync", str(config), "--flow", "primary->secondary", "--json", *args])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_sync_shows_the_diff_then_applies_mirrormaker2s_config_and_partition_rules(
+    sandbox, topic_name, tmp_path, capsys
+):
+    primary, secondary = sandbox["primary"], sandbox["secondary"]
+    topic = topic_name("configs")
+    remote = f"primary.{topic}"
+    # The source: two settings of its own, 4 partitions. The remote topic as an older copy left
+    # it: 2 partitions, an old retention, a segment size the source leaves at its default, and
+    # min.insync.replicas, which MirrorMaker 2 never syncs (config.properties.exclude).
+    create(primary, topic, 4, {"retention.ms": "3600000", "cleanup.policy": "compact,delete"})
+    create(
+        secondary,
+        remote,
+        2,
+        {"retention.ms": "7200000", "segment.bytes": "10485760", "min.insync.replicas": "1"},
+    )
+    config = flow_file(tmp_path, sandbox, topic)
+
+    code, (report,) = sync(capsys, config, "--dry-run")
+    assert code == 0 and report["dry_run"] and report["applied"] == 0
+    changes = {
+        (c["kind"], c["action"], c["name"], c["before"], c["after"]) for c in report["changes"]
+    }
+    assert changes == {
+        ("partitions", "increase", "", "2", "4"),
+        ("config", "set", "retention.ms", "7200000", "3600000"),
+        ("config", "set", "cleanup.policy", None, "compact,delete"),
+        ("config", "delete", "segment.bytes", "10485760", None),
+    }
+    assert all(c["topic"] == remote for c in report["changes"])
+    assert partitions(secondary, remote) == 2, "a dry run changed the partitions"
+    assert overrides(secondary, remote)["retention.ms"] == "7200000", "a dry run changed a config"
+
+    code, (report,) = sync(capsys, config)
+    assert code == 0 and report["applied"] == 4 and report["failures"] == []
+    assert partitions(secondary, remote) == 4
+    assert overrides(secondary, remote) == {
+        "retention.ms": "3600000",
+        "cleanup.policy": "compact,delete",
+        "min.insync.replicas": "1",  # excluded: the target's own setting is kept
+    }
+    # In sync: a second run finds nothing; a later change on the source is the only change.
+    assert sync(capsys, config)[1][0]["changes"] == []
+    alter(primary, topic, {"retention.ms": "1800000"})
+    code, (report,) = sync(capsys, config)
+    assert [(c["name"], c["after"]) for c in report["changes"]] == [("retention.ms", "1800000")]
+    assert overrides(secondary, remote)["retention.ms"] == "1800000"
+
+
+def test_use_defaults_from_source_sets_the_sources_defaults_instead_of_deleting(
+    sandbox, topic_name, tmp_path, capsys
+):
+    primary, secondary = sandbox["primary"], sandbox["secondary"]
+    topic = topic_name("defaults")
+    create(primary, topic, 1, {})
+    create(secondary, f"primary.{topic}", 1, {"segment.bytes": "10485760"})
+    # Per flow: at top level MirrorMaker 2 drops it (`validate` says so).
+    config = flow_file(tmp_path, sandbox, topic, "primary->secondary.use.defaults.from = source")
+    code, (report,) = sync(capsys, config, "--dry-run")
+    segment = [c for c in report["changes"] if c["name"] == "segment.bytes"]
+    assert code == 0 and [(c["action"], c["after"]) for c in segment] == [("set", "1073741824")]
+
+
+def test_a_missing_remote_topic_is_left_to_the_mirror_job_and_said_so(
+    sandbox, topic_name, tmp_path, capsys
+):
+    topic = topic_name("not-yet")
+    create(sandbox["primary"], topic, 1, {"retention.ms": "3600000"})
+    config = flow_file(tmp_path, sandbox, topic)
+    assert main(["sync", str(config), "--flow", "primary->secondary"]) == 0
+    out = capsys.readouterr().out
+    assert "nothing to change" in out
+    assert f"note: primary.{topic} does not exist on secondary yet" in out
+
+
+def test_a_principal_refused_by_the_target_fails_with_one_line_naming_it(
+    sandbox, topic_name, tmp_path, capsys
+):
+    primary, secondary = sandbox["primary"], sandbox["secondary"]
+    topic = topic_name("refused")
+    create(primary, topic, 1, {"retention.ms": "3600000"})
+    create(secondary, f"primary.{topic}", 1, {})
+    # alice may see the remote topic and its configs on the target, not alter them.
+    ops = (AclOperation.DESCRIBE, AclOperation.DESCRIBE_CONFIGS)
+    allow(secondary, "alice", ResourceType.TOPIC, f"primary.{topic}", *ops)
+    config = flow_file(tmp_path, sandbox, topic)
+    admin_login = secondary.java_client_config()["sasl.jaas.config"]
+    alice_login = secondary.java_client_config("alice")["sasl.jaas.config"]
+    config.write_text(config.read_text().replace(admin_login, alice_login))
+    code = main(["sync", str(config), "--flow", "primary->secondary"])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert "retention.ms (default) -> 3600000" in captured.out  # the diff, as always
+    (line,) = captured.err.strip().splitlines()
+    assert line.startswith("mirrorflow: error: primary->secondary: cluster secondary refused ")
+    assert "principal alice while altering the configs of primary." in line
+
+
+@pytest.mark.spark
+def test_the_running_mirror_job_syncs_configs_every_interval(sandbox, topic_name, tmp_path):
+    primary, secondary = sandbox["primary"], sandbox["secondary"]
+    topic = topic_name("live-configs")
+    create(primary, topic, 2, {"retention.ms": "3600000"})
+    config = flow_file(tmp_path, sandbox, topic, "sync.topic.configs.interval.seconds = 2")
+    state, log = tmp_path / "state", tmp_path / "mirror.log"
+    remote = f"primary.{topic}"
+    job = start_mirror(config, "primary->secondary", state, log)
+    try:
+        wait_for(lambda: remote in topic_names(secondary), 120, "the remote topic")
+        assert overrides(secondary, remote)["retention.ms"] == "3600000"  # created with it
+        alter(primary, topic, {"retention.ms": "1800000", "max.message.bytes": "2000000"})
+        wait_for(
+            lambda: overrides(secondary, remote).get("max.message.bytes") == "2000000",
+            30,
+            "the changed configs on the target",
+        )
+        assert overrides(secondary, remote)["retention.ms"] == "1800000"
+        # The task's figures reach progress.json while the flow idles (every 10 s at most).
+        wait_for(
+            lambda: (
+                progress(state).get("tasks", {}).get("sync-topic-configs", {}).get("runs", 0) >= 3
+            ),
+            30,
+            "the task's runs in progress.json",
+        )
+        assert progress(state)["tasks"]["sync-topic-configs"]["failures"] == 0
+    finally:
+        stop_job(job)
+    output = log.read_text(errors="replace")
+    assert f"synced {remote}: max.message.bytes (default) -> 2000000" in output
