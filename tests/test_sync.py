@@ -6,7 +6,17 @@ from __future__ import annotations
 import json
 
 import pytest
-from confluent_kafka.admin import AclOperation, AdminClient, ConfigResource, NewTopic, ResourceType
+from confluent_kafka.admin import (
+    AclBinding,
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    ConfigResource,
+    NewTopic,
+    ResourcePatternType,
+    ResourceType,
+)
 
 from mirrorflow.cli import main
 from tests.conftest import allow
@@ -52,6 +62,9 @@ def partitions(cluster, topic: str) -> int:
     return len(admin.list_topics(topic, timeout=30).topics[topic].partitions)
 
 
+NO_ACLS = "primary->secondary.sync.topic.acls.enabled = false"  # configs only
+
+
 def sync(capsys, config, *args: str) -> tuple[int, list[dict]]:
     code = main(["sync", str(config), "--flow", "primary->secondary", "--json", *args])
     return code, json.loads(capsys.readouterr().out)
@@ -73,7 +86,7 @@ def test_sync_shows_the_diff_then_applies_mirrormaker2s_config_and_partition_rul
         2,
         {"retention.ms": "7200000", "segment.bytes": "10485760", "min.insync.replicas": "1"},
     )
-    config = flow_file(tmp_path, sandbox, topic)
+    config = flow_file(tmp_path, sandbox, topic, NO_ACLS)
 
     code, (report,) = sync(capsys, config, "--dry-run")
     assert code == 0 and report["dry_run"] and report["applied"] == 0
@@ -114,7 +127,9 @@ def test_use_defaults_from_source_sets_the_sources_defaults_instead_of_deleting(
     create(primary, topic, 1, {})
     create(secondary, f"primary.{topic}", 1, {"segment.bytes": "10485760"})
     # Per flow: at top level MirrorMaker 2 drops it (`validate` says so).
-    config = flow_file(tmp_path, sandbox, topic, "primary->secondary.use.defaults.from = source")
+    config = flow_file(
+        tmp_path, sandbox, topic, "primary->secondary.use.defaults.from = source", NO_ACLS
+    )
     code, (report,) = sync(capsys, config, "--dry-run")
     segment = [c for c in report["changes"] if c["name"] == "segment.bytes"]
     assert code == 0 and [(c["action"], c["after"]) for c in segment] == [("set", "1073741824")]
@@ -125,7 +140,7 @@ def test_a_missing_remote_topic_is_left_to_the_mirror_job_and_said_so(
 ):
     topic = topic_name("not-yet")
     create(sandbox["primary"], topic, 1, {"retention.ms": "3600000"})
-    config = flow_file(tmp_path, sandbox, topic)
+    config = flow_file(tmp_path, sandbox, topic, NO_ACLS)
     assert main(["sync", str(config), "--flow", "primary->secondary"]) == 0
     out = capsys.readouterr().out
     assert "nothing to change" in out
@@ -142,7 +157,7 @@ def test_a_principal_refused_by_the_target_fails_with_one_line_naming_it(
     # alice may see the remote topic and its configs on the target, not alter them.
     ops = (AclOperation.DESCRIBE, AclOperation.DESCRIBE_CONFIGS)
     allow(secondary, "alice", ResourceType.TOPIC, f"primary.{topic}", *ops)
-    config = flow_file(tmp_path, sandbox, topic)
+    config = flow_file(tmp_path, sandbox, topic, NO_ACLS)
     admin_login = secondary.java_client_config()["sasl.jaas.config"]
     alice_login = secondary.java_client_config("alice")["sasl.jaas.config"]
     config.write_text(config.read_text().replace(admin_login, alice_login))
@@ -160,7 +175,7 @@ def test_the_running_mirror_job_syncs_configs_every_interval(sandbox, topic_name
     primary, secondary = sandbox["primary"], sandbox["secondary"]
     topic = topic_name("live-configs")
     create(primary, topic, 2, {"retention.ms": "3600000"})
-    config = flow_file(tmp_path, sandbox, topic, "sync.topic.configs.interval.seconds = 2")
+    config = flow_file(tmp_path, sandbox, topic, "sync.topic.configs.interval.seconds = 2", NO_ACLS)
     state, log = tmp_path / "state", tmp_path / "mirror.log"
     remote = f"primary.{topic}"
     job = start_mirror(config, "primary->secondary", state, log)
@@ -187,3 +202,78 @@ def test_the_running_mirror_job_syncs_configs_every_interval(sandbox, topic_name
         stop_job(job)
     output = log.read_text(errors="replace")
     assert f"synced {remote}: max.message.bytes (default) -> 2000000" in output
+
+
+def acl(cluster, kind, name, pattern, user, operation, permission=AclPermissionType.ALLOW):
+    """Create one ACL binding on a sandbox cluster."""
+    binding = AclBinding(kind, name, pattern, f"User:{user}", "*", operation, permission)
+    admin = AdminClient(cluster.client_config())
+    for future in admin.create_acls([binding]).values():
+        future.result(timeout=30)
+
+
+def test_acls_follow_mirrormaker2s_rules_plus_the_prefixed_and_group_acls_a_failover_needs(
+    sandbox, topic_name, tmp_path, capsys
+):
+    primary, secondary = sandbox["primary"], sandbox["secondary"]
+    topic, other = topic_name("acls"), topic_name("acls-unreplicated")
+    group, excluded = topic_name("group"), topic_name("group") + "-excluded"
+    create(primary, topic, 1, {})
+    create(primary, other, 1, {})
+    lit, pre, op = ResourcePatternType.LITERAL, ResourcePatternType.PREFIXED, AclOperation
+    TOPIC, GROUP = ResourceType.TOPIC, ResourceType.GROUP
+    acl(primary, TOPIC, topic, lit, "alice", op.READ)
+    acl(primary, TOPIC, topic, lit, "alice", op.WRITE)  # dropped: only the mirror writes
+    acl(primary, TOPIC, topic, lit, "bob", op.ALL)  # becomes READ
+    acl(primary, TOPIC, topic, lit, "bob", op.WRITE, AclPermissionType.DENY)  # DENY kept
+    acl(primary, TOPIC, other, lit, "alice", op.READ)  # not replicated: not synced
+    acl(primary, TOPIC, topic[:-3], pre, "alice", op.DESCRIBE)  # mirrorflow: to the remote prefix
+    acl(primary, GROUP, group, lit, "alice", op.READ)  # mirrorflow: consumers' groups
+    acl(primary, GROUP, group, lit, "alice", op.DELETE)  # not what a consumer needs
+    acl(primary, GROUP, excluded, lit, "alice", op.READ)  # excluded by the flow's groups filter
+    config = flow_file(
+        tmp_path,
+        sandbox,
+        topic,
+        f"primary->secondary.groups = {group}.*",
+        f"primary->secondary.groups.exclude = {excluded}",
+    )
+    code, (_configs, report) = sync(capsys, config, "--dry-run")
+    expected = {
+        ("TOPIC", "LITERAL", f"primary.{topic}", "User:alice", "READ", "ALLOW"),
+        ("TOPIC", "LITERAL", f"primary.{topic}", "User:bob", "READ", "ALLOW"),
+        ("TOPIC", "LITERAL", f"primary.{topic}", "User:bob", "WRITE", "DENY"),
+        ("TOPIC", "PREFIXED", f"primary.{topic[:-3]}", "User:alice", "DESCRIBE", "ALLOW"),
+        ("GROUP", "LITERAL", group, "User:alice", "READ", "ALLOW"),
+    }
+
+    def bindings(changes) -> set[tuple]:
+        keys = ("resource_type", "pattern", "name", "principal", "operation", "permission")
+        return {tuple(c[k] for k in keys) for c in changes}
+
+    assert code == 0 and report["what"] == "acls" and bindings(report["changes"]) == expected
+    target = AdminClient(secondary.client_config())
+    filter_ = AclBindingFilter(
+        ResourceType.ANY, None, ResourcePatternType.ANY, None, None, op.ANY, AclPermissionType.ANY
+    )
+
+    def on_target() -> set[tuple]:
+        found = target.describe_acls(filter_).result(timeout=30)
+        mine = [b for b in found if b.name.startswith((f"primary.{topic[:-3]}", group))]
+        return {
+            (
+                b.restype.name,
+                b.resource_pattern_type.name,
+                b.name,
+                b.principal,
+                b.operation.name,
+                b.permission_type.name,
+            )
+            for b in mine
+        }
+
+    assert on_target() == set(), "a dry run created ACLs"
+    code, (_configs, report) = sync(capsys, config)
+    assert code == 0 and report["applied"] == 5 and report["failures"] == []
+    assert on_target() == expected
+    assert sync(capsys, config)[1][1]["changes"] == []  # in sync: nothing more to create

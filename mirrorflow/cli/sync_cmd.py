@@ -1,5 +1,6 @@
 """``mirrorflow sync FILE… [--flow S->T …] [--dry-run] [--json]``: bring the remote topics'
-configs and partition counts in line with their sources, by MirrorMaker 2's rules, diff first."""
+configs, partition counts and ACLs in line with their sources, by MirrorMaker 2's rules (plus the
+prefixed and group ACLs a failover needs), diff first."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from mirrorflow.errors import MirrorflowError
 def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "sync",
-        help="sync remote topics' configs and partitions with their sources (diff first)",
+        help="sync remote topics' configs, partitions and ACLs with their sources (diff first)",
     )
     parser.add_argument("files", nargs="+", type=Path, help="flow files (mm2.properties, YAML)")
     parser.add_argument(
@@ -32,7 +33,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def _sync(args: argparse.Namespace) -> int:
     from mirrorflow.replication.spec import spec_for_flow
-    from mirrorflow.replication.sync import TopicSync
+    from mirrorflow.replication.sync import AclSync, TopicSync
 
     topology = load_topology(args.files)
     names = list(dict.fromkeys(args.flow or [f.name for f in topology.flows]))
@@ -43,10 +44,14 @@ def _sync(args: argparse.Namespace) -> int:
     reports = []
     for name in names:
         spec = spec_for_flow(args.files, name)
-        if not spec.sync_configs_enabled:
-            print(f"{name}: sync.topic.configs.enabled = false: not synced", file=sys.stderr)
-            continue
-        reports.append(TopicSync.for_spec(spec).run(dry_run=args.dry_run))
+        for enabled, key, sync in (
+            (spec.sync_configs_enabled, "sync.topic.configs.enabled", TopicSync),
+            (spec.sync_acls_enabled, "sync.topic.acls.enabled", AclSync),
+        ):
+            if enabled:
+                reports.append(sync.for_spec(spec).run(dry_run=args.dry_run))
+            elif not args.json:
+                print(f"{name}: {key} = false: not synced")
     if args.json:
         json.dump([r.as_dict() for r in reports], sys.stdout, indent=2)
         sys.stdout.write("\n")

@@ -217,7 +217,6 @@ def _definition(prop: Property, aliases: list[str]) -> list[Finding]:
 
 
 _CHECKPOINTS = "consumer-group checkpoints and offset sync are not built yet (issue 10)"
-_SYNC = "ACL sync is not built yet (issue 11)"
 NOT_HONOURED: dict[str, str] = {
     **dict.fromkeys(
         (
@@ -234,13 +233,6 @@ NOT_HONOURED: dict[str, str] = {
             "checkpoints.topic.replication.factor",
         ),
         _CHECKPOINTS,
-    ),
-    **dict.fromkeys(
-        (
-            "sync.topic.acls.enabled",
-            "sync.topic.acls.interval.seconds",
-        ),
-        _SYNC,
     ),
     "use.incremental.alter.configs": "MirrorMaker 2 4.x removed it; mirrorflow always syncs "
     "topic configs by incremental alter, as 4.x does",

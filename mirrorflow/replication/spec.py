@@ -36,6 +36,9 @@ class MirrorSpec:
     replicate_source_default: Callable[[str], bool] = lambda name: False
     sync_configs_enabled: bool = True
     sync_configs_interval_s: float = 600.0
+    should_replicate_group: Callable[[str], bool] = lambda group: True
+    sync_acls_enabled: bool = True
+    sync_acls_interval_s: float = 600.0
     heartbeats_topic: str = "heartbeats"
     emit_heartbeats: bool = True
     heartbeats_interval_s: float = 1.0
@@ -112,6 +115,9 @@ def spec_for_flow(
         replicate_source_default=flow.config_property_filter.should_replicate_source_default,
         sync_configs_enabled=bool(flow.setting("sync.topic.configs.enabled")),
         sync_configs_interval_s=float(flow.setting("sync.topic.configs.interval.seconds")),
+        should_replicate_group=flow.should_replicate_group,
+        sync_acls_enabled=bool(flow.setting("sync.topic.acls.enabled")),
+        sync_acls_interval_s=float(flow.setting("sync.topic.acls.interval.seconds")),
         replication_factor=int(flow.setting("replication.factor")),
         heartbeats_topic=flow.policy.heartbeats_topic(),
         emit_heartbeats=bool(flow.setting("emit.heartbeats.enabled")),

@@ -1,4 +1,4 @@
-"""Topic-config and partition sync of a flow, by MirrorMaker 2 4.x's rules, diff first.
+"""Topic-config, partition and ACL sync of a flow, by MirrorMaker 2 4.x's rules, diff first.
 
 MirrorMaker 2 (``MirrorSourceConnector.syncTopicConfigs`` and ``computeAndCreateTopicPartitions``)
 applies, every ``sync.topic.configs.interval.seconds``, to each replicated topic whose remote topic
@@ -11,10 +11,18 @@ exists on the target:
   the source's value;
 * partition counts are raised to the source's, never lowered; topics are never deleted.
 
-mirrorflow computes the same result as a list of :class:`Change`, compared with what the target
-holds now, so a run shows what it would change before it changes anything (``dry_run``) and a
-second run finds nothing to do. Settings the filter excludes (``min.insync.replicas``, the
-throttles, ...) are never touched on the target.
+and, every ``sync.topic.acls.interval.seconds`` (``syncTopicAcls``), creates on the target the
+source's LITERAL topic ACLs of replicated topics, named as their remote topics, ALLOW WRITE
+dropped, ALLOW ALL turned into ALLOW READ, DENY kept; nothing is ever deleted. What a failover
+needs and MirrorMaker 2 lacks, :class:`AclSync` adds: PREFIXED topic ACLs whose prefix some
+replicated topic has, mapped to the remote prefix, and the consumer groups' ACLs (groups the
+flow's ``groups`` filter passes: ALLOW READ and DESCRIBE, ALL turned into READ, DENY kept) so that
+failed-over consumers are authorised on the target under their own group ids.
+
+mirrorflow computes the same result as a list of changes, compared with what the target holds
+now, so a run shows what it would change before it changes anything (``dry_run``) and a second
+run finds nothing to do. Settings the filter excludes (``min.insync.replicas``, the throttles,
+...) are never touched on the target.
 """
 
 from __future__ import annotations
@@ -25,11 +33,16 @@ from dataclasses import asdict, dataclass, field
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import (
+    AclBinding,
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
     AlterConfigOpType,
     ConfigEntry,
     ConfigResource,
     ConfigSource,
     NewPartitions,
+    ResourcePatternType,
     ResourceType,
 )
 
@@ -65,13 +78,61 @@ class Change:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class AclChange:
+    """An ACL binding the sync creates on the target."""
+
+    resource_type: str  # TOPIC or GROUP
+    pattern: str  # LITERAL or PREFIXED
+    name: str
+    principal: str
+    host: str
+    operation: str
+    permission: str
+    kind: str = "acl"
+    action: str = "create"
+
+    @classmethod
+    def of(cls, binding: AclBinding, name: str, operation: AclOperation | None = None) -> AclChange:
+        return cls(
+            binding.restype.name,
+            binding.resource_pattern_type.name,
+            name,
+            binding.principal,
+            binding.host,
+            (operation or binding.operation).name,
+            binding.permission_type.name,
+        )
+
+    def binding(self) -> AclBinding:
+        return AclBinding(
+            ResourceType[self.resource_type],
+            self.name,
+            ResourcePatternType[self.pattern],
+            self.principal,
+            self.host,
+            AclOperation[self.operation],
+            AclPermissionType[self.permission],
+        )
+
+    def describe(self) -> str:
+        return (
+            f"ACL {self.permission} {self.operation} {self.principal}@{self.host} on "
+            f"{self.resource_type} {self.pattern} {self.name}"
+        )
+
+    def as_dict(self) -> dict[str, str | None]:
+        return asdict(self)
+
+
 @dataclass
 class SyncReport:
     """What one sync of a flow found and did."""
 
     flow: str
     dry_run: bool
-    changes: list[Change] = field(default_factory=list)
+    what: str = "configs"  # "configs" (and partitions) or "acls"
+    changes: list[Change | AclChange] = field(default_factory=list)
     applied: int = 0
     failures: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -79,11 +140,11 @@ class SyncReport:
     def lines(self) -> list[str]:
         verb = "would change" if self.dry_run else "changed"
         if not self.changes:
-            head = f"{self.flow}: configs and partitions in sync, nothing to change"
+            head = f"{self.flow} {self.what}: in sync, nothing to change"
         elif self.dry_run:
-            head = f"{self.flow}: {verb} {len(self.changes)} (dry run: nothing applied)"
+            head = f"{self.flow} {self.what}: {verb} {len(self.changes)} (dry run: nothing applied)"
         else:
-            head = f"{self.flow}: {verb} {self.applied} of {len(self.changes)}"
+            head = f"{self.flow} {self.what}: {verb} {self.applied} of {len(self.changes)}"
         return [
             head,
             *(f"  {c.describe()}" for c in self.changes),
@@ -94,6 +155,7 @@ class SyncReport:
     def as_dict(self) -> dict[str, object]:
         return {
             "flow": self.flow,
+            "what": self.what,
             "dry_run": self.dry_run,
             "changes": [c.as_dict() for c in self.changes],
             "applied": self.applied,
@@ -147,20 +209,8 @@ class TopicSync:
         return report
 
     def scheduled_run(self) -> None:
-        """One run of the mirror job's ``sync-topic-configs`` task: every change applied is
-        logged; a refusal fails the run (counted, logged, retried at the next interval) and
-        never stops the copying, as in MirrorMaker 2."""
-        try:
-            report = self.run()
-        except ClusterUnreachable:
-            raise
-        except MirrorflowError as exc:
-            raise TaskFailed(str(exc)) from None
-        for change in report.changes:
-            log.info("%s: synced %s", self.flow, change.describe())
-        if report.failures:
-            more = f" (and {len(report.failures) - 1} more)" if len(report.failures) > 1 else ""
-            raise TaskFailed(report.failures[0] + more)
+        """One run of the mirror job's ``sync-topic-configs`` task."""
+        _scheduled(self.flow, self.run)
 
     def diff(self, notes: list[str] | None = None) -> list[Change]:
         """Every change the sync would make now, partitions first, then configs by topic."""
@@ -285,3 +335,141 @@ def _describe(admin: ClusterAdmin, topics: list[str]) -> dict[str, dict[str, Con
         except KafkaException as exc:
             raise cluster_error(admin, f"describing the configs of {resource.name}", exc) from None
     return result
+
+
+_ALLOW, _DENY = AclPermissionType.ALLOW, AclPermissionType.DENY
+_GROUP_OPERATIONS = (AclOperation.READ, AclOperation.DESCRIBE)
+_ANY_ACL = AclBindingFilter(
+    ResourceType.ANY,
+    None,
+    ResourcePatternType.ANY,
+    None,
+    None,
+    AclOperation.ANY,
+    AclPermissionType.ANY,
+)
+
+
+class AclSync:
+    """The source's topic and group ACLs, as the flow's consumers need them on the target."""
+
+    def __init__(
+        self,
+        flow: str,
+        source: ClusterAdmin,
+        target: ClusterAdmin,
+        should_replicate: Callable[[str], bool],
+        remote_name: Callable[[str], str],
+        should_replicate_group: Callable[[str], bool],
+    ) -> None:
+        self.flow, self.source, self.target = flow, source, target
+        self.should_replicate, self.remote_name = should_replicate, remote_name
+        self.should_replicate_group = should_replicate_group
+
+    @classmethod
+    def for_spec(cls, spec: MirrorSpec, admins: dict[str, ClusterAdmin] | None = None) -> AclSync:
+        admins = admins or {
+            spec.source: ClusterAdmin(spec.source, spec.source_admin),
+            spec.target: ClusterAdmin(spec.target, spec.target_admin),
+        }
+        return cls(
+            spec.flow,
+            admins[spec.source],
+            admins[spec.target],
+            spec.should_replicate,
+            spec.remote_topic,
+            spec.should_replicate_group,
+        )
+
+    def run(self, dry_run: bool = False) -> SyncReport:
+        report = SyncReport(self.flow, dry_run, "acls")
+        report.changes = list(self.diff(report.notes))
+        if not dry_run and report.changes:
+            report.applied, report.failures = self.apply(report.changes)
+        return report
+
+    def scheduled_run(self) -> None:
+        """One run of the mirror job's ``sync-topic-acls`` task (see
+        :meth:`TopicSync.scheduled_run`)."""
+        _scheduled(self.flow, self.run)
+
+    def diff(self, notes: list[str] | None = None) -> list[AclChange]:
+        """The bindings the target lacks, in a stable order."""
+        notes = notes if notes is not None else []
+        source = _describe_acls(self.source)
+        if source is None:
+            notes.append(f"{self.source.alias} has no authorizer: no ACL to sync")
+            return []
+        target = _describe_acls(self.target) or []
+        have = {AclChange.of(b, b.name) for b in target}
+        replicated = [t for t in self.source.metadata().topics if self.should_replicate(t)]
+        wanted = {change for b in source if (change := self._mapped(b, replicated)) is not None}
+        return sorted(wanted - have, key=lambda c: c.describe())
+
+    def _mapped(self, binding: AclBinding, replicated: list[str]) -> AclChange | None:
+        allow, operation = binding.permission_type == _ALLOW, binding.operation
+        pattern = binding.resource_pattern_type
+        if binding.restype == ResourceType.TOPIC:
+            if allow and operation == AclOperation.WRITE:
+                return None  # only the mirror writes remote topics
+            if pattern == ResourcePatternType.LITERAL:
+                if not self.should_replicate(binding.name):
+                    return None
+            elif pattern == ResourcePatternType.PREFIXED:
+                if not any(t.startswith(binding.name) for t in replicated):
+                    return None
+            else:
+                return None
+            read = AclOperation.READ if allow and operation == AclOperation.ALL else None
+            return AclChange.of(binding, self.remote_name(binding.name), read)
+        if binding.restype == ResourceType.GROUP and pattern in (
+            ResourcePatternType.LITERAL,
+            ResourcePatternType.PREFIXED,
+        ):
+            if not self.should_replicate_group(binding.name):
+                return None
+            if allow and operation == AclOperation.ALL:
+                return AclChange.of(binding, binding.name, AclOperation.READ)
+            if allow and operation not in _GROUP_OPERATIONS:
+                return None
+            return AclChange.of(binding, binding.name)
+        return None
+
+    def apply(self, changes: list[AclChange]) -> tuple[int, list[str]]:
+        applied, failures = 0, []
+        bindings = [c.binding() for c in changes]
+        futures = self.target.client.create_acls(bindings, request_timeout=ADMIN_TIMEOUT_S)
+        for binding, future in futures.items():
+            try:
+                future.result()
+                applied += 1
+            except KafkaException as exc:
+                action = f"creating ACL {AclChange.of(binding, binding.name).describe()}"
+                failures.append(str(cluster_error(self.target, action, exc)))
+        return applied, failures
+
+
+def _describe_acls(admin: ClusterAdmin) -> list[AclBinding] | None:
+    """Every ACL binding of the cluster; None when it has no authorizer."""
+    try:
+        return admin.client.describe_acls(_ANY_ACL, request_timeout=ADMIN_TIMEOUT_S).result()
+    except KafkaException as exc:
+        if exc.args[0].code() == KafkaError.SECURITY_DISABLED:
+            return None
+        raise cluster_error(admin, "describing ACLs", exc) from None
+
+
+def _scheduled(flow: str, run: Callable[[], SyncReport]) -> None:
+    """One scheduled sync run: each applied change logged; a refusal fails the run (counted,
+    logged, retried at the next interval) and never stops the copying, as in MirrorMaker 2."""
+    try:
+        report = run()
+    except ClusterUnreachable:
+        raise
+    except MirrorflowError as exc:
+        raise TaskFailed(str(exc)) from None
+    for change in report.changes:
+        log.info("%s: synced %s", flow, change.describe())
+    if report.failures:
+        more = f" (and {len(report.failures) - 1} more)" if len(report.failures) > 1 else ""
+        raise TaskFailed(report.failures[0] + more)

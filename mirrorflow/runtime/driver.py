@@ -50,7 +50,7 @@ from mirrorflow.replication.heartbeats import HeartbeatEmitter
 from mirrorflow.replication.positions import PositionWriter, SourceOffsetReader, legacy_progress
 from mirrorflow.replication.scheduler import Scheduler
 from mirrorflow.replication.spec import MirrorSpec
-from mirrorflow.replication.sync import TopicSync
+from mirrorflow.replication.sync import AclSync, TopicSync
 from mirrorflow.replication.topics import (
     ClusterAdmin,
     RemoteTopics,
@@ -267,11 +267,20 @@ class MirrorJob:
             self.scheduler.add(
                 "refresh-topics", spec.refresh_topics_interval_s, self._refresh_topics
             )
-        if spec.sync_configs_enabled and not once:
-            sync = TopicSync.for_spec(spec, self.admins)
-            self.scheduler.add(
-                "sync-topic-configs", spec.sync_configs_interval_s, sync.scheduled_run
-            )
+        # Config and ACL sync run at start, then every interval, as in MirrorMaker 2: changes
+        # made while no job ran reach the target before the first batch.
+        for enabled, name, interval, sync in (
+            (
+                spec.sync_configs_enabled,
+                "sync-topic-configs",
+                spec.sync_configs_interval_s,
+                TopicSync,
+            ),
+            (spec.sync_acls_enabled, "sync-topic-acls", spec.sync_acls_interval_s, AclSync),
+        ):
+            if enabled and not once:
+                run = sync.for_spec(spec, self.admins).scheduled_run
+                self.scheduler.run_now(self.scheduler.add(name, interval, run))
         self.scheduler.start()
         self.doorbell = Doorbell(spec.source_consumer_client, spec.flow)
         if once:
