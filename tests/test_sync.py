@@ -131,7 +131,8 @@ def test_use_defaults_from_source_sets_the_sources_defaults_instead_of_deleting(
         tmp_path, sandbox, topic, "primary->secondary.use.defaults.from = source", NO_ACLS
     )
     code, (report,) = sync(capsys, config, "--dry-run")
-    segment = [c for c in report["changes"] if c["name"] == "segment.bytes"]
+    remote = f"primary.{topic}"  # (the heartbeats topic is replicated too)
+    segment = [c for c in report["changes"] if (c["topic"], c["name"]) == (remote, "segment.bytes")]
     assert code == 0 and [(c["action"], c["after"]) for c in segment] == [("set", "1073741824")]
 
 
