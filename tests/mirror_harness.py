@@ -15,6 +15,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from mirrorflow.devtools import sandbox as sandbox_mod
 from mirrorflow.mm2.formats import OffsetSync
+from mirrorflow.paths import write_private
 from mirrorflow.runtime import launch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,8 +38,7 @@ def write_flow_file(
         "emit.heartbeats.interval.seconds = 1",
         *lines,
     ]
-    path.write_text("\n".join(text) + "\n")
-    return path
+    return write_private(path, "\n".join(text) + "\n")  # it holds passwords
 
 
 def flow_file(
