@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from mirrorflow.devtools.local_airflow import SERVICES, LocalAirflow
 from mirrorflow.devtools.sandbox import free_port_block
 from mirrorflow.paths import private_dir, write_private
 from mirrorflow.runtime import spark_security
@@ -151,3 +152,43 @@ def _http_status(port: int, path: str) -> int | None:
         return error.code
     except (OSError, ValueError, http.client.HTTPException):
         return None
+
+
+@pytest.mark.airflow
+def test_the_local_airflow_answers_on_loopback_only_and_keeps_its_password_private(tmp_path):
+    """The demo's Airflow (api-server, scheduler, dag-processor, triggerer), started with a
+    umask that would leave every file open to all."""
+    airflow = LocalAirflow(tmp_path / "airflow", tmp_path / "state", say=lambda _text: None)
+    airflow.choose_port(free_port_block(1))
+    old = os.umask(0)
+    try:
+        airflow.migrate()
+        airflow.start_services()
+    finally:
+        os.umask(old)
+    try:
+        airflow.wait_for_api()
+        password = airflow.ui_password()
+        airflow.api()  # the password made before the api-server started is the UI's
+        # Give the scheduler and triggerer the time to start whatever they listen on.
+        wait_for(lambda: _airflow_started(airflow.home), 120, "the scheduler and triggerer")
+        time.sleep(5)
+        sessions = airflow.running_services()
+        assert set(sessions) == set(SERVICES)
+        members = [pid for leader in sessions.values() for pid in exposure.session_members(leader)]
+        found = exposure.listeners(members)
+        assert airflow.port in {listener.port for listener in found}
+        wide = [str(listener) for listener in found if not listener.loopback]
+        assert not wide, "listening beyond loopback:\n" + "\n".join(wide)
+    finally:
+        airflow.stop_services(say=lambda _text: None)
+    assert exposure.mode(airflow.home) == 0o700
+    for name in (airflow.password_file.name, "airflow.cfg", "airflow.db"):
+        assert exposure.mode(airflow.home / name) == 0o600, name
+    everything_else = [p for p in airflow.home.rglob("*") if p != airflow.password_file]
+    assert exposure.files_holding([password], everything_else) == []
+
+
+def _airflow_started(home: Path) -> bool:
+    logs = {name: (home / "logs" / f"{name}.log").read_text(errors="replace") for name in SERVICES}
+    return "Starting the scheduler" in logs["scheduler"] and "Starting" in logs["triggerer"]
