@@ -54,7 +54,9 @@ class MirrorFlowOperator(BaseOperator):
     :param pause_check_interval: seconds between checks whether the DAG was paused
     :param conn_id: the Airflow connection naming the Spark master (default ``spark_default``)
     :param driver_memory: the Spark driver's memory
-    :param conf: Spark settings added to (or overriding) the mirror job's own
+    :param conf: Spark settings added to (or overriding) the mirror job's own; no secret (it
+        would be on the command line): a ``spark://`` master's secret comes from the properties
+        file of ``$MIRRORFLOW_SPARK_PROPERTIES`` (see :mod:`mirrorflow.runtime.spark_security`)
     """
 
     ui_color = "#e0f0ff"
