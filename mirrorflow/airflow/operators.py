@@ -37,6 +37,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
 from mirrorflow.airflow.hooks import DEFAULT_CONN_ID, MirrorJobHook
+from mirrorflow.errors import MirrorflowError
 from mirrorflow.paths import project_root
 from mirrorflow.runtime import jobs, launch
 
@@ -107,16 +108,19 @@ class MirrorFlowOperator(BaseOperator):
         starting_offsets = self._start_position(context.get("params") or {}, files, first_try)
         self._hook = hook = MirrorJobHook(self.conn_id)
         master = hook.master()
-        command = launch.mirror_command(
-            flow_files,
-            self.flow,
-            master=master,
-            driver_memory=self.driver_memory,
-            conf=self.conf,
-            state_dir=files.state_dir,
-            stop_file=files.stop_file,
-            starting_offsets=starting_offsets,
-        )
+        try:
+            command = launch.mirror_command(
+                flow_files,
+                self.flow,
+                master=master,
+                driver_memory=self.driver_memory,
+                conf=self.conf,
+                state_dir=files.state_dir,
+                stop_file=files.stop_file,
+                starting_offsets=starting_offsets,
+            )
+        except MirrorflowError as exc:  # e.g. a spark:// master without its secret
+            raise AirflowException(f"the mirror job of {self.flow} cannot start: {exc}") from None
         self.log.info("running flow %s on Spark master %s", self.flow, master)
         watcher = _JobWatcher(self, hook, files, context)
         watcher.start()
