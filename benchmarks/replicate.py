@@ -52,6 +52,7 @@ from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec  # noqa: E40
 
 from benchmarks import procstats  # noqa: E402
 from mirrorflow.devtools import sandbox as sandbox_mod  # noqa: E402
+from mirrorflow.paths import write_private  # noqa: E402
 from mirrorflow.runtime import jvm, launch  # noqa: E402
 
 SOURCE, TARGET = "bench-a", "bench-b"
@@ -141,12 +142,6 @@ class Bench:
         path = self.workdir / "logs"
         path.mkdir(parents=True, exist_ok=True)
         return path
-
-
-def write_private(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(text)
 
 
 def create_topic(admin: AdminClient, name: str, partitions: int) -> None:

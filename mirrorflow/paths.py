@@ -13,6 +13,9 @@ mirrorflow runs from a checkout (``make``, the tests, the demo) or installed fro
   ``~/.local/state/mirrorflow``).
 * **The cache** of heavy downloads (Maven artifacts, the Python environment) lives outside any
   checkout, so fresh clones reuse it.
+
+Every file that holds a secret (a password, a shared key) is written with :func:`write_private`:
+mode 0600 inside a directory of mode 0700 (:func:`private_dir`), whatever the umask.
 """
 
 from __future__ import annotations
@@ -75,3 +78,31 @@ def content_hash(files: Iterable[Path], length: int = 12) -> str:
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:length]
+
+
+def private_dir(path: Path) -> Path:
+    """``path`` as a directory only its owner can enter (0700, whatever the umask); created
+    with its parents if missing."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+    return path
+
+
+def write_private(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` readable by its owner only: mode 0600, in a 0700 directory,
+    whatever the umask. The file is replaced atomically, so a reader never sees half of it and
+    an earlier file's wider mode does not survive."""
+    path = Path(path)
+    private_dir(path.parent)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # O_CREAT's mode is masked by the umask, and ignored if it existed
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    return path

@@ -14,6 +14,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from mirrorflow.devtools import sandbox as sandbox_mod
 from mirrorflow.mm2.formats import OffsetSync
+from mirrorflow.paths import write_private
 from mirrorflow.runtime import jobs, launch
 from tests.conftest import create_topics
 
@@ -37,8 +38,7 @@ def write_flow_file(
         "emit.heartbeats.interval.seconds = 1",
         *lines,
     ]
-    path.write_text("\n".join(text) + "\n")
-    return path
+    return write_private(path, "\n".join(text) + "\n")  # it holds passwords
 
 
 def flow_file(

@@ -19,6 +19,7 @@ SECRETS = {
     "POSTGRES_PASSWORD": "test-postgres-password",
     "AIRFLOW_JWT_SECRET": "test-jwt-secret",
     "AIRFLOW_SECRET_KEY": "test-secret-key",
+    "SPARK_AUTH_SECRET": "test-spark-secret",
 }
 AIRFLOW_SERVICES = {
     "airflow-init": None,
@@ -113,6 +114,8 @@ def test_compose_lays_out_kafka_airflow_postgres_and_spark_with_the_project_moun
         assert {"source": "flows", "target": "/etc/mirrorflow/flows.properties"} in airflow[
             "configs"
         ]
+        spark_file = env["MIRRORFLOW_SPARK_PROPERTIES"]  # the drivers' secret
+        assert _mounted(airflow, "spark-properties") == (spark_file, "0400")
     assert (
         "mirrorflow render /etc/mirrorflow/flows.properties --out /opt/airflow/dags"
         in (services["airflow-init"]["command"][-1])
@@ -123,7 +126,14 @@ def test_compose_lays_out_kafka_airflow_postgres_and_spark_with_the_project_moun
     assert (
         "org.apache.spark.deploy.worker.Worker" in worker and "spark://spark-master:7077" in worker
     )
+    secured = spec["configs"]["spark-properties"]["content"]
+    assert "spark.authenticate.secret = test-spark-secret" in secured
+    assert "spark.network.crypto.enabled = true" in secured
+    assert services["spark-master"]["ports"][0]["host_ip"] == "127.0.0.1"
     for name in ("spark-master", "spark-worker"):
+        target, _mode = _mounted(services[name], "spark-properties")
+        command = services[name]["command"]
+        assert command[command.index("--properties-file") + 1] == target
         assert services[name]["image"] == services["airflow-scheduler"]["image"]
         mounts = {m["target"]: m for m in services[name]["volumes"]}
         assert Path(mounts["/opt/mirrorflow"]["source"]) == ROOT
@@ -149,3 +159,9 @@ def test_compose_refuses_to_start_without_the_deployments_secrets(compose):
     assert result.returncode != 0
     for name in SECRETS:
         assert f"required variable {name} is missing a value: set {name}" in result.stderr
+
+
+def _mounted(service: dict, config: str) -> tuple[str, str | None]:
+    """Where a service gets a config, and with which mode."""
+    (mount,) = [c for c in service.get("configs", []) if c["source"] == config]
+    return mount["target"], mount.get("mode")

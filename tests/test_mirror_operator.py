@@ -254,3 +254,16 @@ def test_the_job_is_launched_in_its_own_process_group_and_its_error_line_is_kept
     assert code == 2
     assert (tmp_path / "group").read_text() == "True", "the job shares the task's process group"
     assert hook.error_line == "mirrorflow: error: flow a->b stopped: refused"
+
+
+def test_a_standalone_master_without_its_secret_fails_the_task_in_one_line(operator, monkeypatch):
+    from airflow.sdk.exceptions import AirflowException
+
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SPARK_DEFAULT",
+        json.dumps({"conn_type": "spark", "host": "spark://127.0.0.1", "port": 7077}),
+    )
+    monkeypatch.delenv("MIRRORFLOW_SPARK_PROPERTIES", raising=False)
+    with pytest.raises(AirflowException, match="needs the cluster's shared secret") as failed:
+        operator.execute({})
+    assert "\n" not in str(failed.value)

@@ -44,6 +44,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
 from mirrorflow.airflow.hooks import DEFAULT_CONN_ID, MirrorJobHook
+from mirrorflow.errors import MirrorflowError
 from mirrorflow.paths import project_root
 from mirrorflow.runtime import jobs, launch
 
@@ -64,7 +65,9 @@ class MirrorFlowOperator(BaseOperator):
     :param pause_check_interval: seconds between checks whether the DAGs were paused
     :param conn_id: the Airflow connection naming the Spark master (default ``spark_default``)
     :param driver_memory: the Spark driver's memory
-    :param conf: Spark settings added to (or overriding) the mirror job's own
+    :param conf: Spark settings added to (or overriding) the mirror job's own; no secret (it
+        would be on the command line): a ``spark://`` master's secret comes from the properties
+        file of ``$MIRRORFLOW_SPARK_PROPERTIES`` (see :mod:`mirrorflow.runtime.spark_security`)
     """
 
     ui_color = "#e0f0ff"
@@ -127,15 +130,18 @@ class MirrorFlowOperator(BaseOperator):
         files.clear_stop_request()
         self._hook = hook = MirrorJobHook(self.conn_id)
         master = hook.master()
-        command = launch.mirror_command(
-            flow_files,
-            self.flows,
-            master=master,
-            driver_memory=self.driver_memory,
-            conf=self.conf,
-            state_dir=files.state_dir,
-            stop_file=files.stop_file,
-        )
+        try:
+            command = launch.mirror_command(
+                flow_files,
+                self.flows,
+                master=master,
+                driver_memory=self.driver_memory,
+                conf=self.conf,
+                state_dir=files.state_dir,
+                stop_file=files.stop_file,
+            )
+        except MirrorflowError as exc:  # e.g. a spark:// master without its secret
+            raise AirflowException(f"the mirror job of {self.label} cannot start: {exc}") from None
         watcher = _JobWatcher(self, hook, files, context)
         watcher.sync_flow_pauses()  # a flow whose DAG is paused does not start at all
         self.log.info("running %s on Spark master %s", self.label, master)

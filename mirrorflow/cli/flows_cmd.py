@@ -38,6 +38,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     _files(explain)
     explain.add_argument("flow", metavar="SOURCE->TARGET", help="the flow, e.g. primary->backup")
+    explain.add_argument(
+        "--master",
+        default="local[*]",
+        help="the Spark master the job would run on, for its Spark security settings "
+        "(default local[*])",
+    )
     _json(explain)
     explain.set_defaults(handler=_explain)
 
@@ -118,7 +124,10 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _explain(args: argparse.Namespace) -> int:
+    from mirrorflow.runtime import spark_security
+
     flow = load_topology(args.files).flow(args.flow)
+    security = spark_security.for_master(args.master)
     clients = {role: flow.client_settings(role) for role in _ROLES}
     settings = {
         k: s for k, s in sorted(flow.config.items()) if not k.startswith(("source.", "target."))
@@ -133,6 +142,12 @@ def _explain(args: argparse.Namespace) -> int:
                     role: {k: _setting_json(k, s) for k, s in sorted(items.items())}
                     for role, items in clients.items()
                 },
+                "spark": {
+                    "master": security.master,
+                    "settings": security.conf,
+                    "properties_file": str(security.properties_file or "") or None,
+                    "exposes": security.exposes,
+                },
             }
         )
         return 0
@@ -142,7 +157,19 @@ def _explain(args: argparse.Namespace) -> int:
     _print_settings("connector settings", settings)
     for role, items in clients.items():
         _print_settings(f"{role} client", dict(sorted(items.items())))
+    _print_spark(security)
     return 0
+
+
+def _print_spark(security) -> None:
+    print(f"spark security (master {security.master}):")
+    extra = {"--properties-file": str(security.properties_file)} if security.properties_file else {}
+    settings = {**extra, **security.conf}
+    width = max(len(k) for k in settings)
+    for key, value in settings.items():
+        print(f"  {key:<{width}} = {value}")
+    for line in security.exposes:
+        print(f"  exposes: {line}")
 
 
 _ROLES = (

@@ -46,6 +46,7 @@ class Demo:
     # -- up ----------------------------------------------------------------------------------
     def up(self, port: int | None, records: int, base_port: int) -> None:
         self._require_project_state()
+        paths.private_dir(self.state)  # the sandbox's and Airflow's secrets live below
         (self.home / STOPPING_FILE).unlink(missing_ok=True)
         self.box = sandbox.up(DEMO_CLUSTERS, self.sandbox_dir, base_port=base_port)
         self._say(f"clusters ready: {self._clusters()}")

@@ -4,6 +4,13 @@
 dag-processor and triggerer, each in a session of its own and recorded in the home (so that
 another shell can find and stop them later; nothing else is ever signalled), and waits for the
 API. :class:`Api` is the handful of REST calls the demo makes as the UI's user.
+
+What it exposes: the api-server on 127.0.0.1 only, with a login. The scheduler and triggerer
+run without their log servers (``--skip-serve-logs``: Airflow 3.3 binds them to every interface,
+with no setting for their address); the UI reads task logs from the files in the home instead,
+on the same machine. The home is private (0700), and the UI user's password is made here, in a
+0600 file, before the api-server starts, so Airflow never generates one (it would print it to
+the api-server's log); its database and ``airflow.cfg`` (which hold Airflow's own keys) are 0600.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -25,6 +33,11 @@ from mirrorflow.errors import MirrorflowError
 from mirrorflow.runtime import jobs
 
 SERVICES = ("api-server", "scheduler", "dag-processor", "triggerer")
+SERVICE_OPTIONS = {
+    # Their log servers would listen on every interface (Airflow 3.3 has no setting for it).
+    "scheduler": ("--skip-serve-logs",),
+    "triggerer": ("--skip-serve-logs",),
+}
 DEFAULT_PORT = 8080
 SERVICES_FILE = "demo-services.json"
 UI_USER = "admin"
@@ -80,6 +93,7 @@ class LocalAirflow:
                 "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
                 "AIRFLOW__CORE__PARALLELISM": "4",
                 "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{UI_USER}:admin",
+                "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(self.password_file),
                 "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": (
                     f"http://127.0.0.1:{self.port}/execution/"
                 ),
@@ -109,11 +123,11 @@ class LocalAirflow:
         return str(Path(sys.executable).parent / "airflow")
 
     def migrate(self) -> None:
-        """``airflow db migrate`` of the home's SQLite database."""
-        self.home.mkdir(parents=True, exist_ok=True)
+        """``airflow db migrate`` of the home's SQLite database (the home made private first)."""
+        paths.private_dir(self.home)
         self._say(f"initialising Airflow (SQLite, LocalExecutor) in {self.home}")
         log = self.home / "db-migrate.log"
-        with open(log, "wb") as out:
+        with _private_log(log, "wb") as out:
             result = subprocess.run(
                 [self._airflow(), "db", "migrate"],
                 stdout=out,
@@ -123,6 +137,19 @@ class LocalAirflow:
             )
         if result.returncode != 0:
             raise MirrorflowError("airflow db migrate failed", f"see {log}")
+        for name in ("airflow.cfg", "airflow.db"):  # Airflow's keys, its connections
+            with contextlib.suppress(FileNotFoundError):
+                os.chmod(self.home / name, 0o600)
+
+    def ensure_password(self) -> None:
+        """The UI user's password, made once in a 0600 file (kept across restarts)."""
+        with contextlib.suppress(OSError, ValueError):
+            passwords = json.loads(self.password_file.read_text())
+            if isinstance(passwords, dict) and passwords.get(UI_USER):
+                paths.write_private(self.password_file, json.dumps(passwords) + "\n")
+                return
+        password = secrets.token_urlsafe(18)
+        paths.write_private(self.password_file, json.dumps({UI_USER: password}) + "\n")
 
     def _recorded(self) -> dict:
         try:
@@ -142,14 +169,16 @@ class LocalAirflow:
         """Start whichever of the services is not running yet."""
         running = self.running_services()
         env = self.environment()
+        paths.private_dir(self.home)
+        self.ensure_password()
         logs = self.home / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         for name in SERVICES:
             if name in running:
                 continue
-            with open(logs / f"{name}.log", "ab") as out:
+            with _private_log(logs / f"{name}.log", "ab") as out:
                 process = subprocess.Popen(
-                    [self._airflow(), name],
+                    [self._airflow(), name, *SERVICE_OPTIONS.get(name, ())],
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
@@ -265,6 +294,14 @@ class Api:
 
     def pause(self, dag_id: str) -> None:
         self._call("PATCH", f"/api/v2/dags/{dag_id}", json.dumps({"is_paused": True}).encode())
+
+
+def _private_log(path: Path, mode: str):
+    """``path`` opened for writing, readable by its owner only (0600) whatever the umask."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if "a" in mode else os.O_TRUNC)
+    fd = os.open(path, flags, 0o600)
+    os.fchmod(fd, 0o600)
+    return os.fdopen(fd, mode)
 
 
 def _start_time(pid: int) -> int | None:

@@ -4,7 +4,8 @@ Each cluster is an independent single-node KRaft broker+controller on loopback w
 ports, data directory and log. Clients connect over SASL_PLAINTEXT (PLAIN, with SCRAM-SHA-512
 enabled too) and the StandardAuthorizer enforces ACLs: ``admin`` is the only super user,
 ``alice`` and ``bob`` are ordinary principals. Connection settings, passwords included, go to
-``clusters.json`` (mode 0600) in the sandbox directory; nothing prints a password.
+``clusters.json`` and ``clusters.properties`` (mode 0600) in the sandbox directory (mode 0700),
+as do the brokers' ``server.properties``; nothing prints a password.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from mirrorflow.errors import MirrorflowError
+from mirrorflow.paths import private_dir, write_private
 from mirrorflow.runtime import jvm
 
 DEFAULT_BASE_PORT = 19092
@@ -100,12 +102,8 @@ class Sandbox:
             ) from None
 
     def save(self) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        path = self.directory / STATE_FILE
         data = {"clusters": {n: asdict(c) for n, c in self.clusters.items()}}
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as out:
-            json.dump(data, out, indent=2, sort_keys=True)
+        write_private(self.directory / STATE_FILE, json.dumps(data, indent=2, sort_keys=True))
         self._write_mm2_properties()
 
     def _write_mm2_properties(self) -> None:
@@ -113,10 +111,7 @@ class Sandbox:
         lines = [f"clusters = {', '.join(self.clusters)}"]
         for name, cluster in self.clusters.items():
             lines += [f"{name}.{k} = {v}" for k, v in cluster.java_client_config().items()]
-        path = self.directory / "clusters.properties"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write("\n".join(lines) + "\n")
+        write_private(self.directory / "clusters.properties", "\n".join(lines) + "\n")
 
 
 def load(directory: Path) -> Sandbox:
@@ -283,8 +278,7 @@ def _require_free_port(port: int, cluster: str) -> None:
 
 
 def _prepare(cluster: Cluster) -> None:
-    data = Path(cluster.directory)
-    data.mkdir(parents=True, exist_ok=True)
+    data = private_dir(Path(cluster.directory))
     admin = cluster.passwords["admin"]
     users = " ".join(f'user_{u}="{p}"' for u, p in cluster.passwords.items())
     plain = "org.apache.kafka.common.security.plain.PlainLoginModule required"
@@ -328,7 +322,7 @@ def _prepare(cluster: Cluster) -> None:
         "share.coordinator.state.topic.min.isr": "1",
         "group.initial.rebalance.delay.ms": "0",
     }
-    _write_private(cluster.properties_file, "".join(f"{k}={v}\n" for k, v in props.items()))
+    write_private(cluster.properties_file, "".join(f"{k}={v}\n" for k, v in props.items()))
     (data / "log4j2.properties").write_text(
         "status = warn\n"
         "appender.out.type = Console\n"
@@ -342,12 +336,6 @@ def _prepare(cluster: Cluster) -> None:
         "logger.request.name = kafka.request.logger\n"
         "logger.request.level = WARN\n"
     )
-
-
-def _write_private(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(text)
 
 
 def _format_storage(java: str, classpath: str, clusters: list[Cluster]) -> None:

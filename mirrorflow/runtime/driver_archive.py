@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from mirrorflow.paths import cache_dir, resource
-from mirrorflow.runtime import jvm, submit
+from mirrorflow.runtime import jvm, spark_security, submit
 
 ENTRY_POINT = resource("spark_jobs/driver_archive.py")
 SWITCH = "MIRRORFLOW_CLASS_ARCHIVE"
@@ -74,7 +74,8 @@ def ensure(quiet: bool = True) -> Path | None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         partial = Path(tmp) / path.name
-        conf = submit.spark_conf()
+        # As a mirror job's driver in local mode: loopback, authenticated, no UI.
+        conf = {**submit.spark_conf(), **spark_security.for_master("local[*]", environ={}).conf}
         conf["spark.driver.extraJavaOptions"] += f" -XX:ArchiveClassesAtExit={partial}"
         command = [submit.spark_submit(), "--master", "local[*]", "--name", "mirrorflow archive"]
         for key, value in conf.items():

@@ -2,8 +2,9 @@
 
 Used by ``mirrorflow mirror``, the generated Airflow DAGs, the tests and the benchmark, so all
 of them run the job the same way: Spark's Kafka connector on ``--jars`` (the driver needs it
-before the application starts), quiet Spark logging, and only file paths and the flow's name on
-the command line; credentials stay in the flow files.
+before the application starts), quiet Spark logging, the security settings of
+:mod:`mirrorflow.runtime.spark_security` for its master, and only file paths and the flow's name on
+the command line; credentials stay in the flow files, Spark's secrets in a properties file.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from mirrorflow.paths import resource
-from mirrorflow.runtime import driver_archive
+from mirrorflow.runtime import driver_archive, spark_security
 from mirrorflow.runtime.submit import job_environment, spark_submit
 from mirrorflow.runtime.submit import spark_conf as base_spark_conf
 
@@ -70,11 +71,16 @@ def mirror_command(
     **job_options,
 ) -> list[str]:
     """The full ``spark-submit`` command that runs ``flow`` (one name, or several run by one
-    application) of the flow files ``configs``; ``conf`` adds or overrides Spark settings."""
+    application) of the flow files ``configs``; ``conf`` adds or overrides Spark settings (no
+    secret: it would be on the command line)."""
+    spark_security.check_no_secret(conf or {})
+    security = spark_security.for_master(master)
     name = f"mirrorflow {', '.join(flow_list(flow))}"
     command = [spark_submit(), "--master", master, "--name", name]
+    if security.properties_file:
+        command += ["--properties-file", str(security.properties_file)]
     command += ["--driver-memory", driver_memory]
-    for key, value in {**spark_conf(), **(conf or {})}.items():
+    for key, value in {**spark_conf(), **security.conf, **(conf or {})}.items():
         command += ["--conf", f"{key}={value}"]
     return [*command, str(MIRROR_JOB), *job_args(configs, flow, **job_options)]
 

@@ -68,14 +68,19 @@ def without_spark_zips(path: list[str], spark_home: Path) -> list[str]:
 def build_session(app_name: str, master: str | None = None, **conf: str) -> SparkSession:
     """A SparkSession with the Kafka connector; ``conf`` adds or overrides settings.
 
-    Without ``master`` the session runs where ``spark-submit --master`` said, ``local[*]``
-    when nothing did.
+    Without ``master`` the session runs where ``spark-submit --master`` said (with the settings
+    of its command line), ``local[*]`` when nothing did. With ``master``, the session gets the
+    security settings of :mod:`mirrorflow.runtime.spark_security` for it, the UI off.
     """
     from pyspark.sql import SparkSession
+
+    from mirrorflow.runtime import spark_security
 
     builder = SparkSession.builder.appName(app_name)
     if master:
         builder = builder.master(master)
+        for key, value in spark_security.for_master(master, environ={}).conf.items():
+            builder = builder.config(key, value)
     builder = (
         builder.config("spark.jars", kafka_jars_conf())
         .config("spark.ui.showConsoleProgress", "false")

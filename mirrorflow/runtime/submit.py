@@ -11,6 +11,7 @@ from pathlib import Path
 
 from mirrorflow.errors import MirrorflowError
 from mirrorflow.paths import PROJECT_ROOT, resource
+from mirrorflow.runtime import spark_security
 from mirrorflow.runtime.spark_session import kafka_jars_conf
 
 SPARK_LOG_CONFIG = resource("spark_jobs/log4j2.properties")
@@ -50,10 +51,12 @@ def spark_conf(driver_options: tuple[str, ...] = ()) -> dict[str, str]:
 
 
 def job_environment(base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a mirror job: this Python for Spark's workers, mirrorflow importable."""
+    """The environment of a mirror job: this Python for Spark's workers, mirrorflow importable,
+    and ``SPARK_LOCAL_IP`` when ``$MIRRORFLOW_SPARK_UI`` opens the UI (where Spark binds it)."""
     env = dict(os.environ if base is None else base)
     env["PYSPARK_PYTHON"] = sys.executable
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p
     )
+    env.update(spark_security.environment(env))
     return env
