@@ -132,6 +132,7 @@ class MirrorJob:
         self._last_batch_s = 0.0
         self._copier_settings_cache: tuple | None = None
         self._copier = None  # the copier's Java class, looked up once (a py4j round trip)
+        self._capped = False  # the last plan left records for the next batch
 
     @property
     def flow_dir(self) -> Path:
@@ -292,15 +293,20 @@ class MirrorJob:
         if once:
             self._once_ends = self._ends(self._partitions())
         try:
+            caught_up = False  # the last batch copied every partition to its planned end
             while not self.stopping():
                 if self.scheduler.error is not None:
                     raise self.scheduler.error
-                ranges = self._plan()
+                # Caught up, the doorbell (assigned at the new positions) rings at once for any
+                # record that arrived meanwhile: no need to list the partitions' ends again.
+                ranges = [] if caught_up else self._plan()
                 if ranges:
                     self._copy(ranges)
+                    caught_up = not once and not self._capped
                 elif once:
                     break
                 else:
+                    caught_up = False
                     if self.state != "IDLE":
                         self.record_state("IDLE")
                     self._wait_for_records()
@@ -453,6 +459,7 @@ class MirrorJob:
             if end > position:
                 pending[tp] = end - position
         total, cap = sum(pending.values()), self.spec.max_records_per_batch
+        self._capped = total > cap
         ranges = []
         for tp, count in sorted(pending.items()):
             take = count if total <= cap else max(1, count * cap // total)
