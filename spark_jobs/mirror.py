@@ -2,6 +2,7 @@
 
     spark-submit [--master local[*]|spark://host:7077] spark_jobs/mirror.py \\
         --config mm2.properties --flow primary->secondary [--flow ...] [--once] [--stop-file PATH]
+        [--max-records-per-batch N] [--local-batch-max-records N]
 
 One application runs every flow it is given, as MirrorMaker 2 runs a site's flows in one process
 (:mod:`mirrorflow.runtime.application`). Credentials stay in the flow definition (or the secret
@@ -63,6 +64,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=None,
         help="upper bound of records per batch (default 500000)",
     )
+    parser.add_argument(
+        "--local-batch-max-records",
+        type=int,
+        default=None,
+        help="an at-least-once batch of at most this many records is copied in the driver's "
+        "JVM, without a Spark job; 0: always a Spark job (default 1000)",
+    )
     return parser.parse_args(argv)
 
 
@@ -89,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             if args.max_records_per_batch:
                 spec.max_records_per_batch = args.max_records_per_batch
+            if args.local_batch_max_records is not None:
+                spec.local_batch_max_records = args.local_batch_max_records
             specs.append(spec)
         spark = spark_session.build_session(f"mirrorflow {', '.join(s.flow for s in specs)}")
         spark.sparkContext.setLogLevel("WARN")

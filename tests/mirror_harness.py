@@ -118,9 +118,11 @@ def stop_job(job: subprocess.Popen, timeout: float = 90) -> int:
     return job.returncode
 
 
-def mirror_command(config: Path, flow: str | list[str], state: Path, *extra: str) -> list[str]:
+def mirror_command(
+    config: Path, flow: str | list[str], state: Path, *extra: str, conf: dict | None = None
+) -> list[str]:
     """The command that runs ``flow`` (or several flows in one application): the same one
-    ``mirrorflow mirror`` and the DAGs use."""
+    ``mirrorflow mirror`` and the DAGs use; ``conf`` adds Spark settings."""
 
     def option(name: str):
         return extra[extra.index(name) + 1] if name in extra else None
@@ -130,10 +132,12 @@ def mirror_command(config: Path, flow: str | list[str], state: Path, *extra: str
         flow,
         master="local[2]",
         driver_memory="768m",
+        conf=conf,
         state_dir=state,
         once="--once" in extra,
         stop_file=option("--stop-file"),
         max_records_per_batch=option("--max-records-per-batch"),
+        local_batch_max_records=option("--local-batch-max-records"),
     )
 
 
@@ -152,12 +156,17 @@ def run_mirror_once(config: Path, flow: str, state: Path, timeout: float = 240) 
 
 
 def start_mirror(
-    config: Path, flow: str | list[str], state: Path, log: Path, *extra: str
+    config: Path,
+    flow: str | list[str],
+    state: Path,
+    log: Path,
+    *extra: str,
+    conf: dict | None = None,
 ) -> subprocess.Popen:
     """Start a long-running flow (or flows) in the background (its output goes to ``log``)."""
     handle = open(log, "ab")  # noqa: SIM115 (closed when the process is waited for)
     return subprocess.Popen(
-        mirror_command(config, flow, state, *extra),
+        mirror_command(config, flow, state, *extra, conf=conf),
         stdout=handle,
         stderr=subprocess.STDOUT,
         env=launch.job_environment(),

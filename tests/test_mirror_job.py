@@ -605,6 +605,72 @@ def test_an_idle_flow_runs_no_spark_job_and_a_new_record_starts_a_batch(
     assert sum(map(len, read_topic(secondary, f"primary.{t}").values())) == 21
 
 
+def test_a_trickle_is_copied_in_the_driver_without_a_spark_job_and_a_large_batch_by_spark(
+    sandbox, topic_name, tmp_path
+):
+    """Small at-least-once batches run the copier's tasks in the driver's JVM: no Spark job (as
+    Spark's own event log shows), the same copies, positions and exact offset syncs."""
+    from mirrorflow.mm2.offset_syncs import PartitionSyncState
+
+    primary, secondary = sandbox["primary"], sandbox["secondary"]
+    t = topic_name("trickle")
+    create_topics(primary, t, partitions=2)
+    produce(primary, t, 2, 400)  # the first batch: more than the local limit
+    config = flow_file(tmp_path, sandbox, t, "primary->secondary.offset.lag.max = 3")
+    state, log, events = tmp_path / "state", tmp_path / "mirror.log", tmp_path / "events"
+    events.mkdir()
+    spark_events = {
+        "spark.eventLog.enabled": "true",
+        "spark.eventLog.dir": events.as_uri(),
+        "spark.eventLog.compress": "false",
+    }
+    job = start_mirror(
+        config, "primary->secondary", state, log, "--local-batch-max-records", "100",
+        conf=spark_events,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: progress(state).get("records", 0) >= 400, 120, "the first 400 records")
+        assert progress(state)["local_batches"] < progress(state)["batches"]
+        for i in range(400, 406):  # a trickle: one record at a time, each copied alone
+            produce(primary, t, 2, 1, start=i)
+            wait_for(lambda i=i: progress(state).get("records", 0) > i, 60, f"record {i}")
+        done = progress(state)
+    finally:
+        stop_job(job)
+    assert done["local_batches"] >= 6, done
+    jobs = sum(  # Spark 4 rolls its event log: a directory of events_<n>_<app> files
+        path.read_text().count('"Event":"SparkListenerJobStart"')
+        for path in events.rglob("*")
+        if path.is_file()
+    )
+    assert jobs == done["batches"] - done["local_batches"] >= 1, (jobs, done)
+    assert "(in the driver)" in log.read_text()
+
+    source, target = read_topic(primary, t), read_topic(secondary, f"primary.{t}")
+    assert copied(target) == copied(source)  # keys, values, headers, timestamps, order
+    reader = SourceOffsetReader(
+        secondary.client_config(), secondary.client_config(), offsets_topic("primary"), "primary"
+    )
+    try:  # every position written, after the copies: the last offset of each partition
+        stored = {p: o for (topic, p), o in reader.read_to_end().items() if topic == t}
+    finally:
+        reader.close()
+    assert stored == {p: rs[-1][0] for p, rs in source.items()}
+    syncs = [
+        s for s in offset_syncs(primary, "mm2-offset-syncs.secondary.internal") if s.topic == t
+    ]
+    for p in source:
+        upstream = [r[0] for r in source[p]]
+        downstream = [r[0] for r in target[p]]
+        exact = dict(zip(upstream, downstream, strict=True))
+        written = {(s.upstream_offset, s.downstream_offset) for s in syncs if s.partition == p}
+        assert all(exact[up] == down for up, down in written), f"partition {p}: inexact sync"
+        due = PartitionSyncState(max_offset_lag=3).update_batch(upstream, downstream)
+        expected = {(upstream[i], downstream[i]) for i in due}
+        assert expected <= written, f"partition {p}: missing {sorted(expected - written)[:5]}"
+        assert (upstream[-1], downstream[-1]) in written, "the last copy's sync was held back"
+
+
 def test_positions_of_a_mirrorflow_0_job_are_migrated_once_into_the_offsets_topic(
     sandbox, topic_name, tmp_path
 ):

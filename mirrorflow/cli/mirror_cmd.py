@@ -36,6 +36,13 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--starting-offsets", help="new flows: earliest, latest or epoch ms")
     parser.add_argument("--max-records-per-batch", type=int, default=None)
     parser.add_argument(
+        "--local-batch-max-records",
+        type=int,
+        default=None,
+        help="copy an at-least-once batch of at most this many records in the driver, "
+        "without a Spark job; 0: never (default 1000)",
+    )
+    parser.add_argument(
         "--grace",
         type=float,
         default=120.0,
@@ -62,5 +69,6 @@ def _mirror(args: argparse.Namespace) -> int:
         stop_file=stop_file,
         starting_offsets=args.starting_offsets,
         max_records_per_batch=args.max_records_per_batch,
+        local_batch_max_records=args.local_batch_max_records,
     )
     return launch.supervise(command, stop_file, grace_s=args.grace)

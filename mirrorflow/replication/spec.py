@@ -15,6 +15,10 @@ from mirrorflow.config.topology import Flow, load_topology
 from mirrorflow.errors import MirrorflowError
 from mirrorflow.replication.positions import OFFSETS_TOPIC_PARTITIONS, offsets_topic
 
+LOCAL_BATCH_MAX_RECORDS = 1000
+"""The default of ``--local-batch-max-records``: below it, scheduling a Spark job costs more than
+copying the records on the driver (see benchmarks/README.md, "Small batches")."""
+
 
 @dataclass
 class MirrorSpec:
@@ -56,6 +60,9 @@ class MirrorSpec:
     retry_backoff_s: float = 2.0  # first wait after a cluster did not answer, doubling
     retry_backoff_max_s: float = 120.0
     max_records_per_batch: int = 500_000
+    # An at-least-once batch of at most this many records is copied in the driver's JVM, without
+    # a Spark job (0: every batch is a Spark job); ``--local-batch-max-records``.
+    local_batch_max_records: int = LOCAL_BATCH_MAX_RECORDS
     # Positions live in Connect's offsets topic on the target, as MirrorMaker 2's. Exactly-once
     # (``<target>.exactly.once.source.support = enabled``) commits them with the copies.
     exactly_once: bool = False

@@ -16,7 +16,10 @@ The driver plans every batch itself, with Spark's public API only:
    - **at-least-once** (the default): :data:`mirrorflow.runtime.jvm.COPIER_CLASS` copies them on
      the executors with Kafka's Java clients, one task per range, and writes MirrorMaker 2's
      offset syncs from the acknowledgements; once every copy is acknowledged the driver writes
-     the batch's positions;
+     the batch's positions. A small batch (see :meth:`MirrorJob._runs_locally`) runs the same
+     tasks in the driver's JVM instead, without a Spark job, as Spark SQL answers ``collect``
+     and ``take`` of a local relation on the driver (``Dataset.isLocal``): a trickle, e.g. the
+     heartbeats a mesh replicates each second, then costs no job scheduling;
    - **exactly-once**: Spark's Kafka batch source reads the ranges and
      :func:`mirrorflow.runtime.eos_writer.copy_records` commits each partition's copies and its
      position in one Kafka transaction; the driver then writes the offset syncs.
@@ -73,6 +76,7 @@ PROGRESS_FILE = "progress.json"
 DOORBELL_WAIT_S = 0.5
 IDLE_REPLAN_S = 30.0  # an idle flow lists its partitions' ends this often, doorbell or not
 IDLE_PROGRESS_S = 10.0  # an idle flow's progress.json shows its tasks' runs this fresh
+LOCAL_BATCH_MAX_BYTES = 8 << 20  # a local batch's records times the flow's mean record size
 _SHIPPED = False  # the mirrorflow package went to the executors (once per application)
 
 
@@ -121,11 +125,14 @@ class MirrorJob:
         self.doorbell: Doorbell | None = None
         self.scheduler: Scheduler | None = None
         self.batches = 0
+        self.local_batches = 0  # of them, copied in the driver's JVM without a Spark job
         self.copied = [0, 0]  # records, bytes since start
         self._once_ends: dict[Partition, int] | None = None
         self.state = "STARTING"
         self._last_batch_s = 0.0
         self._copier_settings_cache: tuple | None = None
+        self._copier = None  # the copier's Java class, looked up once (a py4j round trip)
+        self._capped = False  # the last plan left records for the next batch
 
     @property
     def flow_dir(self) -> Path:
@@ -286,15 +293,20 @@ class MirrorJob:
         if once:
             self._once_ends = self._ends(self._partitions())
         try:
+            caught_up = False  # the last batch copied every partition to its planned end
             while not self.stopping():
                 if self.scheduler.error is not None:
                     raise self.scheduler.error
-                ranges = self._plan()
+                # Caught up, the doorbell (assigned at the new positions) rings at once for any
+                # record that arrived meanwhile: no need to list the partitions' ends again.
+                ranges = [] if caught_up else self._plan()
                 if ranges:
                     self._copy(ranges)
+                    caught_up = not once and not self._capped
                 elif once:
                     break
                 else:
+                    caught_up = False
                     if self.state != "IDLE":
                         self.record_state("IDLE")
                     self._wait_for_records()
@@ -447,6 +459,7 @@ class MirrorJob:
             if end > position:
                 pending[tp] = end - position
         total, cap = sum(pending.values()), self.spec.max_records_per_batch
+        self._capped = total > cap
         ranges = []
         for tp, count in sorted(pending.items()):
             take = count if total <= cap else max(1, count * cap // total)
@@ -467,8 +480,10 @@ class MirrorJob:
                 raise batch_error(self.spec, exc) from None
             done = f"{records} records, {size} bytes, {syncs} offset syncs"
         else:
-            records, size = self._copy_with_copier(ranges, mapping)
-            done = f"{records} records, {size} bytes"
+            local = self._runs_locally(ranges)
+            records, size = self._copy_with_copier(ranges, mapping, local)
+            done = f"{records} records, {size} bytes" + (" (in the driver)" if local else "")
+            self.local_batches += local
             assert self.writer is not None
             self.writer.write({tp: until for tp, _start, until in ranges})
         for tp, _start, until in ranges:
@@ -496,6 +511,7 @@ class MirrorJob:
             state,
             error,
             batches=self.batches,
+            local_batches=self.local_batches,
             records=self.copied[0],
             bytes=self.copied[1],
             last_batch_seconds=round(self._last_batch_s, 3),
@@ -522,21 +538,38 @@ class MirrorJob:
             .load()
         )
 
+    def _runs_locally(self, ranges: list[tuple[Partition, int, int]]) -> bool:
+        """Whether an at-least-once batch is small enough to copy in the driver's JVM: at most
+        ``local_batch_max_records`` records (0: never), and at most
+        :data:`LOCAL_BATCH_MAX_BYTES` by the flow's mean record size so far."""
+        limit = self.spec.local_batch_max_records
+        records = sum(until - start for _tp, start, until in ranges)
+        if limit <= 0 or records > limit:
+            return False
+        mean = self.copied[1] / self.copied[0] if self.copied[0] else 0
+        return records * mean <= LOCAL_BATCH_MAX_BYTES
+
     def _copy_with_copier(
-        self, ranges: list[tuple[Partition, int, int]], mapping: dict[str, str]
+        self, ranges: list[tuple[Partition, int, int]], mapping: dict[str, str], local: bool
     ) -> tuple[int, int]:
-        """At-least-once: the JVM copier copies the ranges and writes the offset syncs.
-        Returns (records, bytes) copied."""
+        """At-least-once: the JVM copier copies the ranges and writes the offset syncs, as a
+        Spark job or (``local``) in the driver's JVM. Returns (records, bytes) copied."""
         context = self.spark.sparkContext
-        copier = getattr(context._jvm, jvm.COPIER_CLASS)
+        if self._copier is None:
+            self._copier = getattr(context._jvm, jvm.COPIER_CLASS)
         lines = [f"{t}\t{p}\t{start}\t{until}" for (t, p), start, until in ranges]
-        context.setJobDescription(f"mirror {self.spec.flow} batch {self.batches}")
+        settings = self._copier_settings(mapping)
         try:
-            copied = copier.copy(context._jsc, lines, self._copier_settings(mapping))
+            if local:
+                copied = self._copier.copyLocal(lines, settings)
+            else:
+                context.setJobDescription(f"mirror {self.spec.flow} batch {self.batches}")
+                try:
+                    copied = self._copier.copy(context._jsc, lines, settings)
+                finally:
+                    context.setJobDescription(None)
         except Exception as exc:  # py4j's error: its text holds the copier's message
             raise batch_error(self.spec, exc) from None
-        finally:
-            context.setJobDescription(None)
         return int(copied[0]), int(copied[1])
 
     def _copier_settings(self, mapping: dict[str, str]):

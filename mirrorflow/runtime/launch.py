@@ -43,6 +43,7 @@ def job_args(
     stop_file: Path | None = None,
     starting_offsets: str | None = None,
     max_records_per_batch: int | None = None,
+    local_batch_max_records: int | None = None,
 ) -> list[str]:
     """The mirror job's own arguments."""
     args = [arg for config in configs for arg in ("--config", str(Path(config).resolve()))]
@@ -58,6 +59,8 @@ def job_args(
         args += ["--starting-offsets", starting_offsets]
     if max_records_per_batch:
         args += ["--max-records-per-batch", str(max_records_per_batch)]
+    if local_batch_max_records is not None:  # 0 means something: never in the driver
+        args += ["--local-batch-max-records", str(local_batch_max_records)]
     return args
 
 

@@ -7,6 +7,10 @@ import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.TreeSet;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.Future;
 import java.util.concurrent.atomic.AtomicReference;
 import org.apache.kafka.clients.consumer.ConsumerConfig;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
@@ -57,6 +61,15 @@ public final class MirrorCopier {
 
   private static final Logger LOG = LoggerFactory.getLogger(MirrorCopier.class);
 
+  /** Threads of {@link #copyLocal}'s ranges past the first (idle ones end after a minute). */
+  private static final ExecutorService LOCAL_TASKS =
+      Executors.newCachedThreadPool(
+          r -> {
+            Thread thread = new Thread(r, "mirrorflow-local-copy");
+            thread.setDaemon(true);
+            return thread;
+          });
+
   private MirrorCopier() {}
 
   /**
@@ -75,6 +88,50 @@ public final class MirrorCopier {
     }
     HashMap<String, String> shipped = new HashMap<>(settings);
     for (long[] copied : rangesRdd(spark, ranges).map(new CopyRange(shipped)).collect()) {
+      total[0] += copied[0];
+      total[1] += copied[1];
+    }
+    return total;
+  }
+
+  /**
+   * Copies {@code ranges} as {@link #copy} does, but here, in the calling JVM (the driver's),
+   * without a Spark job: for a small batch, scheduling a job costs more than the copy. Each range
+   * runs the very task the executors run ({@link CopyRange}) on this JVM's cached clients, the
+   * first on the calling thread and the others on their own threads, as concurrent tasks would.
+   * Returns when every copy is acknowledged, the same {records, bytes} as {@link #copy}; a
+   * failed range fails the call with its task's error (the first one, once all have ended).
+   */
+  public static long[] copyLocal(List<String> ranges, Map<String, String> settings)
+      throws Exception {
+    long[] total = new long[2];
+    CopyRange task = new CopyRange(new HashMap<>(settings));
+    List<Future<long[]>> others = new ArrayList<>();
+    for (String range : ranges.subList(Math.min(1, ranges.size()), ranges.size())) {
+      others.add(LOCAL_TASKS.submit(() -> task.call(range)));
+    }
+    Exception failure = null;
+    List<long[]> results = new ArrayList<>();
+    try {
+      if (!ranges.isEmpty()) {
+        results.add(task.call(ranges.get(0)));
+      }
+    } catch (Exception e) {
+      failure = e;
+    }
+    for (Future<long[]> other : others) {
+      try {
+        results.add(other.get());
+      } catch (ExecutionException e) {
+        if (failure == null) {
+          failure = e.getCause() instanceof Exception cause ? cause : e;
+        }
+      }
+    }
+    if (failure != null) {
+      throw failure;
+    }
+    for (long[] copied : results) {
       total[0] += copied[0];
       total[1] += copied[1];
     }
