@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -17,25 +18,38 @@ SEEDS = ROOT / "tests" / "data" / "seeds"
 
 # Flow files and the DAGs they must give: the examples, and the seeds' active/passive ("a first
 # example", seed 000) and active/active (seed 002) configurations as their sources wrote them:
-# a mirror DAG per target cluster, a DAG per flow.
+# a mirror and a sync DAG per target cluster, a DAG per flow.
 RENDERED = {
-    "examples/active-passive.properties": ["flow__primary__secondary", "mirror__secondary"],
-    "examples/active-passive.yaml": ["flow__primary__secondary", "mirror__secondary"],
+    "examples/active-passive.properties": [
+        "flow__primary__secondary",
+        "mirror__secondary",
+        "sync__secondary",
+    ],
+    "examples/active-passive.yaml": [
+        "flow__primary__secondary",
+        "mirror__secondary",
+        "sync__secondary",
+    ],
     "examples/active-active.properties": [
         "flow__primary__secondary",
         "flow__secondary__primary",
         "mirror__primary",
         "mirror__secondary",
+        "sync__primary",
+        "sync__secondary",
     ],
     "tests/data/seeds/000-first-example.properties": [
         "flow__primary__secondary",
         "mirror__secondary",
+        "sync__secondary",
     ],
     "tests/data/seeds/002-active-active.properties": [
         "flow__dc1__dc2",
         "flow__dc2__dc1",
         "mirror__dc1",
         "mirror__dc2",
+        "sync__dc1",
+        "sync__dc2",
     ],
 }
 
@@ -71,7 +85,7 @@ def test_rendering_is_byte_identical_whatever_the_folder_or_working_directory(
     assert render_cli(source, "--out", tmp_path / "b") == 0  # a second render changes nothing
     first = {p.name: p.read_bytes() for p in sorted((tmp_path / "a").iterdir())}
     second = {p.name: p.read_bytes() for p in sorted((tmp_path / "b").iterdir())}
-    assert first == second and len(first) == 4
+    assert first == second and len(first) == 6
     again = rendering.render([source])
     assert [d.text.encode() for d in again.dags] == list(first.values())
 
@@ -83,7 +97,7 @@ def test_the_committed_dags_are_the_fresh_rendering_of_the_active_passive_exampl
     assert render_cli("examples/active-passive.properties", "--out", "dags", "--check") == 0, (
         capsys.readouterr().out
     )
-    assert capsys.readouterr().out == "dags: 2 DAG file(s) up to date\n"
+    assert capsys.readouterr().out == "dags: 3 DAG file(s) up to date\n"
 
 
 def test_check_lists_stale_missing_and_extra_files_and_render_repairs_only_generated_ones(
@@ -160,11 +174,12 @@ def test_generated_dags_hold_no_secrets_only_flow_names_and_paths(tmp_path):
         "primary->backup.topics = payments.*\n"
     )
     result = rendering.render([flow_file])
-    assert [d.dag_id for d in result.dags] == ["flow__primary__backup", "mirror__backup"]
+    ids = ["flow__primary__backup", "mirror__backup", "sync__backup"]
+    assert [d.dag_id for d in result.dags] == ids
     for dag in result.dags:
         for secret in (password, host, "backup-host", "alice", "jaas", "SASL", "truststore"):
             assert secret not in dag.text
-    flow_dag, mirror_dag = (d.text for d in result.dags)
+    flow_dag, mirror_dag, _sync_dag = (d.text for d in result.dags)
     assert str(flow_file) in mirror_dag  # outside the project: the absolute path
     # Every string literal in the files is a name, a path or fixed text from the template.
     assert 'FLOW = "primary->backup"' in flow_dag
@@ -204,6 +219,11 @@ def test_generated_dags_import_into_airflow_without_errors(tmp_path, record_prop
                 }
                 assert task.execution_timeout is None
                 assert task.retries == 10 and task.retry_exponential_backoff == 2.0
+            elif kind == "sync":  # the site's syncs, on a schedule, with a dry run
+                (target,) = names
+                assert dag.schedule == timedelta(seconds=rendering.DEFAULT_SYNC_DAG_INTERVAL_S)
+                assert type(task).__name__ == "SyncOperator" and set(dag.params) == {"dry_run"}
+                assert task.flows and all(f.endswith(f"->{target}") for f in task.flows)
             else:  # a flow's switch: unpaused at creation, runs only when triggered
                 flow = "{}->{}".format(*names)
                 assert kind == "flow" and dag.schedule is None
@@ -234,3 +254,23 @@ def test_every_flow_into_a_cluster_runs_in_its_mirror_dag_and_keeps_a_dag_of_its
     for flow in mirror["mirror__west-1"].flows:
         source = flow.split("->")[0]
         assert f'"{flow}": "flow__{source}__west-1",' in text
+
+
+def test_the_sync_dag_runs_at_the_shortest_sync_interval_its_flows_set(tmp_path):
+    flow_file = tmp_path / "mm2.properties"
+    lines = [
+        "clusters = a, b, c",
+        *(f"{c}.bootstrap.servers = {c}:9092" for c in "abc"),
+        "a->c.enabled = true",
+        "b->c.enabled = true",
+        "b->c.sync.topic.acls.interval.seconds = 30",
+        "a->c.sync.topic.configs.interval.seconds = 45",
+        "a->b.enabled = true",
+        "a->b.sync.topic.configs.enabled = false",
+        "a->b.sync.topic.acls.enabled = false",
+    ]
+    flow_file.write_text("\n".join(lines) + "\n")
+    dags = {d.dag_id: d for d in rendering.render([flow_file]).dags}
+    assert "sync__b" not in dags, "a site whose flows sync nothing got a sync DAG"
+    assert "schedule=datetime.timedelta(seconds=30)," in dags["sync__c"].text
+    assert dags["sync__c"].flows == ("a->c", "b->c")

@@ -146,7 +146,8 @@ def test_the_deployments_flow_file_validates_renders_and_names_its_clusters(comp
     flow_file = tmp_path / "flows.properties"
     flow_file.write_text(spec["configs"]["flows"]["content"])
     result = rendering.render([flow_file])
-    assert [d.dag_id for d in result.dags] == ["flow__primary__secondary", "mirror__secondary"]
+    ids = ["flow__primary__secondary", "mirror__secondary", "sync__secondary"]
+    assert [d.dag_id for d in result.dags] == ids
     assert result.warnings == []
     topology = load_topology([flow_file])
     for alias, service in (("primary", "kafka-primary"), ("secondary", "kafka-secondary")):

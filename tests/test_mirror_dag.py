@@ -8,15 +8,14 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
-from mirrorflow.airflow import rendering
 from mirrorflow.runtime import jobs
 from tests.conftest import create_topics
+from tests.dag_harness import finish, render_into_dags_folder, start_dag_test
 from tests.mirror_harness import (
     copied,
     flow_file,
@@ -30,57 +29,10 @@ from tests.mirror_harness import (
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.airflow]
 
-ROOT = Path(__file__).resolve().parent.parent
-# Fast restarts for the test; everything else as in production DAGs.
-OPTIONS = rendering.RenderOptions(retry_delay_seconds=1, stop_grace_seconds=30)
-
 
 def records(by_partition: dict[int, list]) -> set[tuple]:
     """Each distinct record as (partition, key, value, headers, timestamp), offsets left out."""
     return {(p, r[1], r[2], tuple(r[3]), r[4]) for p, rs in by_partition.items() for r in rs}
-
-
-def render_into_dags_folder(flow_file: Path) -> Path:
-    """Render the flow file's DAGs where Airflow looks for DAGs; return the mirror DAG's file
-    (there is one target site in the tests' flow files)."""
-    folder = Path(os.environ["AIRFLOW__CORE__DAGS_FOLDER"]) / "mirrorflow"
-    result = rendering.render([flow_file], OPTIONS)
-    rendering.write(result, folder)
-    (dag,) = [d for d in result.dags if d.kind == "mirror"]
-    return folder / dag.filename
-
-
-def start_dag_test(dag_file: Path, state: Path, log: Path, **env: str) -> subprocess.Popen:
-    """``dag.test()`` of the DAG file in a fresh Python, as a developer would run it."""
-    script = textwrap.dedent(f"""
-        import json, runpy
-        dag = runpy.run_path({str(dag_file)!r})["dag"]
-        run = dag.test()
-        tries = {{ti.task_id: [str(ti.state), ti.try_number] for ti in run.get_task_instances()}}
-        print("RESULT=" + json.dumps({{"state": str(run.state), "tasks": tries}}), flush=True)
-    """)
-    environment = {**os.environ, "MIRRORFLOW_STATE": str(state), **env}
-    with open(log, "wb") as out:
-        return subprocess.Popen(
-            [sys.executable, "-c", script],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
-            env=environment,
-            start_new_session=True,
-        )
-
-
-def finish(run: subprocess.Popen, log: Path, timeout: float = 120) -> dict:
-    """Wait for ``dag.test()`` to return; its run's state and each task's (state, tries)."""
-    try:
-        run.wait(timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(run.pid, signal.SIGKILL)
-        raise AssertionError("dag.test() did not return:\n" + log.read_text()[-4000:]) from None
-    lines = [ln for ln in log.read_text().splitlines() if ln.startswith("RESULT=")]
-    assert lines, log.read_text()[-6000:]
-    return json.loads(lines[-1].removeprefix("RESULT="))
 
 
 def stop_everything(run: subprocess.Popen, files: jobs.JobFiles) -> None:

@@ -20,6 +20,7 @@ from confluent_kafka.admin import (
 
 from mirrorflow.cli import main
 from tests.conftest import allow
+from tests.dag_harness import finish, render_into_dags_folder, start_dag_test
 from tests.mirror_harness import (
     flow_file,
     progress,
@@ -278,3 +279,29 @@ def test_acls_follow_mirrormaker2s_rules_plus_the_prefixed_and_group_acls_a_fail
     assert code == 0 and report["applied"] == 5 and report["failures"] == []
     assert on_target() == expected
     assert sync(capsys, config)[1][1]["changes"] == []  # in sync: nothing more to create
+
+
+@pytest.mark.airflow
+def test_the_sync_dag_logs_the_diff_applies_it_and_a_dry_run_applies_nothing(
+    sandbox, airflow_home, topic_name, tmp_path
+):
+    primary, secondary = sandbox["primary"], sandbox["secondary"]
+    topic = topic_name("dag-configs")
+    remote = f"primary.{topic}"
+    create(primary, topic, 3, {"retention.ms": "3600000"})
+    create(secondary, remote, 1, {})
+    dag_file = render_into_dags_folder(flow_file(tmp_path, sandbox, topic, NO_ACLS), "sync")
+    assert dag_file.name == "sync__secondary.py"
+    log = tmp_path / "dry-run.log"
+    result = finish(start_dag_test(dag_file, tmp_path / "state", log, {"dry_run": True}), log)
+    assert result == {"state": "success", "tasks": {"sync": ["success", 1]}}
+    output = log.read_text()
+    assert "primary->secondary configs: would change 2 (dry run: nothing applied)" in output
+    assert f"{remote}: partitions 1 -> 3" in output
+    assert partitions(secondary, remote) == 1 and "retention.ms" not in overrides(secondary, remote)
+    log = tmp_path / "run.log"
+    result = finish(start_dag_test(dag_file, tmp_path / "state", log), log)
+    assert result == {"state": "success", "tasks": {"sync": ["success", 1]}}
+    assert "primary->secondary configs: changed 2 of 2" in log.read_text()
+    assert partitions(secondary, remote) == 3
+    assert overrides(secondary, remote)["retention.ms"] == "3600000"

@@ -33,6 +33,7 @@ state and progress.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Sequence
@@ -371,3 +372,55 @@ def start_position(params: dict[str, Any]) -> str | None:
             raise AirflowException("starting_timestamp needs a time zone, e.g. ...Z")
         return str(int(when.timestamp() * 1000))
     return None if choice == "default" else choice
+
+
+class SyncOperator(BaseOperator):
+    """The task of a site's sync DAG: the topic-config, partition and ACL sync of ``flows``
+    (``mirrorflow sync``), each change logged, the reports returned (XCom).
+
+    A run's Param ``dry_run`` shows the diff without applying it. A refused change (or an
+    unreachable cluster) fails the task with one line naming cluster, principal and resource.
+
+    :param flows: the flows to sync (``"SOURCE->TARGET"`` each)
+    :param flow_files: their flow files (mm2.properties or YAML), merged in order
+    """
+
+    ui_color = "#e8f0e0"
+
+    def __init__(self, *, flows: Sequence[str], flow_files: Sequence[str], **kwargs: Any) -> None:
+        for flow in flows:
+            jobs.split_flow(flow)
+        if not flows or not flow_files:
+            raise ValueError("SyncOperator needs flows and flow_files")
+        super().__init__(**kwargs)
+        self.flows, self.flow_files = list(flows), list(flow_files)
+
+    def execute(self, context: Any) -> list[dict[str, Any]]:
+        from mirrorflow.replication.spec import spec_for_flow
+        from mirrorflow.replication.sync import AclSync, TopicSync
+
+        dry_run = bool((context.get("params") or {}).get("dry_run"))
+        paths = flow_file_paths(self.flow_files, ", ".join(self.flows))
+        reports, failures = [], []
+        try:
+            for flow in self.flows:
+                # ${file:…} references resolve from the project root, as for the mirror job.
+                with contextlib.chdir(project_root()):
+                    spec = spec_for_flow(paths, flow)
+                for enabled, sync in (
+                    (spec.sync_configs_enabled, TopicSync),
+                    (spec.sync_acls_enabled, AclSync),
+                ):
+                    if not enabled:
+                        continue
+                    report = sync.for_spec(spec).run(dry_run=dry_run)
+                    for line in report.lines():
+                        self.log.info("%s", line)
+                    reports.append(report.as_dict())
+                    failures += [f"{flow}: {failure}" for failure in report.failures]
+        except MirrorflowError as exc:
+            raise AirflowException(f"sync of {', '.join(self.flows)}: {exc}") from None
+        if failures:
+            more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+            raise AirflowException(failures[0] + more)
+        return reports

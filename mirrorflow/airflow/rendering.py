@@ -8,7 +8,10 @@ then renders each DAG kind's Jinja2 template (``templates/<kind>_dag.py.j2``):
   ``benchmarks/README.md``: an application per flow costs about its own JVM per flow);
 * ``flow__<source>__<target>`` (scope *flow*): the flow's own switch and controls. Pausing it
   pauses that flow inside the site's application while the others go on; a manual run
-  restarts the flow at a chosen position and reports its progress.
+  restarts the flow at a chosen position and reports its progress;
+* ``sync__<target>`` (scope *site*): topic-config, partition and ACL sync of the flows into
+  ``<target>`` on a schedule (:func:`sync_interval`), each run's diff in its log and XCom, with
+  a dry-run Param.
 
 Files are static Python, readable in the Airflow UI's code view, and cheap to parse: no flow
 file is read when Airflow parses them.
@@ -84,7 +87,42 @@ FLOW_KIND = DagKind(
     "flow_dag.py.j2",
     "pause it to pause the flow; trigger it to restart",
 )
-DAG_KINDS: tuple[DagKind, ...] = (MIRROR_KIND, FLOW_KIND)
+
+SYNC_SETTINGS = (
+    ("sync.topic.configs.enabled", "sync.topic.configs.interval.seconds"),
+    ("sync.topic.acls.enabled", "sync.topic.acls.interval.seconds"),
+)
+DEFAULT_SYNC_DAG_INTERVAL_S = 60
+"""How often a sync DAG runs when no flow into its site sets a sync interval: tighter than
+MirrorMaker 2's 600 s, so a change on the source reaches the target within a minute (each
+run only applies a diff, which is usually empty)."""
+
+
+def syncs(flow: Flow) -> bool:
+    """Whether the flow syncs anything (configs or ACLs)."""
+    return any(bool(flow.setting(enabled)) for enabled, _interval in SYNC_SETTINGS)
+
+
+def sync_interval(flows: Sequence[Flow]) -> int:
+    """Seconds between a sync DAG's runs: the shortest interval the flows set for an enabled
+    sync, else :data:`DEFAULT_SYNC_DAG_INTERVAL_S`."""
+    chosen = [
+        float(flow.setting(interval))
+        for flow in flows
+        for enabled, interval in SYNC_SETTINGS
+        if bool(flow.setting(enabled)) and interval in flow.originals
+    ]
+    return max(1, int(min(chosen))) if chosen else DEFAULT_SYNC_DAG_INTERVAL_S
+
+
+SYNC_KIND = DagKind(
+    "sync",
+    "sync_dag.py.j2",
+    "topic-config, partition and ACL sync of every flow into it",
+    scope="site",
+    applies_to=syncs,
+)
+DAG_KINDS: tuple[DagKind, ...] = (MIRROR_KIND, FLOW_KIND, SYNC_KIND)
 
 
 @dataclass(frozen=True)
@@ -241,6 +279,7 @@ def _render_topology(topology: Topology, flow_files: list[str], options: RenderO
                 flow=flows[0],
                 target=flows[0].target,
                 flow_dags={f.name: FLOW_KIND.dag_id([f]) for f in flows},
+                sync_interval=sync_interval(flows),
                 flow_files=flow_files,
                 remote_topic=flows[0].remote_topic("<topic>"),
                 options=options,
