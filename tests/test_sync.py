@@ -196,7 +196,7 @@ def test_the_running_mirror_job_syncs_configs_every_interval(sandbox, topic_name
             lambda: (
                 progress(state).get("tasks", {}).get("sync-topic-configs", {}).get("runs", 0) >= 3
             ),
-            30,
+            60,
             "the task's runs in progress.json",
         )
         assert progress(state)["tasks"]["sync-topic-configs"]["failures"] == 0

@@ -133,6 +133,7 @@ class MirrorJob:
         self._copier_settings_cache: tuple | None = None
         self._copier = None  # the copier's Java class, looked up once (a py4j round trip)
         self._capped = False  # the last plan left records for the next batch
+        self._recorded = (0.0, 0)  # when progress.json was last written, and the tasks' runs
 
     @property
     def flow_dir(self) -> Path:
@@ -325,14 +326,12 @@ class MirrorJob:
         the partitions' ends while nothing moves."""
         assert self.doorbell is not None and self.scheduler is not None
         mapping, since = self.mapping, time.monotonic()
-        written, runs = since, self._task_runs()
         while not self.doorbell.wait(self.positions, DOORBELL_WAIT_S):
+            written, runs = self._recorded
+            if time.monotonic() - written > IDLE_PROGRESS_S and self._task_runs() != runs:
+                self.record_state("IDLE")  # the periodic tasks' figures, while nothing moves
             if self.doorbell.error is not None:  # it cannot tell: list the ends each wait
                 return
-            now = time.monotonic()
-            if now - written > IDLE_PROGRESS_S and self._task_runs() != runs:
-                self.record_state("IDLE")  # the periodic tasks' figures, while nothing moves
-                written, runs = now, self._task_runs()
             if (
                 self.stopping()
                 or self.mapping is not mapping
@@ -505,6 +504,7 @@ class MirrorJob:
     def record_state(self, state: str, error: str | None = None) -> None:
         """Write ``S-T/progress.json``: the flow's state and progress, for people and Airflow."""
         self.state = state
+        self._recorded = (time.monotonic(), self._task_runs())
         record_state(
             self.flow_dir,
             self.spec.flow,
