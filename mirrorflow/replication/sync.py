@@ -28,7 +28,6 @@ run finds nothing to do. Settings the filter excludes (``min.insync.replicas``, 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from confluent_kafka import KafkaError, KafkaException
@@ -164,53 +163,63 @@ class SyncReport:
         }
 
 
-class TopicSync:
-    """Topic configs and partition counts of one flow's remote topics, kept as the source's."""
+class _FlowSync:
+    """What both syncs share: the flow's spec, its source and target admin clients, a run
+    (diff, then apply unless a dry run) and the mirror job's scheduled run."""
 
-    def __init__(
-        self,
-        flow: str,
-        source: ClusterAdmin,
-        target: ClusterAdmin,
-        should_replicate: Callable[[str], bool],
-        remote_name: Callable[[str], str],
-        replicate_config: Callable[[str], bool],
-        replicate_source_default: Callable[[str], bool],
-    ) -> None:
-        self.flow, self.source, self.target = flow, source, target
-        self.should_replicate, self.remote_name = should_replicate, remote_name
-        self.replicate_config = replicate_config
-        self.replicate_source_default = replicate_source_default
+    what = ""
 
-    @classmethod
-    def for_spec(cls, spec: MirrorSpec, admins: dict[str, ClusterAdmin] | None = None) -> TopicSync:
-        """The sync of the flow ``spec`` describes, with the given admin clients (by cluster
-        alias) or its own."""
+    def __init__(self, spec: MirrorSpec, admins: dict[str, ClusterAdmin] | None = None) -> None:
         admins = admins or {
             spec.source: ClusterAdmin(spec.source, spec.source_admin),
             spec.target: ClusterAdmin(spec.target, spec.target_admin),
         }
-        return cls(
-            spec.flow,
-            admins[spec.source],
-            admins[spec.target],
-            spec.should_replicate,
-            spec.remote_topic,
-            spec.replicate_config,
-            spec.replicate_source_default,
-        )
+        self.spec, self.flow = spec, spec.flow
+        self.source, self.target = admins[spec.source], admins[spec.target]
+
+    @classmethod
+    def for_spec(cls, spec: MirrorSpec, admins: dict[str, ClusterAdmin] | None = None):
+        """The sync of the flow ``spec`` describes, with the given admin clients (by cluster
+        alias) or its own."""
+        return cls(spec, admins)
+
+    def diff(self, notes: list[str] | None = None) -> list:
+        """Every change the sync would make now (``notes`` gets what it leaves alone)."""
+        raise NotImplementedError
+
+    def apply(self, changes: list) -> tuple[int, list[str]]:
+        """Apply ``changes`` on the target; the number applied and one line per failure."""
+        raise NotImplementedError
 
     def run(self, dry_run: bool = False) -> SyncReport:
         """Compute the diff, and apply it unless ``dry_run``."""
-        report = SyncReport(self.flow, dry_run)
-        report.changes = self.diff(report.notes)
+        report = SyncReport(self.flow, dry_run, self.what)
+        report.changes = list(self.diff(report.notes))
         if not dry_run and report.changes:
             report.applied, report.failures = self.apply(report.changes)
         return report
 
     def scheduled_run(self) -> None:
-        """One run of the mirror job's ``sync-topic-configs`` task."""
-        _scheduled(self.flow, self.run)
+        """One run of the mirror job's periodic task: each applied change logged; a refusal
+        fails the run (counted, logged, retried at the next interval) and never stops the
+        copying, as in MirrorMaker 2."""
+        try:
+            report = self.run()
+        except ClusterUnreachable:
+            raise
+        except MirrorflowError as exc:
+            raise TaskFailed(str(exc)) from None
+        for change in report.changes:
+            log.info("%s: synced %s", self.flow, change.describe())
+        if report.failures:
+            more = f" (and {len(report.failures) - 1} more)" if len(report.failures) > 1 else ""
+            raise TaskFailed(report.failures[0] + more)
+
+
+class TopicSync(_FlowSync):
+    """Topic configs and partition counts of one flow's remote topics, kept as the source's."""
+
+    what = "configs"
 
     def diff(self, notes: list[str] | None = None) -> list[Change]:
         """Every change the sync would make now, partitions first, then configs by topic."""
@@ -218,9 +227,9 @@ class TopicSync:
         source_meta, target_meta = self.source.metadata(), self.target.metadata()
         pairs = {}
         for name in sorted(source_meta.topics):
-            if not self.should_replicate(name):
+            if not self.spec.should_replicate(name):
                 continue
-            remote = self.remote_name(name)
+            remote = self.spec.remote_topic(name)
             if remote in target_meta.topics:
                 pairs[name] = remote
             else:
@@ -250,12 +259,12 @@ class TopicSync:
                 entry.is_read_only
                 or entry.is_sensitive
                 or entry.source in _SKIPPED_SOURCES
-                or not self.replicate_config(name)
+                or not self.spec.replicate_config(name)
             ):
                 continue
             current = target.get(name)
             overridden = current is not None and current.source == _TOPIC
-            if entry.source == _DEFAULT and not self.replicate_source_default(name):
+            if entry.source == _DEFAULT and not self.spec.replicate_source_default(name):
                 if overridden:
                     changes.append(Change("config", "delete", remote, name, current.value, None))
             elif not overridden or current.value != entry.value:
@@ -350,48 +359,10 @@ _ANY_ACL = AclBindingFilter(
 )
 
 
-class AclSync:
+class AclSync(_FlowSync):
     """The source's topic and group ACLs, as the flow's consumers need them on the target."""
 
-    def __init__(
-        self,
-        flow: str,
-        source: ClusterAdmin,
-        target: ClusterAdmin,
-        should_replicate: Callable[[str], bool],
-        remote_name: Callable[[str], str],
-        should_replicate_group: Callable[[str], bool],
-    ) -> None:
-        self.flow, self.source, self.target = flow, source, target
-        self.should_replicate, self.remote_name = should_replicate, remote_name
-        self.should_replicate_group = should_replicate_group
-
-    @classmethod
-    def for_spec(cls, spec: MirrorSpec, admins: dict[str, ClusterAdmin] | None = None) -> AclSync:
-        admins = admins or {
-            spec.source: ClusterAdmin(spec.source, spec.source_admin),
-            spec.target: ClusterAdmin(spec.target, spec.target_admin),
-        }
-        return cls(
-            spec.flow,
-            admins[spec.source],
-            admins[spec.target],
-            spec.should_replicate,
-            spec.remote_topic,
-            spec.should_replicate_group,
-        )
-
-    def run(self, dry_run: bool = False) -> SyncReport:
-        report = SyncReport(self.flow, dry_run, "acls")
-        report.changes = list(self.diff(report.notes))
-        if not dry_run and report.changes:
-            report.applied, report.failures = self.apply(report.changes)
-        return report
-
-    def scheduled_run(self) -> None:
-        """One run of the mirror job's ``sync-topic-acls`` task (see
-        :meth:`TopicSync.scheduled_run`)."""
-        _scheduled(self.flow, self.run)
+    what = "acls"
 
     def diff(self, notes: list[str] | None = None) -> list[AclChange]:
         """The bindings the target lacks, in a stable order."""
@@ -402,7 +373,7 @@ class AclSync:
             return []
         target = _describe_acls(self.target) or []
         have = {AclChange.of(b, b.name) for b in target}
-        replicated = [t for t in self.source.metadata().topics if self.should_replicate(t)]
+        replicated = [t for t in self.source.metadata().topics if self.spec.should_replicate(t)]
         wanted = {change for b in source if (change := self._mapped(b, replicated)) is not None}
         return sorted(wanted - have, key=lambda c: c.describe())
 
@@ -413,7 +384,7 @@ class AclSync:
             if allow and operation == AclOperation.WRITE:
                 return None  # only the mirror writes remote topics
             if pattern == ResourcePatternType.LITERAL:
-                if not self.should_replicate(binding.name):
+                if not self.spec.should_replicate(binding.name):
                     return None
             elif pattern == ResourcePatternType.PREFIXED:
                 if not any(t.startswith(binding.name) for t in replicated):
@@ -421,12 +392,12 @@ class AclSync:
             else:
                 return None
             read = AclOperation.READ if allow and operation == AclOperation.ALL else None
-            return AclChange.of(binding, self.remote_name(binding.name), read)
+            return AclChange.of(binding, self.spec.remote_topic(binding.name), read)
         if binding.restype == ResourceType.GROUP and pattern in (
             ResourcePatternType.LITERAL,
             ResourcePatternType.PREFIXED,
         ):
-            if not self.should_replicate_group(binding.name):
+            if not self.spec.should_replicate_group(binding.name):
                 return None
             if allow and operation == AclOperation.ALL:
                 return AclChange.of(binding, binding.name, AclOperation.READ)
@@ -457,19 +428,3 @@ def _describe_acls(admin: ClusterAdmin) -> list[AclBinding] | None:
         if exc.args[0].code() == KafkaError.SECURITY_DISABLED:
             return None
         raise cluster_error(admin, "describing ACLs", exc) from None
-
-
-def _scheduled(flow: str, run: Callable[[], SyncReport]) -> None:
-    """One scheduled sync run: each applied change logged; a refusal fails the run (counted,
-    logged, retried at the next interval) and never stops the copying, as in MirrorMaker 2."""
-    try:
-        report = run()
-    except ClusterUnreachable:
-        raise
-    except MirrorflowError as exc:
-        raise TaskFailed(str(exc)) from None
-    for change in report.changes:
-        log.info("%s: synced %s", flow, change.describe())
-    if report.failures:
-        more = f" (and {len(report.failures) - 1} more)" if len(report.failures) > 1 else ""
-        raise TaskFailed(report.failures[0] + more)
