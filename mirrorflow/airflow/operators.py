@@ -413,7 +413,7 @@ class SyncOperator(BaseOperator):
                 ):
                     if not enabled:
                         continue
-                    report = sync.for_spec(spec).run(dry_run=dry_run)
+                    report = sync(spec).run(dry_run=dry_run)
                     for line in report.lines():
                         self.log.info("%s", line)
                     reports.append(report.as_dict())

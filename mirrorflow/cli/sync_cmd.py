@@ -49,7 +49,7 @@ def _sync(args: argparse.Namespace) -> int:
             (spec.sync_acls_enabled, "sync.topic.acls.enabled", AclSync),
         ):
             if enabled:
-                reports.append(sync.for_spec(spec).run(dry_run=args.dry_run))
+                reports.append(sync(spec).run(dry_run=args.dry_run))
             elif not args.json:
                 print(f"{name}: {key} = false: not synced")
     if args.json:

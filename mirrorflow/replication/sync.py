@@ -170,18 +170,14 @@ class _FlowSync:
     what = ""
 
     def __init__(self, spec: MirrorSpec, admins: dict[str, ClusterAdmin] | None = None) -> None:
+        """The sync of the flow ``spec`` describes, with the given admin clients (by cluster
+        alias) or its own."""
         admins = admins or {
             spec.source: ClusterAdmin(spec.source, spec.source_admin),
             spec.target: ClusterAdmin(spec.target, spec.target_admin),
         }
         self.spec, self.flow = spec, spec.flow
         self.source, self.target = admins[spec.source], admins[spec.target]
-
-    @classmethod
-    def for_spec(cls, spec: MirrorSpec, admins: dict[str, ClusterAdmin] | None = None):
-        """The sync of the flow ``spec`` describes, with the given admin clients (by cluster
-        alias) or its own."""
-        return cls(spec, admins)
 
     def diff(self, notes: list[str] | None = None) -> list:
         """Every change the sync would make now (``notes`` gets what it leaves alone)."""

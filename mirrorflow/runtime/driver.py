@@ -287,7 +287,7 @@ class MirrorJob:
             (spec.sync_acls_enabled, "sync-topic-acls", spec.sync_acls_interval_s, AclSync),
         ):
             if enabled and not once:
-                run = sync.for_spec(spec, self.admins).scheduled_run
+                run = sync(spec, self.admins).scheduled_run
                 self.scheduler.run_now(self.scheduler.add(name, interval, run))
         self.scheduler.start()
         self.doorbell = Doorbell(spec.source_consumer_client, spec.flow)
