@@ -98,6 +98,52 @@ class Mm2Oracle:
         (answer,) = self.ask("store", str(initialization_must_read_to_end).lower(), ";".join(ops))
         return answer.split(";")
 
+    # RemoteClusterUtils against a real cluster: what a Java consumer reads from checkpoints.
+
+    def remote_translate(
+        self, cluster_client_props: dict[str, str], alias: str, group: str, timeout_ms: int = 10000
+    ) -> dict[tuple[str, int], tuple[int, str]]:
+        """``RemoteClusterUtils.translateOffsets`` for ``group`` from the checkpoints of
+        ``alias`` on the cluster that ``cluster_client_props`` (Java client settings, e.g.
+        ``Cluster.java_client_config()``) connect to: (topic, partition) -> (offset, metadata)."""
+        words = self.ask(
+            "remote-translate", _props(cluster_client_props), _hex(alias), _hex(group), timeout_ms
+        )
+        return dict(_offset(word.split(":")) for word in words if word != "none")
+
+    def remote_translate_pattern(
+        self,
+        cluster_client_props: dict[str, str],
+        alias: str,
+        group_pattern: str,
+        timeout_ms: int = 10000,
+    ) -> dict[str, dict[tuple[str, int], tuple[int, str]]]:
+        """The batch ``translateOffsets(props, alias, Pattern, timeout)``: per group whose id
+        fully matches the Java regex ``group_pattern``, as :meth:`remote_translate`."""
+        words = self.ask(
+            "remote-translate-pattern",
+            _props(cluster_client_props),
+            _hex(alias),
+            _hex(group_pattern),
+            timeout_ms,
+        )
+        by_group: dict[str, dict[tuple[str, int], tuple[int, str]]] = {}
+        for word in words:
+            if word != "none":
+                group, *rest = word.split(":")
+                tp, offset = _offset(rest)
+                by_group.setdefault(_text(group), {})[tp] = offset
+        return by_group
+
+
+def _props(props: dict[str, str]) -> str:
+    return ",".join(f"{_hex(k)}={_hex(v)}" for k, v in props.items())
+
+
+def _offset(fields: list[str]) -> tuple[tuple[str, int], tuple[int, str]]:
+    topic, partition, offset, metadata = fields
+    return (_text(topic), int(partition)), (int(offset), _text(metadata))
+
 
 def _hex(text: str) -> str:
     return text.encode("utf-8").hex()

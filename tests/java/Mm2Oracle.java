@@ -22,30 +22,54 @@
  *                                  "translate,PARTITION,UP"; answers, per op, the partition's
  *                                  64 syncs ('/' separated UP:DOWN), "started", or the
  *                                  translation ("none" when empty)
+ *   remote-translate PROPS ALIAS GROUP TIMEOUT_MS
+ *                                  RemoteClusterUtils.translateOffsets(props, alias, group,
+ *                                  timeout) against a real cluster; answers words
+ *                                  TOPIC:PARTITION:OFFSET:METADATA sorted by topic and
+ *                                  partition, or "none" when empty
+ *   remote-translate-pattern PROPS ALIAS GROUP_PATTERN TIMEOUT_MS
+ *                                  the batch form translateOffsets(props, alias, Pattern,
+ *                                  timeout); words GROUP:TOPIC:PARTITION:OFFSET:METADATA sorted
+ *                                  by group, topic and partition, or "none" when empty
+ *
+ * PROPS is the client properties (bootstrap.servers, security settings) as ','-separated
+ * KEY=VALUE pairs, each side hex. TIMEOUT_MS is a plain number; GROUP_PATTERN is a Java regex.
+ * Kafka's clients log through log4j, so System.out is pointed at stderr: only answers reach
+ * the real stdout.
  *
  * Topic "t" is used for the writer and the store.
  */
 package org.apache.kafka.connect.mirror;
 
 import org.apache.kafka.clients.consumer.ConsumerRecord;
+import org.apache.kafka.clients.consumer.OffsetAndMetadata;
 import org.apache.kafka.common.TopicPartition;
 
 import java.io.BufferedReader;
+import java.io.FileDescriptor;
+import java.io.FileOutputStream;
 import java.io.InputStreamReader;
 import java.io.PrintStream;
 import java.nio.charset.StandardCharsets;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.Comparator;
+import java.util.HashMap;
 import java.util.HexFormat;
+import java.util.List;
 import java.util.Map;
 import java.util.OptionalLong;
 import java.util.StringJoiner;
 import java.util.concurrent.Semaphore;
+import java.util.regex.Pattern;
 
 public final class Mm2Oracle {
     private static final HexFormat HEX = HexFormat.of();
 
     public static void main(String[] args) throws Exception {
         BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
-        PrintStream out = new PrintStream(System.out, true, StandardCharsets.UTF_8);
+        PrintStream out = new PrintStream(new FileOutputStream(FileDescriptor.out), true, StandardCharsets.UTF_8);
+        System.setOut(System.err);
         String line;
         while ((line = in.readLine()) != null) {
             String answer;
@@ -58,7 +82,7 @@ public final class Mm2Oracle {
         }
     }
 
-    private static String answer(String[] a) {
+    private static String answer(String[] a) throws Exception {
         switch (a[0]) {
             case "heartbeat-encode": {
                 Heartbeat h = new Heartbeat(text(a[1]), text(a[2]), Long.parseLong(a[3]));
@@ -93,6 +117,21 @@ public final class Mm2Oracle {
                 return writer(Long.parseLong(a[1]), a[2]);
             case "store":
                 return store(Boolean.parseBoolean(a[1]), a[2]);
+            case "remote-translate": {
+                Map<TopicPartition, OffsetAndMetadata> offsets = RemoteClusterUtils.translateOffsets(
+                        props(a[1]), text(a[2]), text(a[3]), Duration.ofMillis(Long.parseLong(a[4])));
+                List<String> words = new ArrayList<>();
+                addOffsets("", offsets, words);
+                return words.isEmpty() ? "none" : String.join(" ", words);
+            }
+            case "remote-translate-pattern": {
+                Map<String, Map<TopicPartition, OffsetAndMetadata>> byGroup = RemoteClusterUtils.translateOffsets(
+                        props(a[1]), text(a[2]), Pattern.compile(text(a[3])),
+                        Duration.ofMillis(Long.parseLong(a[4])));
+                List<String> words = new ArrayList<>();
+                byGroup.keySet().stream().sorted().forEach(g -> addOffsets(hex(g) + ":", byGroup.get(g), words));
+                return words.isEmpty() ? "none" : String.join(" ", words);
+            }
             default:
                 throw new IllegalArgumentException("unknown command " + a[0]);
         }
@@ -175,6 +214,26 @@ public final class Mm2Oracle {
             }
         }
         return answers.toString();
+    }
+
+    /** PROPS: ','-separated KEY=VALUE pairs, each side hex of its UTF-8 bytes. */
+    private static Map<String, Object> props(String pairs) {
+        Map<String, Object> props = new HashMap<>();
+        for (String pair : pairs.split(",")) {
+            if (!pair.isEmpty()) {
+                String[] kv = pair.split("=", 2);
+                props.put(text(kv[0]), text(kv[1]));
+            }
+        }
+        return props;
+    }
+
+    private static void addOffsets(String prefix, Map<TopicPartition, OffsetAndMetadata> offsets, List<String> words) {
+        offsets.entrySet().stream()
+                .sorted(Map.Entry.comparingByKey(
+                        Comparator.comparing(TopicPartition::topic).thenComparingInt(TopicPartition::partition)))
+                .forEach(e -> words.add(prefix + hex(e.getKey().topic()) + ":" + e.getKey().partition() + ":"
+                        + e.getValue().offset() + ":" + hex(e.getValue().metadata())));
     }
 
     private static ConsumerRecord<byte[], byte[]> record(String key, String value) {
