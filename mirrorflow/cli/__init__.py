@@ -15,6 +15,7 @@ from mirrorflow.errors import MirrorflowError
 
 def build_parser() -> argparse.ArgumentParser:
     from mirrorflow.cli import (
+        checkpoints_cmd,
         demo_cmd,
         flows_cmd,
         mirror_cmd,
@@ -35,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
         flows_cmd,
         mirror_cmd,
         sync_cmd,
+        checkpoints_cmd,
         render_cmd,
         demo_cmd,
     ):

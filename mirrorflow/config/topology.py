@@ -263,6 +263,14 @@ class Flow:
         """The name ``topic`` gets on the target."""
         return self.policy.format_remote_topic(self.source, topic)
 
+    def checkpoint_topic(self, topic: str) -> str:
+        """The target's name for a source topic a group consumed (MirrorMaker 2's
+        ``renameTopicPartition``): the original name if the topic came from the target, else
+        its remote name."""
+        if self.policy.topic_source(topic) == self.target:
+            return self.policy.original_topic(topic)
+        return self.remote_topic(topic)
+
     def is_cycle(self, topic: str) -> bool:
         """MM2's ``isCycle``: the topic, or a topic it was copied from, came from the target."""
         source = self.policy.topic_source(topic)

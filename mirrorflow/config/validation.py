@@ -216,24 +216,8 @@ def _definition(prop: Property, aliases: list[str]) -> list[Finding]:
     )
 
 
-_CHECKPOINTS = "consumer-group checkpoints and offset sync are not built yet (issue 10)"
 NOT_HONOURED: dict[str, str] = {
-    **dict.fromkeys(
-        (
-            "emit.checkpoints.enabled",
-            "emit.checkpoints.interval.seconds",
-            "sync.group.offsets.enabled",
-            "sync.group.offsets.interval.seconds",
-            "groups",
-            "groups.exclude",
-            "groups.blacklist",
-            "group.filter.class",
-            "refresh.groups.enabled",
-            "refresh.groups.interval.seconds",
-            "checkpoints.topic.replication.factor",
-        ),
-        _CHECKPOINTS,
-    ),
+    "groups.blacklist": "MirrorMaker 2 4.x removed it (as mirrorflow does): use groups.exclude",
     "use.incremental.alter.configs": "MirrorMaker 2 4.x removed it; mirrorflow always syncs "
     "topic configs by incremental alter, as 4.x does",
     "tasks.max": "mirrorflow copies each source partition as a Spark task: size it with the "

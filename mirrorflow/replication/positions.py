@@ -12,13 +12,13 @@ same records, so a flow can move between the two tools in either mode.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError
 
-from mirrorflow.errors import ClusterUnreachable, MirrorflowError
+from mirrorflow.errors import ClusterUnreachable
 from mirrorflow.mm2.formats import SourceOffset
+from mirrorflow.replication.topic_reader import TopicReader
 
 # Connect's default number of partitions for its offsets topic (offset.storage.partitions).
 OFFSETS_TOPIC_PARTITIONS = 25
@@ -29,13 +29,8 @@ def offsets_topic(source_alias: str) -> str:
     return f"mm2-offsets.{source_alias}.internal"
 
 
-class SourceOffsetReader:
-    """Reads committed positions of one source cluster's partitions, incrementally.
-
-    "The end" is each partition's last stable offset (what a ``read_committed`` reader can
-    reach), asked of the cluster on every call: a transaction that a fault left open does not
-    hold the reader back, and its records, aborted once its producer is fenced, never count.
-    """
+class SourceOffsetReader(TopicReader):
+    """Reads committed positions of one source cluster's partitions, incrementally."""
 
     def __init__(
         self,
@@ -44,74 +39,21 @@ class SourceOffsetReader:
         topic: str,
         source_alias: str,
     ) -> None:
-        from confluent_kafka.admin import AdminClient
-
-        self.topic, self.source_alias = topic, source_alias
+        super().__init__(
+            consumer_config, admin_config, topic, f"mirrorflow-offsets-reader-{source_alias}"
+        )
+        self.source_alias = source_alias
         self.positions: dict[tuple[str, int], int] = {}
-        self._consumer = Consumer(
-            {
-                **consumer_config,
-                "group.id": f"mirrorflow-offsets-reader-{source_alias}",
-                "enable.auto.commit": False,
-                "isolation.level": "read_committed",
-                "auto.offset.reset": "earliest",
-            }
-        )
-        self._admin = AdminClient(admin_config)
-        self._partitions: list[TopicPartition] = []
 
-    def _stable_ends(self, timeout_s: float) -> dict[int, int]:
-        from confluent_kafka import IsolationLevel
-        from confluent_kafka.admin import OffsetSpec
-
-        futures = self._admin.list_offsets(
-            {tp: OffsetSpec.latest() for tp in self._partitions},
-            isolation_level=IsolationLevel.READ_COMMITTED,
-            request_timeout=timeout_s,
-        )
-        return {tp.partition: f.result().offset for tp, f in futures.items()}
+    def apply(self, key: bytes | None, value: bytes | None) -> None:
+        position = SourceOffset.from_record(key, value)
+        if position is not None and position.cluster == self.source_alias:
+            self.positions[(position.topic, position.partition)] = position.offset
 
     def read_to_end(self, timeout_s: float = 60.0) -> dict[tuple[str, int], int]:
         """Every committed position up to the end of the topic: (topic, partition) -> offset."""
-        if not self._partitions:
-            metadata = self._consumer.list_topics(self.topic, timeout=10).topics[self.topic]
-            if metadata.error is not None:
-                raise MirrorflowError(f"cannot read {self.topic}: {metadata.error}")
-            self._partitions = [TopicPartition(self.topic, p) for p in metadata.partitions]
-            self._consumer.assign(
-                [TopicPartition(self.topic, p, -2) for p in metadata.partitions]  # -2: beginning
-            )
-        deadline = time.monotonic() + timeout_s
-        try:
-            ends = self._stable_ends(timeout_s)
-        except KafkaException as exc:
-            raise ClusterUnreachable(
-                f"reading positions from {self.topic}: {exc.args[0].str()}",
-                "check the target cluster; the batch is retried",
-            ) from None
-        remaining = {p for p, end in ends.items() if end > 0}
-        while remaining:
-            if time.monotonic() > deadline:
-                raise ClusterUnreachable(
-                    f"reading positions from {self.topic} did not reach its end "
-                    f"within {timeout_s:.0f}s",
-                    "check the target cluster; the batch is retried",
-                )
-            msg = self._consumer.poll(0.2)
-            if msg is not None and msg.error() is None:
-                position = SourceOffset.from_record(msg.key(), msg.value())
-                if position is not None and position.cluster == self.source_alias:
-                    self.positions[(position.topic, position.partition)] = position.offset
-            elif msg is not None and msg.error().code() != KafkaError._PARTITION_EOF:
-                raise MirrorflowError(f"reading {self.topic} failed: {msg.error().str()}")
-            # The position moves past transaction markers too, which no message shows.
-            for tp in self._consumer.position([TopicPartition(self.topic, p) for p in remaining]):
-                if tp.offset >= ends[tp.partition]:
-                    remaining.discard(tp.partition)
+        super().read_to_end(timeout_s)
         return dict(self.positions)
-
-    def close(self) -> None:
-        self._consumer.close()
 
 
 class PositionWriter:

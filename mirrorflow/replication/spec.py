@@ -13,6 +13,7 @@ from pathlib import Path
 
 from mirrorflow.config.topology import Flow, load_topology
 from mirrorflow.errors import MirrorflowError
+from mirrorflow.replication.offset_map import map_topic
 from mirrorflow.replication.positions import OFFSETS_TOPIC_PARTITIONS, offsets_topic
 
 LOCAL_BATCH_MAX_RECORDS = 1000
@@ -71,6 +72,18 @@ class MirrorSpec:
     offsets_replication_factor: int = 3
     target_consumer: dict[str, str] = field(default_factory=dict, repr=False)
     source_consumer_client: dict[str, str] = field(default_factory=dict, repr=False)  # librdkafka
+    # Consumer-group checkpoints and offset sync (MirrorMaker 2's MirrorCheckpointConnector);
+    # the offset map they translate with lives on the target, in ``offset_map_topic``.
+    offset_map_topic: str = ""
+    checkpoints_topic: str = ""
+    checkpoints_replication_factor: int = 3
+    emit_checkpoints_enabled: bool = True
+    emit_checkpoints_interval_s: float = 60.0
+    refresh_groups_enabled: bool = True
+    refresh_groups_interval_s: float = 600.0
+    sync_group_offsets_enabled: bool = False
+    sync_group_offsets_interval_s: float = 60.0
+    checkpoint_topic: Callable[[str], str] = lambda topic: topic  # source topic -> target name
 
     @property
     def flow(self) -> str:
@@ -152,6 +165,16 @@ def spec_for_flow(
         source_consumer_client=flow.client_config(
             "source.consumer", librdkafka=True, label="mirror"
         ),
+        offset_map_topic=map_topic(flow.source),
+        checkpoints_topic=flow.policy.checkpoints_topic(flow.source),
+        checkpoints_replication_factor=int(flow.setting("checkpoints.topic.replication.factor")),
+        emit_checkpoints_enabled=bool(flow.setting("emit.checkpoints.enabled")),
+        emit_checkpoints_interval_s=float(flow.setting("emit.checkpoints.interval.seconds")),
+        refresh_groups_enabled=bool(flow.setting("refresh.groups.enabled")),
+        refresh_groups_interval_s=float(flow.setting("refresh.groups.interval.seconds")),
+        sync_group_offsets_enabled=bool(flow.setting("sync.group.offsets.enabled")),
+        sync_group_offsets_interval_s=float(flow.setting("sync.group.offsets.interval.seconds")),
+        checkpoint_topic=flow.checkpoint_topic,
     )
 
 

@@ -24,6 +24,12 @@ The driver plans every batch itself, with Spark's public API only:
      :func:`mirrorflow.runtime.eos_writer.copy_records` commits each partition's copies and its
      position in one Kafka transaction; the driver then writes the offset syncs.
 
+Every copy's source and target offsets go to the flow's offset map
+(:mod:`mirrorflow.replication.offset_map`) before the position moves past them (exactly-once: in
+the same transaction); the checkpoint task translates the flow's consumer groups with it,
+exactly, and the group offset sync commits the results on the target
+(:mod:`mirrorflow.replication.checkpoints`).
+
 A crash anywhere copies the unacknowledged batch again (at-least-once), never loses a record,
 and every offset sync stays exact because it pairs a record with the acknowledged offset of its
 copy. A stop request (SIGTERM, SIGINT, the stop file) takes effect when the batch in progress
@@ -39,6 +45,7 @@ import json
 import logging
 import os
 import re
+import struct
 import threading
 import time
 import zipfile
@@ -49,7 +56,9 @@ from typing import TYPE_CHECKING
 from mirrorflow.config.librdkafka import principal
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
 from mirrorflow.mm2.formats import OffsetSync
+from mirrorflow.replication.checkpoints import GroupCheckpoints, GroupOffsetSync, OffsetMapReader
 from mirrorflow.replication.heartbeats import HeartbeatEmitter
+from mirrorflow.replication.offset_map import OffsetMap, Run, record_of
 from mirrorflow.replication.positions import PositionWriter, SourceOffsetReader, legacy_progress
 from mirrorflow.replication.scheduler import Scheduler
 from mirrorflow.replication.spec import MirrorSpec
@@ -121,6 +130,10 @@ class MirrorJob:
         self.mapping: dict[str, str] = {}  # replicated source topic -> remote topic
         self.positions: dict[Partition, int] = {}  # next offset to copy
         self.reader: SourceOffsetReader | None = None
+        self.offset_map = OffsetMap()
+        self._map_reader: OffsetMapReader | None = None
+        self.checkpoints: GroupCheckpoints | None = None
+        self.group_sync: GroupOffsetSync | None = None
         self.writer: PositionWriter | None = None
         self.doorbell: Doorbell | None = None
         self.scheduler: Scheduler | None = None
@@ -166,6 +179,22 @@ class MirrorJob:
             "offset.storage.replication.factor",
             partitions=spec.offsets_partitions,
         )
+        ensure_internal_topic(
+            self.admins[spec.target],
+            spec.offset_map_topic,
+            spec.checkpoints_replication_factor,
+            "checkpoints.topic.replication.factor",
+        )
+        if spec.emit_checkpoints_enabled:
+            ensure_internal_topic(
+                self.admins[spec.target],
+                spec.checkpoints_topic,
+                spec.checkpoints_replication_factor,
+                "checkpoints.topic.replication.factor",
+            )
+        if self._map_reader is None:
+            self._map_reader = OffsetMapReader(spec, self.offset_map, missing_ok=True)
+        self._map_reader.read_to_end()
         if self.reader is None:
             self.reader = SourceOffsetReader(
                 spec.target_consumer, spec.target_admin, spec.offsets_topic, spec.source
@@ -289,6 +318,8 @@ class MirrorJob:
             if enabled and not once:
                 run = sync(spec, self.admins).scheduled_run
                 self.scheduler.run_now(self.scheduler.add(name, interval, run))
+        if spec.emit_checkpoints_enabled and not once:
+            self._schedule_checkpoints()
         self.scheduler.start()
         self.doorbell = Doorbell(spec.source_consumer_client, spec.flow)
         if once:
@@ -319,6 +350,36 @@ class MirrorJob:
                     producer.flush(10)
                 except KafkaException as exc:  # the batch's own error, if any, says more
                     log.warning("%s: the producer of %s failed: %s", spec.flow, alias, exc)
+
+    def _schedule_checkpoints(self) -> None:
+        """MirrorMaker 2's checkpoint task, inside the job: checkpoints every
+        ``emit.checkpoints.interval.seconds``, the group list every
+        ``refresh.groups.interval.seconds``, and, if enabled, the group offset sync."""
+        assert self.scheduler is not None
+        spec = self.spec
+        if self.checkpoints is None:
+            self.checkpoints = GroupCheckpoints(
+                spec,
+                self.admins,
+                self.offset_map,
+                lambda: dict(self.positions),
+                self.producers[spec.target],
+            )
+        self.scheduler.add(
+            "emit-checkpoints", spec.emit_checkpoints_interval_s, self.checkpoints.scheduled_emit
+        )
+        if spec.refresh_groups_enabled:
+            self.scheduler.add(
+                "refresh-groups", spec.refresh_groups_interval_s, self.checkpoints.scheduled_refresh
+            )
+        if spec.sync_group_offsets_enabled:
+            if self.group_sync is None:
+                self.group_sync = GroupOffsetSync(spec, self.admins, self.checkpoints.snapshot)
+            self.scheduler.add(
+                "sync-group-offsets",
+                spec.sync_group_offsets_interval_s,
+                self.group_sync.scheduled_run,
+            )
 
     def _wait_for_records(self) -> None:
         """Idle: wait until a record arrives, the topics change, a stop is asked or a task
@@ -480,9 +541,10 @@ class MirrorJob:
             done = f"{records} records, {size} bytes, {syncs} offset syncs"
         else:
             local = self._runs_locally(ranges)
-            records, size = self._copy_with_copier(ranges, mapping, local)
+            records, size, runs = self._copy_with_copier(ranges, mapping, local)
             done = f"{records} records, {size} bytes" + (" (in the driver)" if local else "")
             self.local_batches += local
+            self._store_runs(runs)
             assert self.writer is not None
             self.writer.write({tp: until for tp, _start, until in ranges})
         for tp, _start, until in ranges:
@@ -551,9 +613,10 @@ class MirrorJob:
 
     def _copy_with_copier(
         self, ranges: list[tuple[Partition, int, int]], mapping: dict[str, str], local: bool
-    ) -> tuple[int, int]:
+    ) -> tuple[int, int, dict[Partition, list[Run]]]:
         """At-least-once: the JVM copier copies the ranges and writes the offset syncs, as a
-        Spark job or (``local``) in the driver's JVM. Returns (records, bytes) copied."""
+        Spark job or (``local``) in the driver's JVM. Returns the records and bytes copied, and
+        each partition's runs of copies."""
         context = self.spark.sparkContext
         if self._copier is None:
             self._copier = getattr(context._jvm, jvm.COPIER_CLASS)
@@ -570,7 +633,41 @@ class MirrorJob:
                     context.setJobDescription(None)
         except Exception as exc:  # py4j's error: its text holds the copier's message
             raise batch_error(self.spec, exc) from None
-        return int(copied[0]), int(copied[1])
+        data = bytes(copied)  # MirrorCopier.Copied.encode: big-endian longs
+        records, size = struct.unpack_from(">qq", data)
+        runs: dict[Partition, list[Run]] = {}
+        for index, up, down, count in struct.iter_unpack(">qqqq", memoryview(data)[16:]):
+            runs.setdefault(ranges[index][0], []).append(Run(up, down, count))
+        return records, size, runs
+
+    def _store_runs(self, runs: dict[Partition, list[Run]]) -> None:
+        """Add a batch's runs of copies to the offset map and store them on the target before
+        the batch's positions are written (so the map covers every copy below a position)."""
+        producer = self.producers[self.spec.target]
+        failures: list = []
+        for tp, partition_runs in sorted(runs.items()):
+            for run in self.offset_map.add(tp, partition_runs):
+                key, value = record_of(tp, run)
+                while True:
+                    try:
+                        producer.produce(
+                            self.spec.offset_map_topic,
+                            value,
+                            key,
+                            partition=0,
+                            on_delivery=lambda err, _m: err and failures.append(err),
+                        )
+                        break
+                    except BufferError:
+                        producer.poll(0.1)
+        remaining = producer.flush(60) if runs else 0
+        if failures or remaining:
+            cause = failures[0].str() if failures else "not acknowledged within 60 s"
+            raise ClusterUnreachable(
+                f"writing the offset map to {self.spec.offset_map_topic} on {self.spec.target} "
+                f"failed: {cause}",
+                "the batch is copied again when the flow resumes; check the target cluster",
+            )
 
     def _copier_settings(self, mapping: dict[str, str]):
         """The copier's settings (see ``MirrorCopier``'s documentation) as a Java map, built
@@ -634,6 +731,12 @@ class MirrorJob:
             offsets_topic=spec.offsets_topic,
             consumer_config=spec.target_consumer,
             admin_config=spec.target_admin,
+            map_topic=spec.offset_map_topic,
+            last_runs={
+                tp: run
+                for tp in self.positions
+                if (run := self.offset_map.last_run(tp)) is not None
+            },
         )
 
         def copy(batches):
@@ -663,9 +766,18 @@ class MirrorJob:
             .mapInArrow(copy, mirror_writer.RESULT_DDL)
             .collect()
         )
+        runs: dict[Partition, list[Run]] = {}
+        for r in rows:
+            if r.kind == "run":
+                runs.setdefault((r.topic, r.partition), []).append(
+                    Run(r.upstream, r.downstream, r.records)
+                )
+        for tp, partition_runs in runs.items():
+            self.offset_map.add(tp, sorted(partition_runs, key=lambda run: run.downstream))
         syncs = [
             OffsetSync(r.topic, r.partition, r.upstream, r.downstream)
             for r in sorted(rows, key=lambda r: (r.topic, r.partition, r.upstream))
+            if r.kind != "run"
         ]
         if spec.emit_offset_syncs and syncs:
             self._write_offset_syncs(syncs)

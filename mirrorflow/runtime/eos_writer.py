@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from mirrorflow.mm2.offset_syncs import PartitionSyncState
+from mirrorflow.replication.offset_map import PartitionMap, Run, record_of, runs_of
 
 INPUT_COLUMNS = ("topic", "partition", "offset", "key", "value", "headers", "ts_ms")
 RESULT_SCHEMA = pa.schema(
@@ -36,7 +37,9 @@ RESULT_SCHEMA = pa.schema(
         ("partition", pa.int32()),
         ("upstream", pa.int64()),
         ("downstream", pa.int64()),
-        ("kind", pa.string()),  # "sync": due now; "last": the partition's last copy
+        # "sync": due now; "last": the partition's last copy; "run": a run of copies (records =
+        # its count) for the offset map
+        ("kind", pa.string()),
         ("records", pa.int64()),
         ("bytes", pa.int64()),
         ("max_age_ms", pa.int64()),
@@ -76,6 +79,10 @@ class CopySettings:
     consumer_config: dict[str, str] = field(default_factory=dict, repr=False)
     admin_config: dict[str, str] = field(default_factory=dict, repr=False)
     flush_timeout_s: float = 300.0
+    # The offset map (see mirrorflow.replication.offset_map): its topic on the target, and each
+    # partition's last run, which a batch's first copies may continue.
+    map_topic: str = ""
+    last_runs: dict[tuple[str, int], Run] = field(default_factory=dict)
 
 
 def _transactional_producer(settings: CopySettings, topic: str, partition: int):
@@ -135,6 +142,7 @@ class _Partition:
     upstream: list[int] = field(default_factory=list)
     bytes: int = 0
     max_age_ms: int = 0
+    runs: list[Run] = field(default_factory=list)  # this batch's copies, for the offset map
 
 
 def copy_records(
@@ -240,7 +248,7 @@ def _decode_headers(text: str) -> list[tuple[str, bytes | None]]:
 
 
 def _commit_transactions(settings: CopySettings, partitions) -> None:
-    """Add each partition's position to its transaction and commit it."""
+    """Add each partition's offset-map runs and position to its transaction and commit it."""
     from confluent_kafka import KafkaException
 
     from mirrorflow.mm2.formats import SourceOffset
@@ -248,6 +256,8 @@ def _commit_transactions(settings: CopySettings, partitions) -> None:
     for p in partitions.values():
         try:
             if p.upstream:
+                if settings.map_topic:
+                    _add_runs(settings, p)
                 position = SourceOffset(settings.source_alias, p.topic, p.partition, p.upstream[-1])
                 p.producer.produce(settings.offsets_topic, position.value(), position.key())
                 p.producer.commit_transaction(settings.flush_timeout_s)
@@ -261,6 +271,19 @@ def _commit_transactions(settings: CopySettings, partitions) -> None:
                 f"committing the copies of {p.topic}-{p.partition} to {p.remote} on "
                 f"{settings.target_alias} failed: {error.str()} (nothing of it was committed)"
             ) from None
+
+
+def _add_runs(settings: CopySettings, p: _Partition) -> None:
+    """Write the runs of the partition's copies to the offset map, in its transaction (once
+    every copy is acknowledged; otherwise the commit fails anyway)."""
+    p.producer.flush(settings.flush_timeout_s)
+    if p.acks.error is not None or len(p.acks.downstream) != len(p.upstream):
+        return
+    p.runs = runs_of(p.upstream, p.acks.downstream)
+    last = settings.last_runs.get((p.topic, p.partition))
+    for run in PartitionMap([last] if last else []).add(p.runs):
+        key, value = record_of((p.topic, p.partition), run)
+        p.producer.produce(settings.map_topic, value, key, partition=0)
 
 
 def _check_acks(settings: CopySettings, partitions) -> None:
@@ -296,6 +319,8 @@ def _results(settings: CopySettings, partitions) -> pa.RecordBatch:
         state = PartitionSyncState(max_offset_lag=settings.max_offset_lag)
         for index in state.update_batch(p.upstream, p.acks.downstream):
             add(p, p.upstream[index], p.acks.downstream[index], "sync", 0, 0, 0)
+        for run in p.runs:
+            add(p, run.upstream, run.downstream, "run", run.count, 0, 0)
         add(
             p, p.upstream[-1], p.acks.downstream[-1], "last", len(p.upstream), p.bytes, p.max_age_ms
         )

@@ -74,24 +74,19 @@ public final class MirrorCopier {
 
   /**
    * Copies {@code ranges} ({@code topic\tpartition\tfrom\tuntil}, planned by the driver) on the
-   * executors, one task per range. Returns {records copied, bytes of their keys, values and
-   * headers}.
+   * executors, one task per range. Returns the {@link Copied#encode encoded} results: records
+   * copied, bytes of their keys, values and headers, and each range's runs of copies.
    *
    * <p>On a cluster with executors on several hosts, each source partition prefers the same host
    * batch after batch (a hash of its name), so the executor's cached consumer carries on from the
    * records it already fetched.
    */
-  public static long[] copy(JavaSparkContext spark, List<String> ranges, Map<String, String> settings) {
-    long[] total = new long[2];
+  public static byte[] copy(JavaSparkContext spark, List<String> ranges, Map<String, String> settings) {
     if (ranges.isEmpty()) {
-      return total;
+      return Copied.encode(List.of());
     }
     HashMap<String, String> shipped = new HashMap<>(settings);
-    for (long[] copied : rangesRdd(spark, ranges).map(new CopyRange(shipped)).collect()) {
-      total[0] += copied[0];
-      total[1] += copied[1];
-    }
-    return total;
+    return Copied.encode(rangesRdd(spark, ranges).map(new CopyRange(shipped)).collect());
   }
 
   /**
@@ -99,19 +94,18 @@ public final class MirrorCopier {
    * without a Spark job: for a small batch, scheduling a job costs more than the copy. Each range
    * runs the very task the executors run ({@link CopyRange}) on this JVM's cached clients, the
    * first on the calling thread and the others on their own threads, as concurrent tasks would.
-   * Returns when every copy is acknowledged, the same {records, bytes} as {@link #copy}; a
-   * failed range fails the call with its task's error (the first one, once all have ended).
+   * Returns when every copy is acknowledged, the same results as {@link #copy}; a failed range
+   * fails the call with its task's error (the first one, once all have ended).
    */
-  public static long[] copyLocal(List<String> ranges, Map<String, String> settings)
+  public static byte[] copyLocal(List<String> ranges, Map<String, String> settings)
       throws Exception {
-    long[] total = new long[2];
     CopyRange task = new CopyRange(new HashMap<>(settings));
-    List<Future<long[]>> others = new ArrayList<>();
+    List<Future<Copied>> others = new ArrayList<>();
     for (String range : ranges.subList(Math.min(1, ranges.size()), ranges.size())) {
       others.add(LOCAL_TASKS.submit(() -> task.call(range)));
     }
     Exception failure = null;
-    List<long[]> results = new ArrayList<>();
+    List<Copied> results = new ArrayList<>();
     try {
       if (!ranges.isEmpty()) {
         results.add(task.call(ranges.get(0)));
@@ -119,7 +113,7 @@ public final class MirrorCopier {
     } catch (Exception e) {
       failure = e;
     }
-    for (Future<long[]> other : others) {
+    for (Future<Copied> other : others) {
       try {
         results.add(other.get());
       } catch (ExecutionException e) {
@@ -131,11 +125,68 @@ public final class MirrorCopier {
     if (failure != null) {
       throw failure;
     }
-    for (long[] copied : results) {
-      total[0] += copied[0];
-      total[1] += copied[1];
+    return Copied.encode(results);
+  }
+
+  /**
+   * What one range's task copied: records, bytes, and its runs of copies in target order, each
+   * {first source offset, first target offset, count}, where both offsets advance by one per
+   * copy (from the acknowledgements, which arrive in send order per partition).
+   */
+  static final class Copied implements java.io.Serializable {
+    private static final long serialVersionUID = 1L;
+    long records;
+    long bytes;
+    private final List<long[]> runs = new ArrayList<>();
+    private long runUp = -1;
+    private long runDown = -1;
+    private long runCount;
+
+    synchronized void acknowledged(long upstream, long downstream) {
+      if (runCount > 0 && upstream == runUp + runCount && downstream == runDown + runCount) {
+        runCount++;
+        return;
+      }
+      closeRun();
+      runUp = upstream;
+      runDown = downstream;
+      runCount = 1;
     }
-    return total;
+
+    private void closeRun() {
+      if (runCount > 0) {
+        runs.add(new long[] {runUp, runDown, runCount});
+        runCount = 0;
+      }
+    }
+
+    /**
+     * The results of ranges 0..n-1 as big-endian longs: total records, total bytes, then for
+     * every run {range index, first source offset, first target offset, count}.
+     */
+    static byte[] encode(List<Copied> results) {
+      int runs = 0;
+      for (Copied copied : results) {
+        synchronized (copied) {
+          copied.closeRun();
+          runs += copied.runs.size();
+        }
+      }
+      java.nio.ByteBuffer out = java.nio.ByteBuffer.allocate(16 + 32 * runs);
+      out.putLong(0).putLong(0);
+      long records = 0;
+      long bytes = 0;
+      for (int index = 0; index < results.size(); index++) {
+        Copied copied = results.get(index);
+        records += copied.records;
+        bytes += copied.bytes;
+        for (long[] run : copied.runs) {
+          out.putLong(index).putLong(run[0]).putLong(run[1]).putLong(run[2]);
+        }
+      }
+      out.putLong(0, records).putLong(8, bytes);
+      return out.array();
+    }
   }
 
   /** The ranges as an RDD of one partition each, with a preferred host per source partition. */
@@ -172,7 +223,7 @@ public final class MirrorCopier {
   }
 
   /** One task: copy one offset range of one source partition. */
-  static final class CopyRange implements Function<String, long[]> {
+  static final class CopyRange implements Function<String, Copied> {
     private static final long serialVersionUID = 1L;
     private final HashMap<String, String> settings;
 
@@ -181,20 +232,20 @@ public final class MirrorCopier {
     }
 
     @Override
-    public long[] call(String range) throws Exception {
+    public Copied call(String range) throws Exception {
       String[] fields = range.split("\t");
       TopicPartition tp = new TopicPartition(fields[0], Integer.parseInt(fields[1]));
       long from = Long.parseLong(fields[2]);
       long until = Long.parseLong(fields[3]);
       String remote = settings.get("topic." + tp.topic());
       if (remote == null) {
-        return new long[2]; // matched the subscription's pattern but not the flow's filters
+        return new Copied(); // matched the subscription's pattern but not the flow's filters
       }
       Map<String, Object> consumerConfig = consumerConfig();
       PartitionReader reader = KafkaClients.borrow(consumerConfig, tp);
       boolean healthy = false;
       try {
-        long[] copied = copy(reader, tp, from, until, remote);
+        Copied copied = copy(reader, tp, from, until, remote);
         healthy = true;
         return copied;
       } finally {
@@ -206,7 +257,7 @@ public final class MirrorCopier {
       }
     }
 
-    private long[] copy(PartitionReader reader, TopicPartition tp, long from, long until, String remote)
+    private Copied copy(PartitionReader reader, TopicPartition tp, long from, long until, String remote)
         throws Exception {
       long limit = Long.parseLong(settings.get("limit." + remote));
       long overhead = Long.parseLong(settings.getOrDefault("record.overhead", "0"));
@@ -215,6 +266,7 @@ public final class MirrorCopier {
       KafkaProducer<byte[], byte[]> producer = KafkaClients.producer(producerConfig);
       OffsetSyncWriter syncs = syncWriter();
       AtomicReference<Exception> failure = new AtomicReference<>();
+      Copied copied = new Copied();
       reader.seek(from);
       long next = from;
       long records = 0;
@@ -280,8 +332,11 @@ public final class MirrorCopier {
                     if (syncs != null) {
                       syncs.failed(tp);
                     }
-                  } else if (syncs != null && metadata.hasOffset()) {
-                    syncs.acknowledged(tp, upstream, metadata.offset());
+                  } else if (metadata.hasOffset()) {
+                    copied.acknowledged(upstream, metadata.offset());
+                    if (syncs != null) {
+                      syncs.acknowledged(tp, upstream, metadata.offset());
+                    }
                   }
                 });
           } catch (KafkaException refusedOrFailed) { // a producer in a failed state throws here
@@ -310,7 +365,9 @@ public final class MirrorCopier {
                 + " failed: " + error,
             error);
       }
-      return new long[] {records, bytes};
+      copied.records = records;
+      copied.bytes = bytes;
+      return copied;
     }
 
     /** One line naming the cluster and the principal it refused, and what to check. */

@@ -1,0 +1,560 @@
+"""Consumer-group checkpoints and group offset sync, as MirrorMaker 2's checkpoint task does them,
+with exact translation.
+
+:class:`GroupCheckpoints` is ``MirrorCheckpointTask``: every ``emit.checkpoints.interval.seconds``
+it reads the committed offsets of the flow's groups (``groups`` / ``groups.exclude``, the list
+refreshed every ``refresh.groups.interval.seconds``) on the source, translates those of replicated
+topics with the flow's :mod:`offset map <mirrorflow.replication.offset_map>` (exactly, where
+MirrorMaker 2 goes back to its nearest sampled sync), and writes the results in MirrorMaker 2's
+format to ``<source>.checkpoints.internal`` on the target, partition 0, where
+``RemoteClusterUtils.translateOffsets`` reads them. A group's checkpoint never moves backwards
+unless the group itself rewinds on the source (MirrorMaker 2's ``checkpointIsMoreRecent``); the
+checkpoints written before a restart are read back first.
+
+:class:`GroupOffsetSync` is ``sync.group.offsets``: every ``sync.group.offsets.interval.seconds``
+it commits the latest checkpoints into the target's groups that have no members there. A group
+absent from the target gets them all; an EMPTY group only moves forwards; a group with members on
+the target is never touched, and is reported.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+from mirrorflow.errors import MirrorflowError
+from mirrorflow.mm2.formats import Checkpoint
+from mirrorflow.mm2.offset_syncs import checkpoint_is_more_recent
+from mirrorflow.replication.offset_map import OffsetMap, Partition, Translation
+from mirrorflow.replication.scheduler import TaskFailed
+from mirrorflow.replication.spec import MirrorSpec
+from mirrorflow.replication.topic_reader import TopicReader
+from mirrorflow.replication.topics import ADMIN_TIMEOUT_S, ClusterAdmin, cluster_error
+
+log = logging.getLogger(__name__)
+
+GroupKey = tuple[str, str, int]  # group, target topic, partition
+
+
+class GroupOffsetsClient:
+    """Reads and commits one cluster's consumer-group offsets through a consumer of the group.
+
+    Not through the admin API: librdkafka's admin ``ListConsumerGroupOffsets`` crashes the whole
+    process when a broker answers NOT_COORDINATOR, as a new or restarted cluster does
+    (confluentinc/librdkafka#5040, open); a consumer's own offset fetch handles that answer.
+    A consumer that never subscribes does not join the group: its commit is the admin commit
+    (no member, no generation) that the broker accepts only while the group has no members.
+    """
+
+    def __init__(self, admin: ClusterAdmin, config: dict[str, str]) -> None:
+        self.admin, self.config = admin, config
+
+    def _consumer(self, group: str):
+        from confluent_kafka import Consumer
+
+        return Consumer({**self.config, "group.id": group, "enable.auto.commit": False})
+
+    def committed(
+        self, group: str, partitions: list[Partition]
+    ) -> dict[Partition, tuple[int, str]]:
+        """``group``'s committed offset and metadata of each of ``partitions`` that has one."""
+        if not partitions:
+            return {}
+        consumer = self._consumer(group)
+        try:
+            listed = consumer.committed(
+                [TopicPartition(t, p) for t, p in partitions], timeout=ADMIN_TIMEOUT_S
+            )
+        except KafkaException as exc:
+            raise cluster_error(self.admin, f"reading the offsets of group {group}", exc) from None
+        finally:
+            consumer.close()
+        return {
+            (tp.topic, tp.partition): (tp.offset, tp.metadata or "")
+            for tp in listed
+            if tp.offset >= 0 and tp.error is None
+        }
+
+    def commit(self, group: str, offsets: list[TopicPartition]) -> None:
+        """Commit ``offsets`` for ``group`` (refused while the group has members)."""
+        consumer = self._consumer(group)
+        try:
+            result = consumer.commit(offsets=offsets, asynchronous=False)
+        finally:
+            consumer.close()
+        failed = [tp for tp in result or [] if tp.error is not None]
+        if failed:
+            raise KafkaException(failed[0].error)
+
+
+class OffsetMapReader(TopicReader):
+    """Loads a flow's offset map from its topic on the target, then what was added since."""
+
+    def __init__(self, spec: MirrorSpec, offset_map: OffsetMap, missing_ok: bool = False) -> None:
+        super().__init__(
+            spec.target_consumer,
+            spec.target_admin,
+            spec.offset_map_topic,
+            f"mirrorflow-offset-map-reader-{spec.source}",
+            missing_ok,
+        )
+        self.offset_map = offset_map
+
+    def apply(self, key: bytes | None, value: bytes | None) -> None:
+        if key is not None:
+            self.offset_map.load(key, value)
+
+
+class CheckpointReader(TopicReader):
+    """The latest checkpoint of each group and target partition in ``<source>.checkpoints.internal``
+    (the last record wins, as in ``RemoteClusterUtils``)."""
+
+    def __init__(self, consumer_config: dict[str, str], admin_config: dict[str, str], topic: str):
+        group = f"mirrorflow-checkpoints-{topic}"
+        super().__init__(consumer_config, admin_config, topic, group, missing_ok=True)
+        self.latest: dict[GroupKey, Checkpoint] = {}
+        self.written_ms: dict[GroupKey, int] = {}  # each latest checkpoint's record timestamp
+        self.skipped = 0
+
+    def apply_message(self, msg) -> None:
+        try:
+            checkpoint = Checkpoint.from_record(msg.key(), msg.value())
+        except ValueError:
+            self.skipped += 1  # MirrorMaker 2's CheckpointStore skips bad records too
+            return
+        key = (checkpoint.group, checkpoint.topic, checkpoint.partition)
+        self.latest[key] = checkpoint
+        self.written_ms[key] = msg.timestamp()[1]
+
+
+def read_offset_map(spec: MirrorSpec) -> OffsetMap:
+    """The flow's offset map as stored on the target now."""
+    offset_map = OffsetMap()
+    reader = OffsetMapReader(spec, offset_map, missing_ok=True)
+    try:
+        reader.read_to_end()
+    finally:
+        reader.close()
+    return offset_map
+
+
+def read_checkpoints(spec: MirrorSpec) -> CheckpointReader:
+    """The checkpoints on the flow's target: ``.latest`` per group and target partition, and
+    when each was written (``.written_ms``)."""
+    reader = CheckpointReader(spec.target_consumer, spec.target_admin, spec.checkpoints_topic)
+    try:
+        reader.read_to_end()
+    finally:
+        reader.close()
+    return reader
+
+
+@dataclass
+class GroupOffsets:
+    """One group's committed offsets on the source, translated: source partition -> result."""
+
+    group: str
+    translations: dict[Partition, Translation | None] = field(default_factory=dict)
+    metadata: dict[Partition, str] = field(default_factory=dict)
+
+
+class GroupCheckpoints:
+    """Writes the flow's checkpoints; see the module's documentation."""
+
+    def __init__(
+        self,
+        spec: MirrorSpec,
+        admins: dict[str, ClusterAdmin],
+        offset_map: OffsetMap,
+        positions: Callable[[], dict[Partition, int]] = dict,
+        producer=None,
+    ) -> None:
+        self.spec, self.offset_map, self.positions = spec, offset_map, positions
+        self.source, self.target = admins[spec.source], admins[spec.target]
+        self.offsets = GroupOffsetsClient(self.source, spec.source_consumer_client)
+        if producer is None:  # False: translation only, nothing written
+            from confluent_kafka import Producer
+
+            producer = Producer({**spec.target_client, "enable.idempotence": True, "acks": "all"})
+        self.producer = producer
+        self.latest: dict[GroupKey, Checkpoint] = {}
+        self.exactness: dict[GroupKey, str] = {}
+        self.emitted_at: dict[GroupKey, float] = {}
+        self.groups: list[str] | None = None
+        self.written = 0
+        self._started = False
+        self._lock = threading.Lock()
+
+    # -- what MirrorMaker 2's task does at start and on its refresh schedule ------------------
+    def start(self) -> None:
+        """Read back the checkpoints written before (so none moves backwards after a restart)."""
+        if not self._started:
+            self.latest.update(read_checkpoints(self.spec).latest)
+            self._started = True
+
+    def refresh_groups(self) -> list[str]:
+        """The source's consumer groups that pass the flow's ``groups`` / ``groups.exclude``."""
+        try:
+            listed = self.source.client.list_consumer_groups(
+                request_timeout=ADMIN_TIMEOUT_S
+            ).result()
+        except KafkaException as exc:
+            raise cluster_error(self.source, "listing consumer groups", exc) from None
+        self.groups = sorted(
+            g.group_id for g in listed.valid if self.spec.should_replicate_group(g.group_id)
+        )
+        return self.groups
+
+    # -- translation --------------------------------------------------------------------------
+    def group_offsets(self, group: str) -> GroupOffsets:
+        """``group``'s committed offsets of the flow's partitions on the source, translated.
+
+        The flow's partitions are those the mirror has positions for (every replicated source
+        partition it has seen)."""
+        positions = self.positions()
+        result = GroupOffsets(group)
+        for key, (offset, metadata) in sorted(
+            self.offsets.committed(group, list(positions)).items()
+        ):
+            result.translations[key] = self.offset_map.translate(key, offset, positions.get(key))
+            result.metadata[key] = metadata
+        return result
+
+    # -- one run -------------------------------------------------------------------------------
+    def emit(self) -> int:
+        """Translate every group's offsets and write the checkpoints that moved; their number."""
+        self.start()
+        if self.groups is None:
+            self.refresh_groups()
+        due: list[tuple[Checkpoint, str]] = []
+        for group in self.groups or []:
+            offsets = self.group_offsets(group)
+            for (topic, partition), translation in sorted(offsets.translations.items()):
+                if translation is None:
+                    continue  # nothing of the partition copied yet
+                checkpoint = Checkpoint(
+                    group,
+                    self.spec.checkpoint_topic(topic),
+                    partition,
+                    translation.upstream,
+                    translation.downstream,
+                    offsets.metadata[(topic, partition)],
+                )
+                key = (group, checkpoint.topic, partition)
+                if checkpoint_is_more_recent(self.latest.get(key), checkpoint):
+                    due.append((checkpoint, translation.exactness))
+        if due:
+            self._write([c for c, _ in due])
+        now = time.time()
+        with self._lock:
+            for checkpoint, exactness in due:
+                key = (checkpoint.group, checkpoint.topic, checkpoint.partition)
+                self.latest[key] = checkpoint
+                self.exactness[key] = exactness
+                self.emitted_at[key] = now
+        self.written += len(due)
+        return len(due)
+
+    def _write(self, checkpoints: list[Checkpoint]) -> None:
+        failures: list[KafkaError] = []
+        for checkpoint in checkpoints:
+            while True:
+                try:
+                    self.producer.produce(
+                        self.spec.checkpoints_topic,
+                        checkpoint.value(),
+                        checkpoint.key(),
+                        partition=0,
+                        on_delivery=lambda err, _m: err is not None and failures.append(err),
+                    )
+                    break
+                except BufferError:
+                    self.producer.poll(0.1)
+        remaining = self.producer.flush(ADMIN_TIMEOUT_S)
+        if failures or remaining:
+            cause = failures[0].str() if failures else "not acknowledged in time"
+            raise MirrorflowError(
+                f"writing checkpoints to {self.spec.checkpoints_topic} on {self.spec.target} "
+                f"failed: {cause}",
+                f"check that the mirror's principal may WRITE topic {self.spec.checkpoints_topic} "
+                f"on {self.spec.target}",
+            )
+
+    def scheduled_emit(self) -> None:
+        """The mirror job's periodic task: a refusal is counted and retried, never fatal."""
+        try:
+            count = self.emit()
+        except MirrorflowError as exc:  # unreachable too: the copying notices that itself
+            raise TaskFailed(str(exc)) from None
+        if count:
+            log.info("%s: %d checkpoints written", self.spec.flow, count)
+
+    def scheduled_refresh(self) -> None:
+        try:
+            self.refresh_groups()
+        except MirrorflowError as exc:  # unreachable too: the copying notices that itself
+            raise TaskFailed(str(exc)) from None
+
+    def snapshot(self) -> dict[GroupKey, Checkpoint]:
+        """The latest checkpoint per group and target partition (a copy, for other threads)."""
+        with self._lock:
+            return dict(self.latest)
+
+
+@dataclass
+class GroupSyncReport:
+    """What one group offset sync did on the target."""
+
+    written: dict[str, dict[tuple[str, int], int]] = field(default_factory=dict)
+    active: list[str] = field(default_factory=list)  # groups with members there: untouched
+    kept: dict[str, list[tuple[str, int]]] = field(default_factory=dict)  # already further
+
+    def describe(self) -> str:
+        parts = [f"{sum(map(len, self.written.values()))} offsets of {len(self.written)} groups"]
+        if self.active:
+            parts.append(f"skipped {len(self.active)} groups active on the target")
+        return ", ".join(parts)
+
+
+ACTIVE_STATES = (
+    "STABLE",
+    "PREPARING_REBALANCING",
+    "COMPLETING_REBALANCING",
+    "ASSIGNING",
+    "RECONCILING",
+)
+
+
+class GroupOffsetSync:
+    """Commits the latest checkpoints into the target's idle groups; see the module's doc."""
+
+    def __init__(
+        self,
+        spec: MirrorSpec,
+        admins: dict[str, ClusterAdmin],
+        checkpoints: Callable[[], dict[GroupKey, Checkpoint]],
+    ) -> None:
+        self.spec, self.target, self.checkpoints = spec, admins[spec.target], checkpoints
+        self.offsets = GroupOffsetsClient(self.target, spec.target_consumer)
+        self.runs: list[GroupSyncReport] = []
+
+    def _state(self, group: str) -> str:
+        try:
+            futures = self.target.client.describe_consumer_groups(
+                [group], request_timeout=ADMIN_TIMEOUT_S
+            )
+            description = futures[group].result()
+        except KafkaException as exc:
+            if exc.args[0].code() == KafkaError.GROUP_ID_NOT_FOUND:
+                return "DEAD"
+            raise cluster_error(self.target, f"describing group {group}", exc) from None
+        if description.members:
+            return "ACTIVE"
+        return description.state.name
+
+    def run(self, groups: set[str] | None = None) -> GroupSyncReport:
+        """One sync of every checkpointed group (or of ``groups``)."""
+        report = GroupSyncReport()
+        by_group: dict[str, list[Checkpoint]] = {}
+        for (group, _topic, _partition), checkpoint in sorted(self.checkpoints().items()):
+            if groups is None or group in groups:
+                by_group.setdefault(group, []).append(checkpoint)
+        for group, checkpoints in by_group.items():
+            state = self._state(group)
+            if state in ACTIVE_STATES or state == "ACTIVE":
+                report.active.append(group)
+                log.warning(
+                    "%s: group %s has members on %s: its offsets are not synced (stop its "
+                    "consumers there, or they keep their own positions)",
+                    self.spec.flow,
+                    group,
+                    self.spec.target,
+                )
+                continue
+            current = (
+                self.offsets.committed(group, [(c.topic, c.partition) for c in checkpoints])
+                if state == "EMPTY"
+                else {}
+            )
+            write = []
+            for c in checkpoints:
+                have = current.get((c.topic, c.partition), (-1, ""))[0]
+                if have >= c.downstream_offset:
+                    report.kept.setdefault(group, []).append((c.topic, c.partition))
+                    continue
+                write.append(c)
+            if not write:
+                continue
+            offsets = [_offset(c) for c in write]
+            try:
+                self.offsets.commit(group, offsets)
+            except KafkaException as exc:
+                if exc.args[0].code() in (
+                    KafkaError.UNKNOWN_MEMBER_ID,
+                    KafkaError.ILLEGAL_GENERATION,
+                    KafkaError.REBALANCE_IN_PROGRESS,
+                ):
+                    report.active.append(group)  # a member joined meanwhile: MM2 skips it too
+                    continue
+                raise cluster_error(
+                    self.target, f"committing offsets of group {group}", exc
+                ) from None
+            report.written[group] = {(c.topic, c.partition): c.downstream_offset for c in write}
+        self.runs.append(report)
+        del self.runs[:-10]
+        return report
+
+    def scheduled_run(self) -> None:
+        try:
+            report = self.run()
+        except MirrorflowError as exc:  # unreachable too: the copying notices that itself
+            raise TaskFailed(str(exc)) from None
+        if report.written or report.active:
+            log.info("%s: group offset sync: %s", self.spec.flow, report.describe())
+
+
+def _offset(checkpoint: Checkpoint) -> TopicPartition:
+    """A checkpoint as an offset to commit or seek to, with the group's commit metadata."""
+    c = checkpoint
+    if c.metadata:
+        return TopicPartition(c.topic, c.partition, c.downstream_offset, c.metadata)
+    return TopicPartition(c.topic, c.partition, c.downstream_offset)
+
+
+# -- tools for a failover: translate, list, sync now, seek ----------------------------------
+
+
+@dataclass(frozen=True)
+class PartitionTranslation:
+    """One partition of a group: where it stands on the source and where it resumes on the
+    target, and the latest checkpoint written for it."""
+
+    source_topic: str
+    partition: int
+    committed: int
+    target_topic: str
+    translated: int | None
+    exactness: str  # see Translation; "not-copied" when nothing of the partition is copied
+    checkpoint: int | None
+    checkpoint_age_s: float | None
+
+    def as_dict(self) -> dict[str, object]:
+        return dict(self.__dict__)
+
+
+def _admins(spec: MirrorSpec) -> dict[str, ClusterAdmin]:
+    return {
+        spec.source: ClusterAdmin(spec.source, spec.source_admin),
+        spec.target: ClusterAdmin(spec.target, spec.target_admin),
+    }
+
+
+def _positions(spec: MirrorSpec) -> dict[Partition, int]:
+    from mirrorflow.replication.positions import SourceOffsetReader
+
+    reader = SourceOffsetReader(
+        spec.target_consumer, spec.target_admin, spec.offsets_topic, spec.source
+    )
+    reader.missing_ok = True
+    try:
+        return {tp: last + 1 for tp, last in reader.read_to_end().items()}
+    finally:
+        reader.close()
+
+
+def translate_group(spec: MirrorSpec, group: str) -> list[PartitionTranslation]:
+    """``group``'s committed offsets on the source, translated now with the flow's offset map,
+    beside the latest checkpoints (``mirrorflow translate``)."""
+    admins = _admins(spec)
+    for admin in admins.values():
+        admin.metadata()
+    offset_map = read_offset_map(spec)
+    positions = _positions(spec)
+    tool = GroupCheckpoints(spec, admins, offset_map, lambda: positions, producer=False)
+    offsets = tool.group_offsets(group)
+    checkpoints = read_checkpoints(spec)
+    now_ms = time.time() * 1000
+    rows = []
+    for (topic, partition), translation in sorted(offsets.translations.items()):
+        target_topic = spec.checkpoint_topic(topic)
+        key = (group, target_topic, partition)
+        checkpoint = checkpoints.latest.get(key)
+        written = checkpoints.written_ms.get(key)
+        rows.append(
+            PartitionTranslation(
+                topic,
+                partition,
+                translation.upstream if translation else -1,
+                target_topic,
+                translation.downstream if translation else None,
+                translation.exactness if translation else "not-copied",
+                checkpoint.downstream_offset if checkpoint else None,
+                round((now_ms - written) / 1000, 1) if written else None,
+            )
+        )
+    return rows
+
+
+def latest_checkpoints(spec: MirrorSpec, group: str | None = None) -> list[dict[str, object]]:
+    """The latest checkpoint per group and target partition (``mirrorflow checkpoints``)."""
+    reader = read_checkpoints(spec)
+    now_ms = time.time() * 1000
+    return [
+        {
+            "group": c.group,
+            "topic": c.topic,
+            "partition": c.partition,
+            "upstream_offset": c.upstream_offset,
+            "offset": c.downstream_offset,
+            "metadata": c.metadata,
+            "age_s": round((now_ms - reader.written_ms[key]) / 1000, 1),
+        }
+        for key, c in sorted(reader.latest.items())
+        if group is None or c.group == group
+    ]
+
+
+def sync_now(
+    spec: MirrorSpec, groups: set[str] | None = None, *, sync_offsets: bool = True
+) -> tuple[int, GroupSyncReport | None]:
+    """Checkpoint the flow's groups (or ``groups``) now and, with ``sync_offsets``, commit the
+    results into the target's idle groups: what a failover runs after the mirror caught up.
+    Returns the number of checkpoints written and the sync's report."""
+    admins = _admins(spec)
+    offset_map = read_offset_map(spec)
+    positions = _positions(spec)
+    tool = GroupCheckpoints(spec, admins, offset_map, lambda: positions)
+    tool.start()
+    listed = tool.refresh_groups()
+    if groups is not None:
+        tool.groups = [g for g in listed if g in groups]
+    written = tool.emit()
+    report = None
+    if sync_offsets:
+        report = GroupOffsetSync(spec, admins, tool.snapshot).run(groups)
+    return written, report
+
+
+def failover_offsets(spec: MirrorSpec, group: str) -> list[TopicPartition]:
+    """Where ``group`` resumes on the target, from its latest checkpoints: partitions of the
+    remote topics with offsets (and the group's commit metadata), for a consumer's ``assign``
+    or ``seek``, or an admin's ``alter_consumer_group_offsets``."""
+    latest = read_checkpoints(spec).latest
+    return [_offset(c) for key, c in sorted(latest.items()) if key[0] == group]
+
+
+def seek_to_checkpoints(consumer, spec: MirrorSpec, group: str) -> list[TopicPartition]:
+    """Assign a confluent-kafka consumer on the target to ``group``'s checkpointed offsets."""
+    offsets = failover_offsets(spec, group)
+    if not offsets:
+        raise MirrorflowError(
+            f"no checkpoint of group {group} in {spec.checkpoints_topic} on {spec.target}",
+            "check the group name and that the flow emits checkpoints (`mirrorflow checkpoints`)",
+        )
+    consumer.assign(offsets)
+    return offsets

@@ -1,0 +1,104 @@
+"""Reading one of mirrorflow's internal topics from its beginning to its end, incrementally.
+
+Positions, the offset map and checkpoints are each kept in a topic; a reader loads what is
+there and, called again, only what was added since.
+"""
+
+from __future__ import annotations
+
+import time
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from mirrorflow.errors import ClusterUnreachable, MirrorflowError
+
+
+class TopicReader:
+    """Reads every partition of ``topic`` up to its end; :meth:`apply` gets each record.
+
+    "The end" is each partition's last stable offset (what a ``read_committed`` reader can
+    reach), asked of the cluster on every call: a transaction that a fault left open does not
+    hold the reader back, and its records, aborted once its producer is fenced, never count.
+    """
+
+    def __init__(
+        self,
+        consumer_config: dict[str, str],
+        admin_config: dict[str, str],
+        topic: str,
+        group: str,
+        missing_ok: bool = False,
+    ) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        self.topic, self.missing_ok = topic, missing_ok
+        self._consumer = Consumer(
+            {
+                **consumer_config,
+                "group.id": group,
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+                "auto.offset.reset": "earliest",
+            }
+        )
+        self._admin = AdminClient(admin_config)
+        self._partitions: list[TopicPartition] = []
+
+    def apply(self, key: bytes | None, value: bytes | None) -> None:
+        """Take one record of the topic (subclasses keep what they need)."""
+        raise NotImplementedError
+
+    def apply_message(self, msg) -> None:
+        """Take one message (the default hands its key and value to :meth:`apply`)."""
+        self.apply(msg.key(), msg.value())
+
+    def _stable_ends(self, timeout_s: float) -> dict[int, int]:
+        from confluent_kafka import IsolationLevel
+        from confluent_kafka.admin import OffsetSpec
+
+        futures = self._admin.list_offsets(
+            {tp: OffsetSpec.latest() for tp in self._partitions},
+            isolation_level=IsolationLevel.READ_COMMITTED,
+            request_timeout=timeout_s,
+        )
+        return {tp.partition: f.result().offset for tp, f in futures.items()}
+
+    def read_to_end(self, timeout_s: float = 60.0) -> None:
+        """Apply every record up to the end of the topic not applied yet."""
+        if not self._partitions:
+            metadata = self._consumer.list_topics(self.topic, timeout=10).topics[self.topic]
+            if metadata.error is not None:
+                if self.missing_ok and metadata.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                    return  # not created yet: nothing to read
+                raise MirrorflowError(f"cannot read {self.topic}: {metadata.error.str()}")
+            self._partitions = [TopicPartition(self.topic, p) for p in metadata.partitions]
+            self._consumer.assign(
+                [TopicPartition(self.topic, p, -2) for p in metadata.partitions]  # -2: beginning
+            )
+        deadline = time.monotonic() + timeout_s
+        try:
+            ends = self._stable_ends(timeout_s)
+        except KafkaException as exc:
+            raise ClusterUnreachable(
+                f"reading {self.topic}: {exc.args[0].str()}",
+                "check the target cluster; the batch is retried",
+            ) from None
+        remaining = {p for p, end in ends.items() if end > 0}
+        while remaining:
+            if time.monotonic() > deadline:
+                raise ClusterUnreachable(
+                    f"reading {self.topic} did not reach its end within {timeout_s:.0f}s",
+                    "check the target cluster; the batch is retried",
+                )
+            msg = self._consumer.poll(0.2)
+            if msg is not None and msg.error() is None:
+                self.apply_message(msg)
+            elif msg is not None and msg.error().code() != KafkaError._PARTITION_EOF:
+                raise MirrorflowError(f"reading {self.topic} failed: {msg.error().str()}")
+            # The position moves past transaction markers too, which no message shows.
+            for tp in self._consumer.position([TopicPartition(self.topic, p) for p in remaining]):
+                if tp.offset >= ends[tp.partition]:
+                    remaining.discard(tp.partition)
+
+    def close(self) -> None:
+        self._consumer.close()
