@@ -22,22 +22,31 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from mirrorflow.replication.checkpoints import read_checkpoints
 from mirrorflow.replication.spec import spec_for_flow
 from tests.conftest import create_topics
-from tests.mirror_harness import ROOT, flow_file, start_mirror, stop_job, wait_for
+from tests.mirror_harness import (
+    ROOT,
+    flow_file,
+    start_mirror,
+    stop_job,
+    wait_for,
+    write_flow_file,
+)
 from tests.mm2_oracle import shared as mm2_oracle
 from tests.test_mirror_job import EXACTLY_ONCE, produce_transactions
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
 FLOW = "primary->secondary"
+BACK = "secondary->primary"
 
 
-def checkpoint_lines(group: str) -> list[str]:
+def checkpoint_lines(group: str, flow: str | None = FLOW) -> list[str]:
     return [
-        f"{FLOW}.groups = {group}",
+        f"{flow}.groups = {group}" if flow else f"groups = {group}",
         "emit.checkpoints.interval.seconds = 1",
         "refresh.groups.interval.seconds = 1",
         "sync.group.offsets.enabled = true",
@@ -58,9 +67,12 @@ def produce_keys(cluster, topic: str, partitions: int, keys: range) -> set[bytes
     return {b"k%d" % i for i in keys}
 
 
-def consume_and_commit(cluster, topic: str, group: str, counts: dict[int, int]) -> set[bytes]:
-    """A consumer of ``group`` reads the first ``counts[p]`` records of each partition ``p`` of
-    ``topic``, commits exactly what it read, and leaves; returns the keys it read."""
+def consume_and_commit(
+    cluster, topic: str, group: str, counts: dict[int, int], by: str = "key"
+) -> set[bytes]:
+    """A consumer of ``group`` reads the next ``counts[p]`` records of each partition ``p`` of
+    ``topic`` (from the group's committed offset, else the beginning), commits exactly what it
+    read, and leaves; returns the keys it read."""
     consumer = Consumer(
         {
             **cluster.client_config(),
@@ -71,13 +83,15 @@ def consume_and_commit(cluster, topic: str, group: str, counts: dict[int, int]) 
     )
     read: set[bytes] = set()
     commits = []
+    committed = consumer.committed([TopicPartition(topic, p) for p in counts], timeout=30)
+    starts = {tp.partition: max(tp.offset, 0) for tp in committed}
     for partition, count in counts.items():
-        consumer.assign([TopicPartition(topic, partition, 0)])
+        consumer.assign([TopicPartition(topic, partition, starts[partition])])
         seen, deadline, last = 0, time.monotonic() + 60, -1
         while seen < count and time.monotonic() < deadline:
             for msg in consumer.consume(count - seen, 1.0):
                 if msg.error() is None:
-                    read.add(msg.key())
+                    read.add(getattr(msg, by)())
                     seen, last = seen + 1, msg.offset()
         assert seen == count, f"read {seen} of {count} records of partition {partition}"
         commits.append(TopicPartition(topic, partition, last + 1))
@@ -86,7 +100,9 @@ def consume_and_commit(cluster, topic: str, group: str, counts: dict[int, int]) 
     return read
 
 
-def read_as_group(cluster, topic: str, group: str, timeout: float = 120) -> list[bytes]:
+def read_as_group(
+    cluster, topic: str, group: str, timeout: float = 120, by: str = "key"
+) -> list[bytes]:
     """What a consumer of ``group`` reads of ``topic`` from the group's committed offsets to
     the end (a partition without a committed offset reads nothing: ``latest``)."""
     consumer = Consumer(
@@ -109,7 +125,7 @@ def read_as_group(cluster, topic: str, group: str, timeout: float = 120) -> list
     while time.monotonic() < deadline:
         for msg in consumer.consume(1000, 0.5):
             if msg.error() is None:
-                keys.append(msg.key())
+                keys.append(getattr(msg, by)())
         done = all(
             tp.offset >= ends[tp.partition] for tp in consumer.position(list(consumer.assignment()))
         )
@@ -136,8 +152,8 @@ def target_group_offsets(cluster, group: str, topic: str) -> dict[tuple[str, int
     return {(tp.topic, tp.partition): tp.offset for tp in listed if tp.offset >= 0}
 
 
-def translate_cli(config, group: str) -> list[dict]:
-    command = ["translate", str(config), "--flow", FLOW, "--group", group, "--json"]
+def translate_cli(config, group: str, flow: str = FLOW) -> list[dict]:
+    command = ["translate", str(config), "--flow", flow, "--group", group, "--json"]
     result = subprocess.run(
         [sys.executable, "-m", "mirrorflow.cli", *command],
         capture_output=True,
@@ -150,13 +166,13 @@ def translate_cli(config, group: str) -> list[dict]:
     return json.loads(result.stdout)
 
 
-def synced(config, secondary, group: str, remote: str, partitions: int):
+def synced(config, target, group: str, remote: str, partitions: int, flow: str = FLOW):
     """Wait until every partition is translated exactly, checkpointed, and committed on the
     target as translated; return the translation."""
 
     def ready():
-        rows = translate_cli(config, group)
-        offsets = target_group_offsets(secondary, group, remote)
+        rows = translate_cli(config, group, flow)
+        offsets = target_group_offsets(target, group, remote)
         if len(rows) == partitions and all(
             r["exactness"] == "exact"
             and r["checkpoint"] == r["translated"]
@@ -166,7 +182,7 @@ def synced(config, secondary, group: str, remote: str, partitions: int):
             return rows
         return None
 
-    return wait_for(ready, 180, f"group {group} checkpointed and synced", interval=2)
+    return wait_for(ready, 180, f"group {group} checkpointed and synced on {flow}", interval=2)
 
 
 @pytest.mark.parametrize("mode", ["at-least-once", "exactly-once"])
@@ -283,3 +299,96 @@ def read_all_keys(cluster, topic: str) -> list[bytes]:
             break
     consumer.close()
     return keys
+
+
+def test_a_group_failed_over_and_back_resumes_on_the_source_exactly(sandbox, topic_name, tmp_path):
+    """Failback: a group consumes on primary, fails over to secondary and consumes the copies
+    there; the opposite flow checkpoints it back (translated with the forward flow's map), and
+    on primary it reads exactly the records it had consumed on neither cluster."""
+    primary, secondary = sandbox["primary"], sandbox["secondary"]
+    t, group, local = topic_name("ledger"), topic_name("audit"), topic_name("local")
+    remote = f"primary.{t}"
+    create_topics(primary, t, partitions=2)
+    create_topics(secondary, local)
+    keys = produce_keys(primary, t, 2, range(4000))
+    consumed = consume_and_commit(primary, t, group, {0: 500, 1: 300})
+    config = write_flow_file(
+        tmp_path / "mm2.properties",
+        sandbox,
+        ["primary", "secondary"],
+        [
+            f"{FLOW}.enabled = true",
+            f"{FLOW}.topics = {t}",
+            f"{BACK}.enabled = true",
+            f"{BACK}.topics = {local}",
+            *checkpoint_lines(group, flow=None),
+        ],
+    )
+    job = start_mirror(config, FLOW, tmp_path / "state", tmp_path / "forward.log")
+    try:
+        synced(config, secondary, group, remote, 2)
+    finally:
+        stop_job(job)
+    consumed |= consume_and_commit(secondary, remote, group, {0: 400, 1: 900})  # failed over
+
+    job = start_mirror(config, BACK, tmp_path / "state", tmp_path / "back.log")
+    try:
+        rows = synced(config, primary, group, t, 2, flow=BACK)
+        assert {r["source_topic"] for r in rows} == {remote}
+    finally:
+        stop_job(job)
+    read = read_as_group(primary, t, group)
+    assert len(read) == len(set(read)), "a record was read twice"
+    assert set(read) == keys - consumed
+
+
+def test_a_compacted_source_topic_translates_exactly(sandbox, topic_name, tmp_path):
+    """Compaction leaves gaps in the source offsets; a group resumes after them exactly."""
+    primary, secondary = sandbox["primary"], sandbox["secondary"]
+    t, group = topic_name("profiles"), topic_name("crm")
+    remote = f"primary.{t}"
+    compacted = {
+        "cleanup.policy": "compact",
+        "segment.ms": "100",
+        "min.cleanable.dirty.ratio": "0.001",
+        "min.compaction.lag.ms": "0",
+        "delete.retention.ms": "100",
+    }
+    admin = AdminClient(primary.client_config())
+    admin.create_topics([NewTopic(t, 1, 1, config=compacted)])[t].result()
+    producer = Producer(primary.client_config())
+
+    def write(values: range) -> None:
+        for i in values:
+            producer.produce(t, key=b"k%d" % (i % 40), value=b"v%d" % i, partition=0)
+        assert producer.flush(30) == 0
+
+    def survivors() -> set[bytes] | None:
+        """The topic's values once the log cleaner has removed some (else None)."""
+        write(range(2000, 2001))  # a new record rolls the segment, so the cleaner can start
+        consumer = Consumer({**primary.client_config(), "group.id": f"{group}-peek"})
+        consumer.assign([TopicPartition(t, 0, 0)])
+        end = consumer.get_watermark_offsets(TopicPartition(t, 0), timeout=10)[1]
+        found: dict[int, bytes] = {}
+        while not found or max(found) + 1 < end:
+            batch = [m for m in consumer.consume(3000, 3.0) if m.error() is None]
+            if not batch:
+                break
+            found |= {m.offset(): m.value() for m in batch}
+        consumer.close()
+        return set(found.values()) if len(found) < end else None
+
+    write(range(2000))
+    time.sleep(1)
+    values = wait_for(survivors, 120, "the log cleaner to compact the topic", interval=5)
+    consumed = consume_and_commit(primary, t, group, {0: len(values) // 2}, by="value")
+
+    config = flow_file(tmp_path, sandbox, t, *checkpoint_lines(group))
+    job = start_mirror(config, FLOW, tmp_path / "state", tmp_path / "job.log")
+    try:
+        synced(config, secondary, group, remote, 1)
+    finally:
+        stop_job(job)
+    read = read_as_group(secondary, remote, group, by="value")
+    assert len(read) == len(set(read)), "a record was read twice"
+    assert set(read) == values - consumed

@@ -105,3 +105,23 @@ def test_runs_below_the_source_log_start_expire_but_the_last_one_stays():
     assert part.runs == [Run(22, 20, 10)]
     assert part.expire(1000) == []  # the last run is kept: later offsets still translate
     assert part.translate(40, 40).downstream == 30
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_group_that_read_the_copies_resumes_on_the_source_exactly_after_them(seed):
+    """Failback: a group that consumed the target's copies up to some offset goes back to the
+    source and reads every record whose copy it had not read, repeating only double copies."""
+    copies, _position = simulate(seed)
+    part = PartitionMap()
+    for i in range(0, len(copies), 23):
+        chunk = copies[i : i + 23]
+        part.add(runs_of([u for u, _ in chunk], [d for _, d in chunk]))
+    copied_twice = {u for u in {c[0] for c in copies} if sum(c[0] == u for c in copies) > 1}
+    source = sorted({u for u, _ in copies})
+    for stopped_at in range(0, copies[-1][1] + 3):
+        back = part.translate_back(stopped_at)
+        read_on_target = {u for u, d in copies if d < stopped_at}
+        unread = {u for u, d in copies if d >= stopped_at} - read_on_target
+        resumed_on_source = {u for u in source if u >= back.upstream}
+        assert unread <= resumed_on_source, stopped_at  # nothing lost
+        assert resumed_on_source & read_on_target <= copied_twice, stopped_at

@@ -271,6 +271,12 @@ class Flow:
             return self.policy.original_topic(topic)
         return self.remote_topic(topic)
 
+    def reverse_remote_topic(self, topic: str) -> str | None:
+        """The name on this flow's source of the copy of the target's ``topic`` (the opposite
+        flow's remote topic), or None when the policy would not trace it back to the target."""
+        remote = self.policy.format_remote_topic(self.target, topic)
+        return remote if self.policy.topic_source(remote) == self.target else None
+
     def is_cycle(self, topic: str) -> bool:
         """MM2's ``isCycle``: the topic, or a topic it was copied from, came from the target."""
         source = self.policy.topic_source(topic)

@@ -217,7 +217,6 @@ def _definition(prop: Property, aliases: list[str]) -> list[Finding]:
 
 
 NOT_HONOURED: dict[str, str] = {
-    "groups.blacklist": "MirrorMaker 2 4.x removed it (as mirrorflow does): use groups.exclude",
     "use.incremental.alter.configs": "MirrorMaker 2 4.x removed it; mirrorflow always syncs "
     "topic configs by incremental alter, as 4.x does",
     "tasks.max": "mirrorflow copies each source partition as a Spark task: size it with the "

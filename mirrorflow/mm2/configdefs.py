@@ -33,6 +33,12 @@ REMOVED_IN_4 = {
 }
 # Read by the config property filter from the connector config, but defined in no ConfigDef.
 FILTER_ONLY = {"use.defaults.from": "target"}
+# mirrorflow's own flow settings (MirrorMaker 2 ignores them): name -> (type, default).
+MIRRORFLOW_ONLY = {
+    # Checkpoint, for the source, the groups that consumed the copies of the source's topics
+    # on the flow's source (failback; KIP-1098's reverse checkpointing, exact).
+    "emit.reverse.checkpoints.enabled": ("BOOLEAN", "true"),
+}
 
 CLIENT_ROLES = ("consumer", "producer", "admin")
 _INT_RANGES = {"SHORT": 2**15, "INT": 2**31, "LONG": 2**63}
@@ -90,10 +96,12 @@ def connector_settings() -> dict[str, SettingDef]:
 
 @cache
 def flow_settings() -> dict[str, SettingDef]:
-    """Every setting a flow's connector configuration can hold: the connector settings and the
-    keys MM2's filters read without defining them (``use.defaults.from``)."""
+    """Every setting a flow's connector configuration can hold: the connector settings, the
+    keys MM2's filters read without defining them (``use.defaults.from``) and mirrorflow's own
+    (:data:`MIRRORFLOW_ONLY`)."""
     extra = {n: SettingDef(n, "STRING", d) for n, d in FILTER_ONLY.items()}
-    return {**connector_settings(), **extra}
+    own = {n: SettingDef(n, t, d) for n, (t, d) in MIRRORFLOW_ONLY.items()}
+    return {**connector_settings(), **extra, **own}
 
 
 @cache

@@ -30,7 +30,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from mirrorflow.errors import MirrorflowError
 from mirrorflow.mm2.formats import Checkpoint
 from mirrorflow.mm2.offset_syncs import checkpoint_is_more_recent
-from mirrorflow.replication.offset_map import OffsetMap, Partition, Translation
+from mirrorflow.replication.offset_map import OffsetMap, Partition, Translation, record_of
 from mirrorflow.replication.scheduler import TaskFailed
 from mirrorflow.replication.spec import MirrorSpec
 from mirrorflow.replication.topic_reader import TopicReader
@@ -93,16 +93,26 @@ class GroupOffsetsClient:
 
 
 class OffsetMapReader(TopicReader):
-    """Loads a flow's offset map from its topic on the target, then what was added since."""
+    """Loads a flow's offset map from its topic on the target, then what was added since.
 
-    def __init__(self, spec: MirrorSpec, offset_map: OffsetMap, missing_ok: bool = False) -> None:
-        super().__init__(
-            spec.target_consumer,
-            spec.target_admin,
-            spec.offset_map_topic,
-            f"mirrorflow-offset-map-reader-{spec.source}",
-            missing_ok,
-        )
+    ``reverse``: the opposite flow's map instead, which lives on this flow's source."""
+
+    def __init__(
+        self,
+        spec: MirrorSpec,
+        offset_map: OffsetMap,
+        missing_ok: bool = False,
+        reverse: bool = False,
+    ) -> None:
+        if reverse:
+            client, admin, topic = (
+                spec.source_consumer_client,
+                spec.source_admin,
+                spec.reverse_map_topic,
+            )
+        else:
+            client, admin, topic = spec.target_consumer, spec.target_admin, spec.offset_map_topic
+        super().__init__(client, admin, topic, f"mirrorflow-offset-map-reader-{topic}", missing_ok)
         self.offset_map = offset_map
 
     def apply(self, key: bytes | None, value: bytes | None) -> None:
@@ -189,6 +199,13 @@ class GroupCheckpoints:
         self.written = 0
         self._started = False
         self._lock = threading.Lock()
+        # Failback: the opposite flow's map, read from this flow's source as it grows.
+        self.reverse_map = OffsetMap()
+        self._reverse_reader = (
+            OffsetMapReader(spec, self.reverse_map, missing_ok=True, reverse=True)
+            if spec.reverse_checkpoints_enabled
+            else None
+        )
 
     # -- what MirrorMaker 2's task does at start and on its refresh schedule ------------------
     def start(self) -> None:
@@ -217,13 +234,32 @@ class GroupCheckpoints:
         The flow's partitions are those the mirror has positions for (every replicated source
         partition it has seen)."""
         positions = self.positions()
+        back = self._reverse_partitions()
         result = GroupOffsets(group)
-        for key, (offset, metadata) in sorted(
-            self.offsets.committed(group, list(positions)).items()
-        ):
-            result.translations[key] = self.offset_map.translate(key, offset, positions.get(key))
+        committed = self.offsets.committed(group, [*positions, *back])
+        for key, (offset, metadata) in sorted(committed.items()):
+            if key in back:  # a copy of the target's topic: translated back with its map
+                translation = self.reverse_map.translate_back(back[key], offset)
+                if translation is not None:  # as a checkpoint: this flow's source, then target
+                    translation = Translation(offset, translation.upstream, translation.exactness)
+            else:
+                translation = self.offset_map.translate(key, offset, positions.get(key))
+            result.translations[key] = translation
             result.metadata[key] = metadata
         return result
+
+    def _reverse_partitions(self) -> dict[Partition, Partition]:
+        """The source's copies of the target's partitions (those the opposite flow's map
+        knows), each with the target partition it copies."""
+        if self._reverse_reader is None:
+            return {}
+        self._reverse_reader.read_to_end()
+        back = {}
+        for topic, partition in list(self.reverse_map.partitions):
+            remote = self.spec.reverse_remote_topic(topic)
+            if remote is not None:
+                back[(remote, partition)] = (topic, partition)
+        return back
 
     # -- one run -------------------------------------------------------------------------------
     def emit(self) -> int:
@@ -558,3 +594,37 @@ def seek_to_checkpoints(consumer, spec: MirrorSpec, group: str) -> list[TopicPar
         )
     consumer.assign(offsets)
     return offsets
+
+
+def expire_offset_map(
+    spec: MirrorSpec, source: ClusterAdmin, offset_map: OffsetMap, producer
+) -> int:
+    """Drop the runs whose records are all gone from the source (retention, deleted records),
+    in memory and, by tombstones, in the offset-map topic; the number dropped."""
+    from confluent_kafka.admin import OffsetSpec
+
+    partitions = list(offset_map.partitions)
+    if not partitions:
+        return 0
+    try:
+        futures = source.client.list_offsets(
+            {TopicPartition(t, p): OffsetSpec.earliest() for t, p in partitions},
+            request_timeout=ADMIN_TIMEOUT_S,
+        )
+        starts = {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
+    except KafkaException as exc:
+        if exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            return 0  # a deleted source topic: its runs stay until the topic is back
+        raise cluster_error(source, "listing the log start offsets", exc) from None
+    dropped = 0
+    for tp, start in starts.items():
+        for run in offset_map.expire(tp, start):
+            key, _value = record_of(tp, run)
+            producer.produce(spec.offset_map_topic, None, key, partition=0)
+            dropped += 1
+    if dropped and producer.flush(ADMIN_TIMEOUT_S):
+        raise MirrorflowError(
+            f"writing tombstones to {spec.offset_map_topic} on {spec.target} timed out",
+            "check the target cluster; the runs are dropped again at the next expiry",
+        )
+    return dropped

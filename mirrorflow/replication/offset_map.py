@@ -208,6 +208,35 @@ class PartitionMap:
         exactness = "exact" if copied_past or not last else "ahead"
         return Translation(upstream, run.downstream_end, exactness)
 
+    def translate_back(self, downstream: int) -> Translation | None:
+        """Where a group that consumed the copies below target offset ``downstream`` resumes on
+        the source: the first source record whose copy it has not read (failback). None before
+        any copy. The result's ``upstream`` is the source offset, ``downstream`` the given one.
+
+        With records copied twice, the earliest source offset among the copies at or after
+        ``downstream``: the group re-reads only records the mirror copied twice.
+        """
+        if not self.runs:
+            return None
+        first = self.runs[0]
+        if downstream <= first.downstream:
+            exactness = "exact" if downstream == first.downstream else "before-first-copy"
+            return Translation(first.upstream, downstream, exactness)
+        if self._monotone:
+            index = bisect_left([r.downstream_end for r in self.runs], downstream + 1)
+            if index == len(self.runs):
+                return Translation(self.runs[-1].upstream_end, downstream, "exact")
+            run = self.runs[index]
+            upstream = run.upstream + max(0, downstream - run.downstream)
+            return Translation(upstream, downstream, "exact")
+        candidates = [
+            run.upstream + max(0, downstream - run.downstream)
+            for run in self.runs
+            if run.downstream_end > downstream
+        ]
+        upstream = min(candidates) if candidates else self.runs[-1].upstream_end
+        return Translation(upstream, downstream, "exact")
+
     def _last_run_before(self, upstream: int) -> int:
         """The index of the last run (target order) that starts before ``upstream``, or -1."""
         if self._monotone:
@@ -246,6 +275,12 @@ class OffsetMap:
         with self._lock:
             part = self.partitions.get(tp)
             return part.translate(upstream, position) if part else None
+
+    def translate_back(self, tp: Partition, downstream: int) -> Translation | None:
+        """:meth:`PartitionMap.translate_back` for ``tp`` (a source partition)."""
+        with self._lock:
+            part = self.partitions.get(tp)
+            return part.translate_back(downstream) if part else None
 
     def expire(self, tp: Partition, log_start: int) -> list[Run]:
         """:meth:`PartitionMap.expire` for ``tp``."""

@@ -84,6 +84,12 @@ class MirrorSpec:
     sync_group_offsets_enabled: bool = False
     sync_group_offsets_interval_s: float = 60.0
     checkpoint_topic: Callable[[str], str] = lambda topic: topic  # source topic -> target name
+    # Reverse checkpoints (failback): groups on the source that consumed the copies of the
+    # target's topics, translated back with the opposite flow's offset map (on the source).
+    reverse_checkpoints_enabled: bool = True
+    reverse_map_topic: str = ""
+    reverse_remote_topic: Callable[[str], str | None] = lambda topic: None  # target topic ->
+    # its copy's name on the source, None if the policy cannot name it back (identity)
 
     @property
     def flow(self) -> str:
@@ -175,6 +181,9 @@ def spec_for_flow(
         sync_group_offsets_enabled=bool(flow.setting("sync.group.offsets.enabled")),
         sync_group_offsets_interval_s=float(flow.setting("sync.group.offsets.interval.seconds")),
         checkpoint_topic=flow.checkpoint_topic,
+        reverse_checkpoints_enabled=bool(flow.setting("emit.reverse.checkpoints.enabled")),
+        reverse_map_topic=map_topic(flow.target),
+        reverse_remote_topic=flow.reverse_remote_topic,
     )
 
 

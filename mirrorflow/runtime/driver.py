@@ -56,11 +56,16 @@ from typing import TYPE_CHECKING
 from mirrorflow.config.librdkafka import principal
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
 from mirrorflow.mm2.formats import OffsetSync
-from mirrorflow.replication.checkpoints import GroupCheckpoints, GroupOffsetSync, OffsetMapReader
+from mirrorflow.replication.checkpoints import (
+    GroupCheckpoints,
+    GroupOffsetSync,
+    OffsetMapReader,
+    expire_offset_map,
+)
 from mirrorflow.replication.heartbeats import HeartbeatEmitter
 from mirrorflow.replication.offset_map import OffsetMap, Run, record_of
 from mirrorflow.replication.positions import PositionWriter, SourceOffsetReader, legacy_progress
-from mirrorflow.replication.scheduler import Scheduler
+from mirrorflow.replication.scheduler import Scheduler, TaskFailed
 from mirrorflow.replication.spec import MirrorSpec
 from mirrorflow.replication.sync import AclSync, TopicSync
 from mirrorflow.replication.topics import (
@@ -304,6 +309,10 @@ class MirrorJob:
             self.scheduler.add(
                 "refresh-topics", spec.refresh_topics_interval_s, self._refresh_topics
             )
+        if not once:  # runs whose records retention removed from the source
+            self.scheduler.add(
+                "expire-offset-map", spec.refresh_topics_interval_s, self._expire_offset_map
+            )
         # Config and ACL sync run at start, then every interval, as in MirrorMaker 2: changes
         # made while no job ran reach the target before the first batch.
         for enabled, name, interval, sync in (
@@ -350,6 +359,23 @@ class MirrorJob:
                     producer.flush(10)
                 except KafkaException as exc:  # the batch's own error, if any, says more
                     log.warning("%s: the producer of %s failed: %s", spec.flow, alias, exc)
+
+    def _expire_offset_map(self) -> None:
+        try:
+            dropped = expire_offset_map(
+                self.spec,
+                self.admins[self.spec.source],
+                self.offset_map,
+                self.producers[self.spec.target],
+            )
+        except MirrorflowError as exc:  # the copying notices an unreachable cluster itself
+            raise TaskFailed(str(exc)) from None
+        if dropped:
+            log.info(
+                "%s: %d runs of the offset map expired with the source's records",
+                self.spec.flow,
+                dropped,
+            )
 
     def _schedule_checkpoints(self) -> None:
         """MirrorMaker 2's checkpoint task, inside the job: checkpoints every
