@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from mirrorflow.config.topology import Flow, Topology
@@ -112,16 +112,27 @@ class _Clusters:
             raise self._error(alias, config, errors, exc) from None
         return sorted(g.group_id for g in listing.valid)
 
-    def committed_topics(self, alias: str, config: dict[str, str], group: str) -> set[str]:
-        admin, errors = self.admin(alias, config)
-        request = [ConsumerGroupTopicPartitions(group)]
+    def committed_topics(
+        self, alias: str, config: dict[str, str], group: str, topics: dict[str, int]
+    ) -> set[str]:
+        """Which of ``topics`` (name -> partitions) ``group`` has committed offsets on.
+
+        Read by a consumer of the group, not the admin API, whose offset listing crashes the
+        process on a NOT_COORDINATOR answer (confluentinc/librdkafka#5040)."""
+        from confluent_kafka import Consumer
+
+        _admin, errors = self.admin(alias, config)
+        partitions = [TopicPartition(t, p) for t, n in sorted(topics.items()) for p in range(n)]
+        if not partitions:
+            return set()
+        consumer = Consumer({**config, "group.id": group, "enable.auto.commit": False})
         try:
-            futures = admin.list_consumer_group_offsets(request, request_timeout=self.timeout)
-            result = futures[group].result()
+            committed = consumer.committed(partitions, timeout=self.timeout)
         except KafkaException as exc:
             raise self._error(alias, config, errors, exc) from None
-        partitions: list[TopicPartition] = result.topic_partitions or []
-        return {tp.topic for tp in partitions if tp.offset >= 0}
+        finally:
+            consumer.close()
+        return {tp.topic for tp in committed if tp.offset >= 0}
 
     def _error(self, alias: str, config: dict, errors: list[str], exc: KafkaException) -> Exception:
         error: KafkaError = exc.args[0]
@@ -166,8 +177,13 @@ def _flow_plan(flow: Flow, clusters: _Clusters) -> FlowPlan:
         if reason is None and not checkpoints:
             reason = "emit.checkpoints.enabled = false: no checkpoints for this flow"
         if reason is None:
-            consumed = clusters.committed_topics(flow.source, source_admin, group)
-            if not any(flow.topic_filter.should_replicate_topic(t) for t in consumed):
+            replicated = {
+                t: n
+                for t, n in source_topics.items()
+                if flow.topic_filter.should_replicate_topic(t)
+            }
+            consumed = clusters.committed_topics(flow.source, source_admin, group, replicated)
+            if not consumed:
                 reason = "no committed offsets on a topic the topic filter accepts"
         if reason:
             plan.groups_left_out.append(LeftOut(group, reason))
