@@ -32,9 +32,9 @@ def test_validate_exits_0_when_clean_1_with_warnings_and_2_with_errors(capsys):
 def test_validate_json_lists_findings_and_flows(capsys):
     assert main(["validate", "--json", str(SEEDS / "001-getting-started.properties")]) == 2
     report = json.loads(capsys.readouterr().out)
-    # One typo, one error, and two checkpoint settings mirrorflow does not act on yet.
-    assert (report["errors"], report["warnings"], report["flows"]) == (1, 3, [])
-    assert report["findings"][3]["location"].endswith("001-getting-started.properties:14")
+    # One typo and one error (its checkpoint settings are honoured now).
+    assert (report["errors"], report["warnings"], report["flows"]) == (1, 1, [])
+    assert report["findings"][1]["location"].endswith("001-getting-started.properties:14")
 
 
 def test_validate_honours_clusters_like_mirrormaker(capsys):
