@@ -7,6 +7,7 @@ then receives exactly the records it had not consumed.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ from collections import Counter
 import pytest
 from confluent_kafka import (
     Consumer,
+    KafkaError,
     KafkaException,
     Producer,
     TopicPartition,
@@ -25,6 +27,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from mirrorflow.replication.checkpoints import read_checkpoints
+from mirrorflow.replication.positions import SourceOffsetReader
 from mirrorflow.replication.spec import spec_for_flow
 from tests.conftest import create_topics
 from tests.mirror_harness import (
@@ -33,6 +36,7 @@ from tests.mirror_harness import (
     start_mirror,
     stop_job,
     wait_for,
+    watermarks,
     write_flow_file,
 )
 from tests.mm2_oracle import shared as mm2_oracle
@@ -83,7 +87,11 @@ def consume_and_commit(
     )
     read: set[bytes] = set()
     commits = []
-    committed = consumer.committed([TopicPartition(topic, p) for p in counts], timeout=30)
+    committed = wait_for(
+        lambda: committed_or_none(consumer, [TopicPartition(topic, p) for p in counts]),
+        60,
+        f"the coordinator of group {group}",
+    )
     starts = {tp.partition: max(tp.offset, 0) for tp in committed}
     for partition, count in counts.items():
         consumer.assign([TopicPartition(topic, partition, starts[partition])])
@@ -98,6 +106,17 @@ def consume_and_commit(
     consumer.commit(offsets=commits, asynchronous=False)
     consumer.close()
     return read
+
+
+def committed_or_none(consumer, partitions: list[TopicPartition]):
+    """The consumer's committed offsets, or None while the group's coordinator moves or loads
+    (a new cluster's does)."""
+    try:
+        return consumer.committed(partitions, timeout=30)
+    except KafkaException as exc:
+        if exc.args[0].retriable() or exc.args[0].code() == KafkaError.NOT_COORDINATOR:
+            return None
+        raise
 
 
 def read_as_group(
@@ -116,7 +135,8 @@ def read_as_group(
     )
     metadata = consumer.list_topics(topic, timeout=10).topics[topic]
     parts = [TopicPartition(topic, p) for p in metadata.partitions]
-    committed = {tp.partition: tp.offset for tp in consumer.committed(parts, timeout=10)}
+    listed = wait_for(lambda: committed_or_none(consumer, parts), 60, "the coordinator")
+    committed = {tp.partition: tp.offset for tp in listed}
     assert all(o >= 0 for o in committed.values()), f"no committed offset: {committed}"
     consumer.assign([TopicPartition(topic, p, o) for p, o in committed.items()])
     ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p))[1] for p in committed}
@@ -142,11 +162,7 @@ def target_group_offsets(cluster, group: str, topic: str) -> dict[tuple[str, int
     try:
         metadata = consumer.list_topics(topic, timeout=10).topics[topic]
         parts = [TopicPartition(topic, p) for p in metadata.partitions]
-        listed = consumer.committed(parts, timeout=30) if parts else []
-    except KafkaException as exc:
-        if exc.args[0].retriable():
-            return {}
-        raise
+        listed = (committed_or_none(consumer, parts) or []) if parts else []
     finally:
         consumer.close()
     return {(tp.topic, tp.partition): tp.offset for tp in listed if tp.offset >= 0}
@@ -272,6 +288,8 @@ def test_a_group_active_on_the_target_is_never_touched_and_a_far_behind_group_is
         member.poll(1)
         assert target_group_offsets(secondary, active, remote) == {}  # never touched
         assert "has members on secondary" in log.read_text()
+        ends = {p: end for p, (_start, end) in watermarks(primary, t, [0, 1]).items()}
+        wait_for(lambda: copied_to(config, ends), 300, "every record copied")
     finally:
         member.close()
         stop_job(job)
@@ -280,6 +298,19 @@ def test_a_group_active_on_the_target_is_never_touched_and_a_far_behind_group_is
     twice = {k for k, n in Counter(read_all_keys(secondary, remote)).items() if n > 1}
     assert set(read) == (early | later) - consumed  # nothing lost
     assert {k for k, n in read.items() if n > 1} <= twice  # repeats only of double copies
+
+
+def copied_to(config, ends: dict[int, int]) -> bool:
+    """Whether the flow's positions reached ``ends`` (source partition -> end offset)."""
+    spec = spec_for_flow([config], FLOW)
+    reader = SourceOffsetReader(
+        spec.target_consumer, spec.target_admin, spec.offsets_topic, "primary"
+    )
+    try:
+        positions = {p: last + 1 for (_t, p), last in reader.read_to_end().items()}
+    finally:
+        reader.close()
+    return all(positions.get(p, 0) >= end for p, end in ends.items())
 
 
 def read_all_keys(cluster, topic: str) -> list[bytes]:
@@ -358,14 +389,14 @@ def test_a_compacted_source_topic_translates_exactly(sandbox, topic_name, tmp_pa
     admin.create_topics([NewTopic(t, 1, 1, config=compacted)])[t].result()
     producer = Producer(primary.client_config())
 
-    def write(values: range) -> None:
+    def write(values) -> None:
         for i in values:
             producer.produce(t, key=b"k%d" % (i % 40), value=b"v%d" % i, partition=0)
         assert producer.flush(30) == 0
 
     def survivors() -> set[bytes] | None:
         """The topic's values once the log cleaner has removed some (else None)."""
-        write(range(2000, 2001))  # a new record rolls the segment, so the cleaner can start
+        write([next(rolls)])  # a new record rolls the segment, so the cleaner can start
         consumer = Consumer({**primary.client_config(), "group.id": f"{group}-peek"})
         consumer.assign([TopicPartition(t, 0, 0)])
         end = consumer.get_watermark_offsets(TopicPartition(t, 0), timeout=10)[1]
@@ -379,6 +410,7 @@ def test_a_compacted_source_topic_translates_exactly(sandbox, topic_name, tmp_pa
         return set(found.values()) if len(found) < end else None
 
     write(range(2000))
+    rolls = itertools.count(2000)
     time.sleep(1)
     values = wait_for(survivors, 120, "the log cleaner to compact the topic", interval=5)
     consumed = consume_and_commit(primary, t, group, {0: len(values) // 2}, by="value")

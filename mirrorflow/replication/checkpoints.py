@@ -41,6 +41,14 @@ log = logging.getLogger(__name__)
 GroupKey = tuple[str, str, int]  # group, target topic, partition
 
 
+COORDINATOR_MOVING = (
+    KafkaError.NOT_COORDINATOR,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+)
+COORDINATOR_WAIT_S = 30.0  # how long a group's coordinator may take to be found or loaded
+
+
 class GroupOffsetsClient:
     """Reads and commits one cluster's consumer-group offsets through a consumer of the group.
 
@@ -66,12 +74,19 @@ class GroupOffsetsClient:
         if not partitions:
             return {}
         consumer = self._consumer(group)
+        wanted = [TopicPartition(t, p) for t, p in partitions]
+        deadline = time.monotonic() + COORDINATOR_WAIT_S
         try:
-            listed = consumer.committed(
-                [TopicPartition(t, p) for t, p in partitions], timeout=ADMIN_TIMEOUT_S
-            )
-        except KafkaException as exc:
-            raise cluster_error(self.admin, f"reading the offsets of group {group}", exc) from None
+            while True:
+                try:
+                    listed = consumer.committed(wanted, timeout=ADMIN_TIMEOUT_S)
+                    break
+                except KafkaException as exc:
+                    code = exc.args[0].code()
+                    if code not in COORDINATOR_MOVING or time.monotonic() > deadline:
+                        action = f"reading the offsets of group {group}"
+                        raise cluster_error(self.admin, action, exc) from None
+                    time.sleep(0.5)  # the group's coordinator is being found or loaded
         finally:
             consumer.close()
         return {
