@@ -39,6 +39,21 @@ def simulate(seed: int) -> tuple[list[tuple[int, int]], int]:
     return copies, position
 
 
+def mapped(copies: list[tuple[int, int]], batch: int) -> PartitionMap:
+    """The map of ``copies`` (target order), added ``batch`` copies at a time as batches are."""
+    part = PartitionMap()
+    for i in range(0, len(copies), batch):
+        chunk = copies[i : i + batch]
+        part.add(runs_of([u for u, _ in chunk], [d for _, d in chunk]))
+    return part
+
+
+def twice(copies: list[tuple[int, int]]) -> set[int]:
+    """The source offsets copied more than once."""
+    seen: set[int] = set()
+    return {u for u, _ in copies if u in seen or seen.add(u)}
+
+
 def resumed(copies: list[tuple[int, int]], downstream: int) -> list[int]:
     """The source offsets a consumer reads from target offset ``downstream`` on."""
     return [up for up, down in copies if down >= downstream]
@@ -47,12 +62,8 @@ def resumed(copies: list[tuple[int, int]], downstream: int) -> list[int]:
 @pytest.mark.parametrize("seed", range(40))
 def test_a_consumer_resumes_with_exactly_the_records_it_had_not_consumed(seed):
     copies, position = simulate(seed)
-    part = PartitionMap()
-    # batches of copies arrive in target order; the map merges what continues
-    for i in range(0, len(copies), 17):
-        chunk = copies[i : i + 17]
-        part.add(runs_of([u for u, _ in chunk], [d for _, d in chunk]))
-    copied_twice = {u for u in {c[0] for c in copies} if sum(c[0] == u for c in copies) > 1}
+    part = mapped(copies, 17)  # batches arrive in target order; the map merges what continues
+    copied_twice = twice(copies)
     for committed in range(0, 401):
         t = part.translate(committed, position)
         read = resumed(copies, t.downstream)
@@ -112,11 +123,8 @@ def test_a_group_that_read_the_copies_resumes_on_the_source_exactly_after_them(s
     """Failback: a group that consumed the target's copies up to some offset goes back to the
     source and reads every record whose copy it had not read, repeating only double copies."""
     copies, _position = simulate(seed)
-    part = PartitionMap()
-    for i in range(0, len(copies), 23):
-        chunk = copies[i : i + 23]
-        part.add(runs_of([u for u, _ in chunk], [d for _, d in chunk]))
-    copied_twice = {u for u in {c[0] for c in copies} if sum(c[0] == u for c in copies) > 1}
+    part = mapped(copies, 23)
+    copied_twice = twice(copies)
     source = sorted({u for u, _ in copies})
     for stopped_at in range(0, copies[-1][1] + 3):
         back = part.translate_back(stopped_at)

@@ -163,40 +163,52 @@ class MirrorJob:
         spec = self.spec
         for admin in self.admins.values():
             admin.metadata()
-        if spec.emit_offset_syncs:
-            ensure_internal_topic(
-                self.admins[spec.offset_syncs_cluster],
+        # (wanted, cluster, topic, replication factor, its setting, partitions)
+        internal = [
+            (
+                spec.emit_offset_syncs,
+                spec.offset_syncs_cluster,
                 spec.offset_syncs_topic,
                 spec.offset_syncs_replication_factor,
                 "offset-syncs.topic.replication.factor",
-            )
-        if spec.emit_heartbeats:
-            ensure_internal_topic(
-                self.admins[spec.target],
+                1,
+            ),
+            (
+                spec.emit_heartbeats,
+                spec.target,
                 spec.heartbeats_topic,
                 spec.heartbeats_replication_factor,
                 "heartbeats.topic.replication.factor",
-            )
-        ensure_internal_topic(
-            self.admins[spec.target],
-            spec.offsets_topic,
-            spec.offsets_replication_factor,
-            "offset.storage.replication.factor",
-            partitions=spec.offsets_partitions,
-        )
-        ensure_internal_topic(
-            self.admins[spec.target],
-            spec.offset_map_topic,
-            spec.checkpoints_replication_factor,
-            "checkpoints.topic.replication.factor",
-        )
-        if spec.emit_checkpoints_enabled:
-            ensure_internal_topic(
-                self.admins[spec.target],
+                1,
+            ),
+            (
+                True,
+                spec.target,
+                spec.offsets_topic,
+                spec.offsets_replication_factor,
+                "offset.storage.replication.factor",
+                spec.offsets_partitions,
+            ),
+            (
+                True,
+                spec.target,
+                spec.offset_map_topic,
+                spec.checkpoints_replication_factor,
+                "checkpoints.topic.replication.factor",
+                1,
+            ),
+            (
+                spec.emit_checkpoints_enabled,
+                spec.target,
                 spec.checkpoints_topic,
                 spec.checkpoints_replication_factor,
                 "checkpoints.topic.replication.factor",
-            )
+                1,
+            ),
+        ]
+        for wanted, cluster, topic, factor, setting, partitions in internal:
+            if wanted:
+                ensure_internal_topic(self.admins[cluster], topic, factor, setting, partitions)
         if self._map_reader is None:
             self._map_reader = OffsetMapReader(spec, self.offset_map, missing_ok=True)
         self._map_reader.read_to_end()
