@@ -20,7 +20,8 @@ from mirrorflow.replication.spec import spec_for_flow
 from tests.conftest import create_topics
 from tests.dag_harness import finish, render_into_dags_folder, start_dag_test
 from tests.mirror_harness import flow_file, run_mirror_once
-from tests.test_checkpoints import consume_and_commit, produce_keys, target_group_offsets
+from tests.test_checkpoints import consume_and_commit, target_group_offsets
+from tests.test_mirror_job import produce_transactions
 
 FLOW = "primary->secondary"
 
@@ -70,8 +71,10 @@ def test_the_groups_task_writes_nothing_in_a_dry_run_and_commits_the_translated_
     topic, group, live = topic_name("dag-groups"), topic_name("billing"), topic_name("live")
     remote = f"primary.{topic}"
     create_topics(primary, topic, partitions=2)
-    produce_keys(primary, topic, 2, range(300))
-    consume_and_commit(primary, topic, group, {0: 100, 1: 37})
+    # Transactions, some aborted: the source's offsets have gaps the target's do not, so the
+    # translated offsets differ from the committed ones.
+    produce_transactions(primary, topic, 2, range(10), 20)
+    consume_and_commit(primary, topic, group, {0: 35, 1: 17})
     consume_and_commit(primary, topic, live, {0: 20, 1: 20})
     config = flow_file(
         tmp_path,
@@ -82,6 +85,7 @@ def test_the_groups_task_writes_nothing_in_a_dry_run_and_commits_the_translated_
         # Checkpoints only: the topic syncs have their own DAG test (test_sync.py).
         f"{FLOW}.sync.topic.configs.enabled = false",
         f"{FLOW}.sync.topic.acls.enabled = false",
+        "primary.consumer.isolation.level = read_committed",
     )
     state = tmp_path / "state"
     run_mirror_once(config, FLOW, state)  # copies the topic; --once writes no checkpoints
@@ -89,6 +93,7 @@ def test_the_groups_task_writes_nothing_in_a_dry_run_and_commits_the_translated_
     rows = translate_group(spec, group)
     translated = {(r.target_topic, r.partition): r.translated for r in rows}
     assert [r.exactness for r in rows] == ["exact", "exact"] and len(translated) == 2
+    assert [r.translated for r in rows] == [35, 17] != [r.committed for r in rows]
 
     # A member of `live` on the target: its offsets there are never touched.
     member = Consumer({**secondary.client_config(), "group.id": live, "enable.auto.commit": False})
@@ -109,11 +114,10 @@ def test_the_groups_task_writes_nothing_in_a_dry_run_and_commits_the_translated_
             "would commit 2 offset(s) of 1 group(s), skipped 1 group(s) active on secondary "
             "(dry run: nothing written)"
         ) in output
-        for (target, partition), offset in translated.items():
-            committed = {0: 100, 1: 37}[partition]
-            line = f"{topic}-{partition}".ljust(30) + f" {committed:>10}  "
-            line += f"{target}-{partition}".ljust(38) + f" {offset:>10}  " + "exact".ljust(17)
-            assert line + "  would checkpoint, would commit" in output
+        for r in rows:  # the translation table
+            line = f"{topic}-{r.partition}".ljust(30) + f" {r.committed:>10}  "
+            line += f"{remote}-{r.partition}".ljust(38) + f" {r.translated:>10}  "
+            assert line + "exact".ljust(17) + "  would checkpoint, would commit" in output
         assert f"skipped, with members on secondary: {live}" in output
         assert group_checkpoints(spec, group) == {}, "a dry run wrote checkpoints"
         assert target_group_offsets(secondary, group, remote) == {}, "a dry run committed"

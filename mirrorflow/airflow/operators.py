@@ -476,14 +476,7 @@ class GroupSyncOperator(BaseOperator):
                 )
             except MirrorflowError as exc:
                 raise AirflowException(f"group sync of {flow}: {exc}") from None
-            for line in run.lines():
+            for line in run.lines():  # the groups skipped are warned of as they are
                 self.log.info("%s", line)
-            if run.report is not None and run.report.active:
-                self.log.warning(
-                    "%s: groups with members on %s, not synced: %s",
-                    flow,
-                    spec.target,
-                    ", ".join(run.report.active),
-                )
             runs.append(run.as_dict())
         return runs
