@@ -210,6 +210,20 @@ def test_generated_dags_import_into_airflow_without_errors(tmp_path, record_prop
             assert dag.dag_id == path.stem
             kind, *names = dag.dag_id.split("__")
             assert {"mirrorflow", f"kind:{kind}"} <= set(dag.tags)
+            assert seconds < 10, f"{path.name} took {seconds:.1f}s to parse"
+            tasks = {task.task_id: task for task in dag.tasks}
+            if kind == "sync":  # the site's syncs, on a schedule, with a dry run
+                (target,) = names
+                assert dag.schedule == timedelta(seconds=rendering.DEFAULT_SYNC_DAG_INTERVAL_S)
+                assert set(dag.params) == {"dry_run"}
+                # The examples' flows sync topics and emit checkpoints (MirrorMaker 2's defaults).
+                assert set(tasks) == {"sync", "groups"}
+                assert type(tasks["sync"]).__name__ == "SyncOperator"
+                assert type(tasks["groups"]).__name__ == "GroupSyncOperator"
+                for task in tasks.values():
+                    assert task.flows and all(f.endswith(f"->{target}") for f in task.flows)
+                assert not dag.task_dict["groups"].upstream_task_ids  # independent of `sync`
+                continue
             (task,) = dag.tasks
             if kind == "mirror":  # the site: every flow into it, in one job, always on
                 (target,) = names
@@ -221,11 +235,6 @@ def test_generated_dags_import_into_airflow_without_errors(tmp_path, record_prop
                 }
                 assert task.execution_timeout is None
                 assert task.retries == 10 and task.retry_exponential_backoff == 2.0
-            elif kind == "sync":  # the site's syncs, on a schedule, with a dry run
-                (target,) = names
-                assert dag.schedule == timedelta(seconds=rendering.DEFAULT_SYNC_DAG_INTERVAL_S)
-                assert type(task).__name__ == "SyncOperator" and set(dag.params) == {"dry_run"}
-                assert task.flows and all(f.endswith(f"->{target}") for f in task.flows)
             else:  # a flow's switch: unpaused at creation, runs only when triggered
                 flow = "{}->{}".format(*names)
                 assert kind == "flow" and dag.schedule is None
@@ -233,7 +242,6 @@ def test_generated_dags_import_into_airflow_without_errors(tmp_path, record_prop
                 assert f"flow:{flow}" in dag.tags and f"flow `{flow}`" in dag.doc_md
                 assert set(dag.params) == {"starting_offsets", "starting_timestamp", "restart"}
                 assert type(task).__name__ == "FlowControlOperator" and task.flow == flow
-            assert seconds < 10, f"{path.name} took {seconds:.1f}s to parse"
     record_property("dag_parse_times", report)
     with capsys.disabled():
         print("\nDAG parse times (DagBag, one file each):\n" + "\n".join(report))
@@ -270,9 +278,55 @@ def test_the_sync_dag_runs_at_the_shortest_sync_interval_its_flows_set(tmp_path)
         "a->b.enabled = true",
         "a->b.sync.topic.configs.enabled = false",
         "a->b.sync.topic.acls.enabled = false",
+        "a->b.emit.checkpoints.enabled = false",
     ]
     flow_file.write_text("\n".join(lines) + "\n")
     dags = {d.dag_id: d for d in rendering.render([flow_file]).dags}
     assert "sync__b" not in dags, "a site whose flows sync nothing got a sync DAG"
     assert "schedule=datetime.timedelta(seconds=30)," in dags["sync__c"].text
     assert dags["sync__c"].flows == ("a->c", "b->c")
+
+
+def test_checkpoints_give_a_groups_task_and_never_a_schedule_under_a_minute_of_their_own(
+    tmp_path,
+):
+    flow_file = tmp_path / "mm2.properties"
+    lines = [
+        "clusters = a, b, c",
+        *(f"{c}.bootstrap.servers = {c}:9092" for c in "abc"),
+        # Into c: a->c syncs topics only, b->c checkpoints every 5 s and syncs group offsets.
+        "a->c.enabled = true",
+        "a->c.emit.checkpoints.enabled = false",
+        "b->c.enabled = true",
+        "b->c.emit.checkpoints.interval.seconds = 5",
+        "b->c.sync.group.offsets.enabled = true",
+        "b->c.sync.group.offsets.interval.seconds = 1",
+        # Into b: checkpoints only (MirrorMaker 2's default), every 2 minutes.
+        "a->b.enabled = true",
+        "a->b.sync.topic.configs.enabled = false",
+        "a->b.sync.topic.acls.enabled = false",
+        "a->b.emit.checkpoints.interval.seconds = 120",
+        # Into a: a short topic sync interval still sets the schedule.
+        "c->a.enabled = true",
+        "c->a.sync.topic.configs.interval.seconds = 20",
+        "c->a.emit.checkpoints.interval.seconds = 1",
+    ]
+    flow_file.write_text("\n".join(lines) + "\n")
+    dags = {d.dag_id: d.text for d in rendering.render([flow_file]).dags}
+
+    site_c = dags["sync__c"]
+    assert "schedule=datetime.timedelta(seconds=60)," in site_c  # not 5, not 1
+    assert 'SYNC_FLOWS = [\n    "a->c",\n    "b->c",\n]' in site_c
+    assert 'CHECKPOINT_FLOWS = [\n    "b->c",\n]' in site_c
+    assert 'SyncOperator(task_id="sync", flows=SYNC_FLOWS' in site_c
+    assert 'GroupSyncOperator(task_id="groups", flows=CHECKPOINT_FLOWS' in site_c
+    assert "**Task `groups`** (for `b->c`)" in site_c
+    assert "idle groups, never into a group" in site_c  # b->c syncs group offsets
+
+    site_b = dags["sync__b"]  # only checkpoints: no topic sync task, no unused import
+    assert "schedule=datetime.timedelta(seconds=120)," in site_b
+    assert "SYNC_FLOWS =" not in site_b and 'task_id="sync"' not in site_b
+    assert "from mirrorflow.airflow.operators import GroupSyncOperator\n" in site_b
+    assert "--checkpoints-only" in site_b  # no flow into b syncs group offsets
+
+    assert "schedule=datetime.timedelta(seconds=20)," in dags["sync__a"]

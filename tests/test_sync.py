@@ -290,7 +290,10 @@ def test_the_sync_dag_logs_the_diff_applies_it_and_a_dry_run_applies_nothing(
     remote = f"primary.{topic}"
     create(primary, topic, 3, {"retention.ms": "3600000"})
     create(secondary, remote, 1, {})
-    dag_file = render_into_dags_folder(flow_file(tmp_path, sandbox, topic, NO_ACLS), "sync")
+    # Configs only: the DAG's checkpoint task has its own test (test_group_sync_dag.py).
+    no_checkpoints = "primary->secondary.emit.checkpoints.enabled = false"
+    config = flow_file(tmp_path, sandbox, topic, NO_ACLS, no_checkpoints)
+    dag_file = render_into_dags_folder(config, "sync")
     assert dag_file.name == "sync__secondary.py"
     log = tmp_path / "dry-run.log"
     result = finish(start_dag_test(dag_file, tmp_path / "state", log, {"dry_run": True}), log)

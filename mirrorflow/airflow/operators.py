@@ -25,6 +25,9 @@ and runs it through :class:`~mirrorflow.airflow.hooks.MirrorJobHook`:
   left over from an earlier try (its task killed) is stopped before a new one starts, so two
   never copy the same flows at once.
 
+``SyncOperator`` and ``GroupSyncOperator`` are the tasks of a site's sync DAG: the topic-config,
+partition and ACL sync, and the consumer-group checkpoints and offset sync, of its flows.
+
 ``FlowControlOperator`` is the task of a flow's own DAG: a manual run with Params restarts the
 flow at a start position (``starting_offsets``: default/earliest/latest/timestamp, with
 ``starting_timestamp``; ``restart``), inside the running application, and reports the flow's
@@ -424,3 +427,56 @@ class SyncOperator(BaseOperator):
             more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
             raise AirflowException(failures[0] + more)
         return reports
+
+
+class GroupSyncOperator(BaseOperator):
+    """The ``groups`` task of a site's sync DAG: for each of ``flows``, checkpoint its consumer
+    groups now and, where the flow sets ``sync.group.offsets.enabled``, commit the translated
+    offsets into the target's idle groups (``mirrorflow sync-groups``; the logic is
+    :func:`mirrorflow.replication.checkpoints.run_group_sync`).
+
+    Each group's translation table (source partition, committed offset, target partition,
+    resume offset, exactness, what was done) is logged, with the groups skipped because they
+    have members on the target; the runs are returned (XCom). A run's Param ``dry_run``
+    translates and logs only: no checkpoint is written, no offset committed. An unreachable
+    cluster or a refusal fails the task with one line naming cluster and principal.
+
+    :param flows: the flows (``"SOURCE->TARGET"`` each); those with
+        ``emit.checkpoints.enabled = false`` are passed over
+    :param flow_files: their flow files (mm2.properties or YAML), merged in order
+    """
+
+    ui_color = "#e0e8f0"
+
+    def __init__(self, *, flows: Sequence[str], flow_files: Sequence[str], **kwargs: Any) -> None:
+        for flow in flows:
+            jobs.split_flow(flow)
+        if not flows or not flow_files:
+            raise ValueError("GroupSyncOperator needs flows and flow_files")
+        super().__init__(**kwargs)
+        self.flows, self.flow_files = list(flows), list(flow_files)
+
+    def execute(self, context: Any) -> list[dict[str, Any]]:
+        from mirrorflow.replication.checkpoints import run_group_sync
+        from mirrorflow.replication.spec import spec_for_flow
+
+        dry_run = bool((context.get("params") or {}).get("dry_run"))
+        paths = flow_file_paths(self.flow_files, ", ".join(self.flows))
+        runs = []
+        for flow in self.flows:
+            try:
+                # ${file:…} references resolve from the project root, as for the mirror job.
+                with contextlib.chdir(project_root()):
+                    spec = spec_for_flow(paths, flow)
+                if not spec.emit_checkpoints_enabled:
+                    self.log.info("%s: emit.checkpoints.enabled = false: no checkpoints", flow)
+                    continue
+                run = run_group_sync(
+                    spec, sync_offsets=spec.sync_group_offsets_enabled, dry_run=dry_run
+                )
+            except MirrorflowError as exc:
+                raise AirflowException(f"group sync of {flow}: {exc}") from None
+            for line in run.lines():  # the groups skipped are warned of as they are
+                self.log.info("%s", line)
+            runs.append(run.as_dict())
+        return runs

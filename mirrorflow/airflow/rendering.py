@@ -9,9 +9,10 @@ then renders each DAG kind's Jinja2 template (``templates/<kind>_dag.py.j2``):
 * ``flow__<source>__<target>`` (scope *flow*): the flow's own switch and controls. Pausing it
   pauses that flow inside the site's application while the others go on; a manual run
   restarts the flow at a chosen position and reports its progress;
-* ``sync__<target>`` (scope *site*): topic-config, partition and ACL sync of the flows into
-  ``<target>`` on a schedule (:func:`sync_interval`), each run's diff in its log and XCom, with
-  a dry-run Param.
+* ``sync__<target>`` (scope *site*): topic-config, partition and ACL sync (task ``sync``) and
+  consumer-group checkpoints and group offset sync (task ``groups``) of the flows into
+  ``<target>`` on a schedule (:func:`sync_interval`), each run's diff or translation table in
+  its log and XCom, with a dry-run Param.
 
 Files are static Python, readable in the Airflow UI's code view, and cheap to parse: no flow
 file is read when Airflow parses them.
@@ -26,8 +27,8 @@ file is read when Airflow parses them.
   files and scheduling options, nothing from a cluster's settings. The job reads credentials
   from the flow files (or the config providers they name) when it runs.
 
-DAG kinds live in :data:`DAG_KINDS`; a later kind (topic-config and ACL sync, checkpoints,
-failover, failback, DR drill) is a new template plus one entry there, per flow or per site.
+DAG kinds live in :data:`DAG_KINDS`; a later kind (failover, failback, DR drill) is a new
+template plus one entry there, per flow or per site.
 """
 
 from __future__ import annotations
@@ -88,37 +89,72 @@ FLOW_KIND = DagKind(
     "pause it to pause the flow; trigger it to restart",
 )
 
-SYNC_SETTINGS = (
+TOPIC_SYNC_SETTINGS = (
     ("sync.topic.configs.enabled", "sync.topic.configs.interval.seconds"),
     ("sync.topic.acls.enabled", "sync.topic.acls.interval.seconds"),
 )
+GROUP_SYNC_SETTINGS = (
+    ("emit.checkpoints.enabled", "emit.checkpoints.interval.seconds"),
+    ("sync.group.offsets.enabled", "sync.group.offsets.interval.seconds"),
+)
+SYNC_SETTINGS = TOPIC_SYNC_SETTINGS + GROUP_SYNC_SETTINGS
+"""What a sync DAG does, as (switch, interval) settings: the topic syncs (task ``sync``), the
+consumer-group checkpoints and their offset sync (task ``groups``)."""
 DEFAULT_SYNC_DAG_INTERVAL_S = 60
-"""How often a sync DAG runs when no flow into its site sets a sync interval: tighter than
+"""How often a sync DAG runs when no flow into its site sets a topic sync interval: tighter than
 MirrorMaker 2's 600 s, so a change on the source reaches the target within a minute (each
-run only applies a diff, which is usually empty)."""
+run only applies a diff, which is usually empty). Also the shortest interval the checkpoint and
+group-offset settings can ask for: the mirror job itself checkpoints and syncs group offsets at
+those intervals, down to seconds; the DAG's runs make that visible, and are a *sync now*."""
+
+
+def syncs_topics(flow: Flow) -> bool:
+    """Whether the flow syncs topic configs (and partitions) or ACLs."""
+    return any(bool(flow.setting(enabled)) for enabled, _interval in TOPIC_SYNC_SETTINGS)
+
+
+def emits_checkpoints(flow: Flow) -> bool:
+    """Whether the flow checkpoints consumer groups (MirrorMaker 2's default: it does)."""
+    return bool(flow.setting("emit.checkpoints.enabled"))
+
+
+def syncs_group_offsets(flow: Flow) -> bool:
+    """Whether the flow commits its checkpoints into the target's idle groups (only with
+    checkpoints, as in MirrorMaker 2's checkpoint task)."""
+    return emits_checkpoints(flow) and bool(flow.setting("sync.group.offsets.enabled"))
 
 
 def syncs(flow: Flow) -> bool:
-    """Whether the flow syncs anything (configs or ACLs)."""
-    return any(bool(flow.setting(enabled)) for enabled, _interval in SYNC_SETTINGS)
+    """Whether the flow syncs anything: configs, ACLs, or consumer-group checkpoints."""
+    return syncs_topics(flow) or emits_checkpoints(flow)
+
+
+def _enabled(flow: Flow, switch: str) -> bool:
+    if switch == "sync.group.offsets.enabled":
+        return syncs_group_offsets(flow)
+    return bool(flow.setting(switch))
 
 
 def sync_interval(flows: Sequence[Flow]) -> int:
     """Seconds between a sync DAG's runs: the shortest interval the flows set for an enabled
-    sync, else :data:`DEFAULT_SYNC_DAG_INTERVAL_S`."""
-    chosen = [
-        float(flow.setting(interval))
-        for flow in flows
-        for enabled, interval in SYNC_SETTINGS
-        if bool(flow.setting(enabled)) and interval in flow.originals
-    ]
+    sync, else :data:`DEFAULT_SYNC_DAG_INTERVAL_S`. A checkpoint or group-offset interval
+    counts only down to that default (the mirror job does those itself, down to seconds)."""
+    chosen = []
+    for flow in flows:
+        for enabled, interval in SYNC_SETTINGS:
+            if not _enabled(flow, enabled) or interval not in flow.originals:
+                continue
+            seconds = float(flow.setting(interval))
+            if (enabled, interval) in GROUP_SYNC_SETTINGS:
+                seconds = max(seconds, DEFAULT_SYNC_DAG_INTERVAL_S)
+            chosen.append(seconds)
     return max(1, int(min(chosen))) if chosen else DEFAULT_SYNC_DAG_INTERVAL_S
 
 
 SYNC_KIND = DagKind(
     "sync",
     "sync_dag.py.j2",
-    "topic-config, partition and ACL sync of every flow into it",
+    "topic configs, ACLs and group checkpoints of its flows",
     scope="site",
     applies_to=syncs,
 )
@@ -280,6 +316,9 @@ def _render_topology(topology: Topology, flow_files: list[str], options: RenderO
                 target=flows[0].target,
                 flow_dags={f.name: FLOW_KIND.dag_id([f]) for f in flows},
                 sync_interval=sync_interval(flows),
+                topic_sync_flows=[f for f in flows if syncs_topics(f)],
+                checkpoint_flows=[f for f in flows if emits_checkpoints(f)],
+                offset_sync_flows=[f for f in flows if syncs_group_offsets(f)],
                 flow_files=flow_files,
                 remote_topic=flows[0].remote_topic("<topic>"),
                 options=options,

@@ -15,6 +15,9 @@ checkpoints written before a restart are read back first.
 it commits the latest checkpoints into the target's groups that have no members there. A group
 absent from the target gets them all; an EMPTY group only moves forwards; a group with members on
 the target is never touched, and is reported.
+
+:func:`run_group_sync` does both once, now, for ``mirrorflow sync-groups`` and the sync DAG's
+``groups`` task, with a translation table per group; as a dry run it only reads.
 """
 
 from __future__ import annotations
@@ -208,8 +211,11 @@ class GroupCheckpoints:
             producer = Producer({**spec.target_client, "enable.idempotence": True, "acks": "all"})
         self.producer = producer
         self.latest: dict[GroupKey, Checkpoint] = {}
+        self.latest_written_ms: dict[GroupKey, int] = {}  # when those read back were written
         self.exactness: dict[GroupKey, str] = {}
         self.emitted_at: dict[GroupKey, float] = {}
+        self.translated: dict[str, GroupOffsets] = {}  # each group's offsets at the last emit
+        self.due: list[Checkpoint] = []  # the checkpoints the last emit wrote (or would write)
         self.groups: list[str] | None = None
         self.written = 0
         self._started = False
@@ -226,7 +232,9 @@ class GroupCheckpoints:
     def start(self) -> None:
         """Read back the checkpoints written before (so none moves backwards after a restart)."""
         if not self._started:
-            self.latest.update(read_checkpoints(self.spec).latest)
+            reader = read_checkpoints(self.spec)
+            self.latest.update(reader.latest)
+            self.latest_written_ms.update(reader.written_ms)
             self._started = True
 
     def refresh_groups(self) -> list[str]:
@@ -277,14 +285,18 @@ class GroupCheckpoints:
         return back
 
     # -- one run -------------------------------------------------------------------------------
-    def emit(self) -> int:
-        """Translate every group's offsets and write the checkpoints that moved; their number."""
+    def emit(self, write: bool = True) -> int:
+        """Translate every group's offsets and write the checkpoints that moved; their number.
+
+        ``write=False`` (a dry run) writes nothing: the checkpoints that would be written are
+        only kept in memory (:attr:`latest`, :attr:`due`)."""
         self.start()
         if self.groups is None:
             self.refresh_groups()
         due: list[tuple[Checkpoint, str]] = []
+        self.translated = {}
         for group in self.groups or []:
-            offsets = self.group_offsets(group)
+            offsets = self.translated[group] = self.group_offsets(group)
             for (topic, partition), translation in sorted(offsets.translations.items()):
                 if translation is None:
                     continue  # nothing of the partition copied yet
@@ -299,8 +311,9 @@ class GroupCheckpoints:
                 key = (group, checkpoint.topic, partition)
                 if checkpoint_is_more_recent(self.latest.get(key), checkpoint):
                     due.append((checkpoint, translation.exactness))
-        if due:
+        if due and write:
             self._write([c for c, _ in due])
+        self.due = [c for c, _ in due]
         now = time.time()
         with self._lock:
             for checkpoint, exactness in due:
@@ -308,7 +321,8 @@ class GroupCheckpoints:
                 self.latest[key] = checkpoint
                 self.exactness[key] = exactness
                 self.emitted_at[key] = now
-        self.written += len(due)
+        if write:
+            self.written += len(due)
         return len(due)
 
     def _write(self, checkpoints: list[Checkpoint]) -> None:
@@ -408,8 +422,9 @@ class GroupOffsetSync:
             return "ACTIVE"
         return description.state.name
 
-    def run(self, groups: set[str] | None = None) -> GroupSyncReport:
-        """One sync of every checkpointed group (or of ``groups``)."""
+    def run(self, groups: set[str] | None = None, *, dry_run: bool = False) -> GroupSyncReport:
+        """One sync of every checkpointed group (or of ``groups``). A dry run commits nothing:
+        its report's ``written`` is what it would commit."""
         report = GroupSyncReport()
         by_group: dict[str, list[Checkpoint]] = {}
         for (group, _topic, _partition), checkpoint in sorted(self.checkpoints().items()):
@@ -442,6 +457,9 @@ class GroupOffsetSync:
             if not write:
                 continue
             offsets = [_offset(c) for c in write]
+            if dry_run:
+                report.written[group] = {(c.topic, c.partition): c.downstream_offset for c in write}
+                continue
             try:
                 self.offsets.commit(group, offsets)
             except KafkaException as exc:
@@ -529,13 +547,23 @@ def translate_group(spec: MirrorSpec, group: str) -> list[PartitionTranslation]:
     tool = GroupCheckpoints(spec, admins, offset_map, lambda: positions, producer=False)
     offsets = tool.group_offsets(group)
     checkpoints = read_checkpoints(spec)
+    return _translation_rows(spec, offsets, checkpoints.latest, checkpoints.written_ms)
+
+
+def _translation_rows(
+    spec: MirrorSpec,
+    offsets: GroupOffsets,
+    latest: dict[GroupKey, Checkpoint],
+    written_ms: dict[GroupKey, int | float],
+) -> list[PartitionTranslation]:
+    """A group's translated offsets beside its latest checkpoints (written when ``written_ms``)."""
     now_ms = time.time() * 1000
     rows = []
     for (topic, partition), translation in sorted(offsets.translations.items()):
         target_topic = spec.checkpoint_topic(topic)
-        key = (group, target_topic, partition)
-        checkpoint = checkpoints.latest.get(key)
-        written = checkpoints.written_ms.get(key)
+        key = (offsets.group, target_topic, partition)
+        checkpoint = latest.get(key)
+        written = written_ms.get(key)
         rows.append(
             PartitionTranslation(
                 topic,
@@ -545,7 +573,7 @@ def translate_group(spec: MirrorSpec, group: str) -> list[PartitionTranslation]:
                 translation.downstream if translation else None,
                 translation.exactness if translation else "not-copied",
                 checkpoint.downstream_offset if checkpoint else None,
-                round((now_ms - written) / 1000, 1) if written else None,
+                round(max(0.0, now_ms - written) / 1000, 1) if written else None,
             )
         )
     return rows
@@ -570,25 +598,169 @@ def latest_checkpoints(spec: MirrorSpec, group: str | None = None) -> list[dict[
     ]
 
 
+@dataclass
+class GroupSyncRun:
+    """One flow's groups checkpointed now and, with ``sync_offsets``, their offsets committed
+    into the target's idle groups (``mirrorflow sync-groups``, the sync DAG's ``groups`` task).
+
+    ``translations`` has each group's translation table (its latest checkpoints as they are
+    after the run), ``checkpoints`` the checkpoints written, ``report`` the offset sync's. In a
+    dry run nothing is written: they are what the run would write and commit."""
+
+    flow: str
+    target: str
+    dry_run: bool
+    sync_offsets: bool
+    translations: dict[str, list[PartitionTranslation]] = field(default_factory=dict)
+    checkpoints: list[Checkpoint] = field(default_factory=list)
+    report: GroupSyncReport | None = None
+
+    def lines(self) -> list[str]:
+        """The run as log lines: a head, then per group its translation table."""
+        would = "would write" if self.dry_run else "wrote"
+        head = (
+            f"{self.flow} groups: {len(self.translations)} checkpointed group(s), {would} "
+            f"{len(self.checkpoints)} checkpoint(s)"
+        )
+        if self.report is not None:
+            commits = sum(map(len, self.report.written.values()))
+            verb = "would commit" if self.dry_run else "committed"
+            head += f", {verb} {commits} offset(s) of {len(self.report.written)} group(s)"
+            if self.report.active:
+                head += f", skipped {len(self.report.active)} group(s) active on {self.target}"
+        else:
+            head += " (sync.group.offsets.enabled = false: no offsets committed)"
+        if self.dry_run:
+            head += " (dry run: nothing written)"
+        lines = [head]
+        checkpointed = {(c.group, c.topic, c.partition) for c in self.checkpoints}
+        for group, rows in self.translations.items():
+            lines.append(f"  group {group}: {self._group_state(group)}")
+            if not rows:
+                lines.append("    no committed offsets on the flow's replicated partitions")
+                continue
+            lines.append(
+                f"    {'source partition':<30} {'committed':>10}  {'target partition':<38} "
+                f"{'resume at':>10}  {'exactness':<17}  action"
+            )
+            for r in rows:
+                resume = "-" if r.translated is None else str(r.translated)
+                action = self._action(
+                    group, r, (group, r.target_topic, r.partition) in checkpointed
+                )
+                source, target = (
+                    f"{r.source_topic}-{r.partition}",
+                    f"{r.target_topic}-{r.partition}",
+                )
+                lines.append(
+                    f"    {source:<30} {r.committed:>10}  {target:<38} {resume:>10}  "
+                    f"{r.exactness:<17}  {action}"
+                )
+        if self.report is not None and self.report.active:
+            lines.append(
+                f"  skipped, with members on {self.target}: {', '.join(self.report.active)}"
+            )
+        return lines
+
+    def _group_state(self, group: str) -> str:
+        if self.report is None:
+            return "checkpoints only"
+        if group in self.report.active:
+            return (
+                f"has members on {self.target}: offsets not synced (stop its consumers there, "
+                "or they keep their own positions)"
+            )
+        if group in self.report.written:
+            return ("would commit" if self.dry_run else "committed") + f" offsets on {self.target}"
+        return f"offsets on {self.target} already there or further"
+
+    def _action(self, group: str, row: PartitionTranslation, checkpointed: bool) -> str:
+        if row.translated is None:
+            return "nothing copied yet"
+        done = []
+        if checkpointed:
+            done.append("would checkpoint" if self.dry_run else "checkpointed")
+        else:
+            done.append("checkpoint unchanged")
+        if self.report is not None and group not in self.report.active:
+            committed = self.report.written.get(group, {})
+            if (row.target_topic, row.partition) in committed:
+                done.append("would commit" if self.dry_run else "committed")
+            elif (row.target_topic, row.partition) in self.report.kept.get(group, []):
+                done.append("target group already there")
+        return ", ".join(done)
+
+    def as_dict(self) -> dict[str, object]:
+        """The run as JSON-able data (the DAG task's XCom)."""
+        report = self.report
+        return {
+            "flow": self.flow,
+            "target": self.target,
+            "dry_run": self.dry_run,
+            "sync_offsets": self.sync_offsets,
+            "groups": {g: [r.as_dict() for r in rows] for g, rows in self.translations.items()},
+            "checkpoints_written": len(self.checkpoints),
+            "offsets_written": {
+                g: {f"{t}-{p}": o for (t, p), o in sorted(tps.items())}
+                for g, tps in (report.written if report else {}).items()
+            },
+            "active_groups_skipped": list(report.active) if report else [],
+        }
+
+
+def run_group_sync(
+    spec: MirrorSpec,
+    groups: set[str] | None = None,
+    *,
+    sync_offsets: bool = True,
+    dry_run: bool = False,
+) -> GroupSyncRun:
+    """Checkpoint the flow's groups (or ``groups``) now and, with ``sync_offsets``, commit the
+    results into the target's idle groups: what a failover runs after the mirror caught up.
+    A dry run only reads: it translates, and tells what it would write and commit."""
+    admins = _admins(spec)
+    for admin in admins.values():
+        admin.metadata()  # an unreachable cluster fails here, named
+    offset_map = read_offset_map(spec)
+    positions = _positions(spec)
+    tool = GroupCheckpoints(
+        spec, admins, offset_map, lambda: positions, producer=False if dry_run else None
+    )
+    tool.start()
+    before, before_ms = dict(tool.latest), dict(tool.latest_written_ms)
+    listed = tool.refresh_groups()
+    if groups is not None:
+        tool.groups = [g for g in listed if g in groups]
+    tool.emit(write=not dry_run)
+    report = None
+    if sync_offsets:  # the groups the flow checkpoints now, as MirrorMaker 2's task syncs them
+        sync = GroupOffsetSync(spec, admins, tool.snapshot)
+        report = sync.run(set(tool.groups or ()), dry_run=dry_run)
+    if dry_run:
+        latest, written_ms = before, before_ms  # nothing was written
+    else:
+        now_ms = time.time() * 1000
+        latest = tool.snapshot()
+        written_ms = {
+            **before_ms,
+            **{(c.group, c.topic, c.partition): now_ms for c in tool.due},
+        }
+    run = GroupSyncRun(
+        spec.flow, spec.target, dry_run, sync_offsets, checkpoints=tool.due, report=report
+    )
+    for group, offsets in tool.translated.items():
+        run.translations[group] = _translation_rows(spec, offsets, latest, written_ms)
+    return run
+
+
 def sync_now(
     spec: MirrorSpec, groups: set[str] | None = None, *, sync_offsets: bool = True
 ) -> tuple[int, GroupSyncReport | None]:
     """Checkpoint the flow's groups (or ``groups``) now and, with ``sync_offsets``, commit the
-    results into the target's idle groups: what a failover runs after the mirror caught up.
-    Returns the number of checkpoints written and the sync's report."""
-    admins = _admins(spec)
-    offset_map = read_offset_map(spec)
-    positions = _positions(spec)
-    tool = GroupCheckpoints(spec, admins, offset_map, lambda: positions)
-    tool.start()
-    listed = tool.refresh_groups()
-    if groups is not None:
-        tool.groups = [g for g in listed if g in groups]
-    written = tool.emit()
-    report = None
-    if sync_offsets:
-        report = GroupOffsetSync(spec, admins, tool.snapshot).run(groups)
-    return written, report
+    results into the target's idle groups (see :func:`run_group_sync`). Returns the number of
+    checkpoints written and the sync's report."""
+    run = run_group_sync(spec, groups, sync_offsets=sync_offsets)
+    return len(run.checkpoints), run.report
 
 
 def failover_offsets(spec: MirrorSpec, group: str) -> list[TopicPartition]:
