@@ -281,6 +281,55 @@ def test_acls_follow_mirrormaker2s_rules_plus_the_prefixed_and_group_acls_a_fail
     assert sync(capsys, config)[1][1]["changes"] == []  # in sync: nothing more to create
 
 
+def test_acls_the_sync_created_are_removed_with_their_source_acls_and_no_others(
+    sandbox, topic_name, tmp_path, capsys
+):
+    primary, secondary = sandbox["primary"], sandbox["secondary"]
+    topic, user = topic_name("acl-removal"), topic_name("carol")
+    remote = f"primary.{topic}"
+    create(primary, topic, 1, {})
+    lit, op = ResourcePatternType.LITERAL, AclOperation
+    acl(primary, ResourceType.TOPIC, topic, lit, user, op.READ)
+    acl(primary, ResourceType.TOPIC, topic, lit, user, op.DESCRIBE)
+    acl(secondary, ResourceType.TOPIC, remote, lit, user, op.DESCRIBE)  # someone else's, before
+    removal = "primary->secondary.sync.topic.acls.remove.enabled = true"
+    config = flow_file(tmp_path, sandbox, topic, removal)
+    code, (_configs, report) = sync(capsys, config)
+    assert code == 0 and [c["operation"] for c in report["changes"]] == ["READ"]
+
+    target = AdminClient(secondary.client_config())
+
+    def on_target() -> set[str]:
+        pattern = AclBindingFilter(
+            ResourceType.TOPIC, remote, lit, None, None, op.ANY, AclPermissionType.ANY
+        )
+        return {b.operation.name for b in target.describe_acls(pattern).result(timeout=30)}
+
+    assert on_target() == {"READ", "DESCRIBE"}
+    source = AdminClient(primary.client_config())
+    gone = AclBindingFilter(
+        ResourceType.TOPIC, topic, lit, None, None, op.ANY, AclPermissionType.ANY
+    )
+    source.delete_acls([gone])[gone].result(timeout=30)  # both source ACLs deleted
+
+    code, (_configs, report) = sync(capsys, config, "--dry-run")
+    assert [(c["action"], c["operation"]) for c in report["changes"]] == [("remove", "READ")]
+    assert on_target() == {"READ", "DESCRIBE"}, "a dry run removed an ACL"
+    code, (_configs, report) = sync(capsys, config)
+    assert code == 0 and report["applied"] == 1 and report["failures"] == []
+    assert on_target() == {"DESCRIBE"}  # only what the sync created is removed
+    assert sync(capsys, config)[1][1]["changes"] == []
+
+    # Without the setting, an ACL the sync created and whose source is gone is kept, and said so.
+    acl(primary, ResourceType.TOPIC, topic, lit, user, op.READ)
+    sync(capsys, config)
+    source.delete_acls([gone])[gone].result(timeout=30)
+    kept = flow_file(tmp_path, sandbox, topic)
+    code, (_configs, report) = sync(capsys, kept)
+    assert report["changes"] == [] and "kept" in report["notes"][0]
+    assert on_target() == {"READ", "DESCRIBE"}
+
+
 @pytest.mark.airflow
 def test_the_sync_dag_logs_the_diff_applies_it_and_a_dry_run_applies_nothing(
     sandbox, airflow_home, topic_name, tmp_path

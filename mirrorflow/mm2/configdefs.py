@@ -38,6 +38,9 @@ MIRRORFLOW_ONLY = {
     # Checkpoint, for the source, the groups that consumed the copies of the source's topics
     # on the flow's source (failback; KIP-1098's reverse checkpointing, exact).
     "emit.reverse.checkpoints.enabled": ("BOOLEAN", "true"),
+    # Remove the ACLs the ACL sync created on the target once their source ACLs are gone (it
+    # never removes one it did not create).
+    "sync.topic.acls.remove.enabled": ("BOOLEAN", "false"),
 }
 
 CLIENT_ROLES = ("consumer", "producer", "admin")

@@ -44,6 +44,8 @@ class MirrorSpec:
     should_replicate_group: Callable[[str], bool] = lambda group: True
     sync_acls_enabled: bool = True
     sync_acls_interval_s: float = 600.0
+    sync_acls_remove: bool = False  # remove the ACLs it created once the source's are gone
+    acl_ledger_topic: str = ""  # on the target: the ACLs the sync created
     heartbeats_topic: str = "heartbeats"
     emit_heartbeats: bool = True
     heartbeats_interval_s: float = 1.0
@@ -144,6 +146,8 @@ def spec_for_flow(
         should_replicate_group=flow.should_replicate_group,
         sync_acls_enabled=bool(flow.setting("sync.topic.acls.enabled")),
         sync_acls_interval_s=float(flow.setting("sync.topic.acls.interval.seconds")),
+        sync_acls_remove=bool(flow.setting("sync.topic.acls.remove.enabled")),
+        acl_ledger_topic=f"mirrorflow-acls.{flow.source}.internal",
         replication_factor=int(flow.setting("replication.factor")),
         heartbeats_topic=flow.policy.heartbeats_topic(),
         emit_heartbeats=bool(flow.setting("emit.heartbeats.enabled")),

@@ -19,6 +19,11 @@ replicated topic has, mapped to the remote prefix, and the consumer groups' ACLs
 flow's ``groups`` filter passes: ALLOW READ and DESCRIBE, ALL turned into READ, DENY kept) so that
 failed-over consumers are authorised on the target under their own group ids.
 
+Every ACL the sync creates is recorded on the target, in the compacted topic
+``mirrorflow-acls.<source>.internal``; with ``sync.topic.acls.remove.enabled = true`` (mirrorflow's
+own setting, default false) an ACL it created is removed once the source no longer has the ACL
+it came from. An ACL it did not create (there before, or made by someone else) is never removed.
+
 mirrorflow computes the same result as a list of changes, compared with what the target holds
 now, so a run shows what it would change before it changes anything (``dry_run``) and a second
 run finds nothing to do. Settings the filter excludes (``min.insync.replicas``, the throttles,
@@ -27,8 +32,9 @@ run finds nothing to do. Settings the filter excludes (``min.insync.replicas``, 
 
 from __future__ import annotations
 
+import json
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import (
@@ -48,7 +54,13 @@ from confluent_kafka.admin import (
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
 from mirrorflow.replication.scheduler import TaskFailed
 from mirrorflow.replication.spec import MirrorSpec
-from mirrorflow.replication.topics import ADMIN_TIMEOUT_S, ClusterAdmin, cluster_error
+from mirrorflow.replication.topic_reader import TopicReader
+from mirrorflow.replication.topics import (
+    ADMIN_TIMEOUT_S,
+    ClusterAdmin,
+    cluster_error,
+    ensure_internal_topic,
+)
 
 log = logging.getLogger("mirrorflow.mirror")
 
@@ -89,7 +101,7 @@ class AclChange:
     operation: str
     permission: str
     kind: str = "acl"
-    action: str = "create"
+    action: str = "create"  # or "remove" (an ACL the sync created whose source ACL is gone)
 
     @classmethod
     def of(cls, binding: AclBinding, name: str, operation: AclOperation | None = None) -> AclChange:
@@ -115,10 +127,20 @@ class AclChange:
         )
 
     def describe(self) -> str:
+        verb = "remove " if self.action == "remove" else ""
         return (
-            f"ACL {self.permission} {self.operation} {self.principal}@{self.host} on "
+            f"{verb}ACL {self.permission} {self.operation} {self.principal}@{self.host} on "
             f"{self.resource_type} {self.pattern} {self.name}"
         )
+
+    def ledger_key(self) -> bytes:
+        """The binding's key in the ledger of ACLs the sync created (its action left out)."""
+        binding = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _NOT_KEY}
+        return json.dumps(binding, sort_keys=True).encode()
+
+    @classmethod
+    def from_ledger_key(cls, key: bytes) -> AclChange:
+        return cls(**json.loads(key))
 
     def as_dict(self) -> dict[str, str | None]:
         return asdict(self)
@@ -361,7 +383,8 @@ class AclSync(_FlowSync):
     what = "acls"
 
     def diff(self, notes: list[str] | None = None) -> list[AclChange]:
-        """The bindings the target lacks, in a stable order."""
+        """The bindings the target lacks, then (if enabled) those the sync created whose source
+        ACL is gone, in a stable order."""
         notes = notes if notes is not None else []
         source = _describe_acls(self.source)
         if source is None:
@@ -371,7 +394,26 @@ class AclSync(_FlowSync):
         have = {AclChange.of(b, b.name) for b in target}
         replicated = [t for t in self.source.metadata().topics if self.spec.should_replicate(t)]
         wanted = {change for b in source if (change := self._mapped(b, replicated)) is not None}
-        return sorted(wanted - have, key=lambda c: c.describe())
+        changes = sorted(wanted - have, key=lambda c: c.describe())
+        created = self._ledger()
+        gone = sorted((created & have) - wanted, key=lambda c: c.describe())
+        if gone and self.spec.sync_acls_remove:
+            changes += [replace(c, action="remove") for c in gone]
+        elif gone:
+            notes.append(
+                f"{len(gone)} ACLs this sync created have no source ACL any more; kept "
+                f"(sync.topic.acls.remove.enabled = false)"
+            )
+        return changes
+
+    def _ledger(self) -> set[AclChange]:
+        """The ACLs the sync created on the target (and has not removed)."""
+        reader = _AclLedgerReader(self.spec)
+        try:
+            reader.read_to_end()
+        finally:
+            reader.close()
+        return reader.created
 
     def _mapped(self, binding: AclBinding, replicated: list[str]) -> AclChange | None:
         allow, operation = binding.permission_type == _ALLOW, binding.operation
@@ -403,17 +445,91 @@ class AclSync(_FlowSync):
         return None
 
     def apply(self, changes: list[AclChange]) -> tuple[int, list[str]]:
-        applied, failures = 0, []
-        bindings = [c.binding() for c in changes]
-        futures = self.target.client.create_acls(bindings, request_timeout=ADMIN_TIMEOUT_S)
-        for binding, future in futures.items():
+        applied, failures, ledger = 0, [], []  # ledger: (key, value) records to write
+        creates = [c for c in changes if c.action == "create"]
+        removes = [c for c in changes if c.action == "remove"]
+        self._ensure_ledger()
+        if creates:
+            futures = self.target.client.create_acls(
+                [c.binding() for c in creates], request_timeout=ADMIN_TIMEOUT_S
+            )
+            for binding, future in futures.items():
+                change = AclChange.of(binding, binding.name)
+                try:
+                    future.result()
+                    applied += 1
+                    ledger.append((change.ledger_key(), b"created"))
+                except KafkaException as exc:
+                    action = f"creating ACL {change.describe()}"
+                    failures.append(str(cluster_error(self.target, action, exc)))
+        for change in removes:
+            binding = change.binding()
+            exact = AclBindingFilter(
+                binding.restype,
+                binding.name,
+                binding.resource_pattern_type,
+                binding.principal,
+                binding.host,
+                binding.operation,
+                binding.permission_type,
+            )
             try:
-                future.result()
+                self.target.client.delete_acls([exact], request_timeout=ADMIN_TIMEOUT_S)[
+                    exact
+                ].result()
                 applied += 1
+                ledger.append((replace(change, action="create").ledger_key(), None))
             except KafkaException as exc:
-                action = f"creating ACL {AclChange.of(binding, binding.name).describe()}"
+                action = f"removing ACL {change.describe()}"
                 failures.append(str(cluster_error(self.target, action, exc)))
+        if ledger:
+            self._record(ledger)
         return applied, failures
+
+    def _ensure_ledger(self) -> None:
+        ensure_internal_topic(
+            self.target,
+            self.spec.acl_ledger_topic,
+            self.spec.checkpoints_replication_factor,
+            "checkpoints.topic.replication.factor",
+        )
+
+    def _record(self, records: list[tuple[bytes, bytes | None]]) -> None:
+        """Write the ledger: the ACLs created, and tombstones for those removed."""
+        from confluent_kafka import Producer
+
+        producer = Producer({**self.spec.target_client, "enable.idempotence": True, "acks": "all"})
+        for key, value in records:
+            producer.produce(self.spec.acl_ledger_topic, value, key, partition=0)
+        if producer.flush(ADMIN_TIMEOUT_S):
+            raise MirrorflowError(
+                f"recording the ACLs the sync changed in {self.spec.acl_ledger_topic} on "
+                f"{self.target.alias} timed out",
+                "check the target cluster; ACLs not recorded there are never removed by the sync",
+            )
+
+
+_NOT_KEY = ("kind", "action")
+
+
+class _AclLedgerReader(TopicReader):
+    """The ledger of ACLs the sync created: ``created`` after :meth:`read_to_end`."""
+
+    def __init__(self, spec: MirrorSpec) -> None:
+        topic = spec.acl_ledger_topic
+        super().__init__(
+            spec.target_consumer, spec.target_admin, topic, f"mirrorflow-{topic}", missing_ok=True
+        )
+        self.created: set[AclChange] = set()
+
+    def apply(self, key: bytes | None, value: bytes | None) -> None:
+        if key is None:
+            return
+        change = AclChange.from_ledger_key(key)
+        if value is None:
+            self.created.discard(change)
+        else:
+            self.created.add(change)
 
 
 def _describe_acls(admin: ClusterAdmin) -> list[AclBinding] | None:
