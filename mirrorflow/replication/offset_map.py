@@ -35,6 +35,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 MAP_TOPIC_FORMAT = "mirrorflow-offset-map.{source}.internal"
+OFFSET_MAP_TOPIC_CONFIG = {"segment.ms": str(3_600_000)}
+"""Besides compaction: a segment closes (and can be compacted) within an hour, so a run that
+grows batch after batch leaves one record, not one per batch (a broker's default is 7 days)."""
 RECORD_VERSION = 0
 
 Partition = tuple[str, int]  # source topic, partition

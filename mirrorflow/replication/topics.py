@@ -96,14 +96,21 @@ def cluster_error(admin: ClusterAdmin, action: str, exc: Exception) -> Mirrorflo
 
 
 def ensure_internal_topic(
-    admin: ClusterAdmin, topic: str, replication_factor: int, setting: str, partitions: int = 1
+    admin: ClusterAdmin,
+    topic: str,
+    replication_factor: int,
+    setting: str,
+    partitions: int = 1,
+    config: dict[str, str] | None = None,
 ) -> None:
-    """Create a compacted internal topic (heartbeats, offset syncs: one partition) if missing."""
+    """Create a compacted internal topic (heartbeats, offset syncs: one partition) if missing,
+    with ``config`` besides."""
     metadata = admin.metadata()
     if topic in metadata.topics:
         return
     _check_replication_factor(admin, metadata, replication_factor, setting)
-    new = NewTopic(topic, partitions, replication_factor, config={"cleanup.policy": "compact"})
+    settings = {"cleanup.policy": "compact", **(config or {})}
+    new = NewTopic(topic, partitions, replication_factor, config=settings)
     _create(admin, [new])
 
 

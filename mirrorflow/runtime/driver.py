@@ -63,7 +63,7 @@ from mirrorflow.replication.checkpoints import (
     expire_offset_map,
 )
 from mirrorflow.replication.heartbeats import HeartbeatEmitter
-from mirrorflow.replication.offset_map import OffsetMap, Run, record_of
+from mirrorflow.replication.offset_map import OFFSET_MAP_TOPIC_CONFIG, OffsetMap, Run, record_of
 from mirrorflow.replication.positions import PositionWriter, SourceOffsetReader, legacy_progress
 from mirrorflow.replication.scheduler import Scheduler, TaskFailed
 from mirrorflow.replication.spec import MirrorSpec
@@ -163,7 +163,7 @@ class MirrorJob:
         spec = self.spec
         for admin in self.admins.values():
             admin.metadata()
-        # (wanted, cluster, topic, replication factor, its setting, partitions)
+        # (wanted, cluster, topic, replication factor, its setting, partitions, configs)
         internal = [
             (
                 spec.emit_offset_syncs,
@@ -172,6 +172,7 @@ class MirrorJob:
                 spec.offset_syncs_replication_factor,
                 "offset-syncs.topic.replication.factor",
                 1,
+                None,
             ),
             (
                 spec.emit_heartbeats,
@@ -180,6 +181,7 @@ class MirrorJob:
                 spec.heartbeats_replication_factor,
                 "heartbeats.topic.replication.factor",
                 1,
+                None,
             ),
             (
                 True,
@@ -188,6 +190,7 @@ class MirrorJob:
                 spec.offsets_replication_factor,
                 "offset.storage.replication.factor",
                 spec.offsets_partitions,
+                None,
             ),
             (
                 True,
@@ -196,6 +199,7 @@ class MirrorJob:
                 spec.checkpoints_replication_factor,
                 "checkpoints.topic.replication.factor",
                 1,
+                OFFSET_MAP_TOPIC_CONFIG,
             ),
             (
                 spec.emit_checkpoints_enabled,
@@ -204,11 +208,14 @@ class MirrorJob:
                 spec.checkpoints_replication_factor,
                 "checkpoints.topic.replication.factor",
                 1,
+                None,
             ),
         ]
-        for wanted, cluster, topic, factor, setting, partitions in internal:
+        for wanted, cluster, topic, factor, setting, partitions, configs in internal:
             if wanted:
-                ensure_internal_topic(self.admins[cluster], topic, factor, setting, partitions)
+                ensure_internal_topic(
+                    self.admins[cluster], topic, factor, setting, partitions, configs
+                )
         if self._map_reader is None:
             self._map_reader = OffsetMapReader(spec, self.offset_map, missing_ok=True)
         self._map_reader.read_to_end()
