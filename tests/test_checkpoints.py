@@ -289,7 +289,7 @@ def test_a_group_active_on_the_target_is_never_touched_and_a_far_behind_group_is
         assert target_group_offsets(secondary, active, remote) == {}  # never touched
         assert "has members on secondary" in log.read_text()
         ends = {p: end for p, (_start, end) in watermarks(primary, t, [0, 1]).items()}
-        wait_for(lambda: copied_to(config, ends), 300, "every record copied")
+        wait_for(lambda: copied_to(config, t, ends), 300, "every record copied")
     finally:
         member.close()
         stop_job(job)
@@ -300,14 +300,14 @@ def test_a_group_active_on_the_target_is_never_touched_and_a_far_behind_group_is
     assert {k for k, n in read.items() if n > 1} <= twice  # repeats only of double copies
 
 
-def copied_to(config, ends: dict[int, int]) -> bool:
-    """Whether the flow's positions reached ``ends`` (source partition -> end offset)."""
+def copied_to(config, topic: str, ends: dict[int, int]) -> bool:
+    """Whether the flow's positions in ``topic`` reached ``ends`` (partition -> end offset)."""
     spec = spec_for_flow([config], FLOW)
     reader = SourceOffsetReader(
         spec.target_consumer, spec.target_admin, spec.offsets_topic, "primary"
     )
     try:
-        positions = {p: last + 1 for (_t, p), last in reader.read_to_end().items()}
+        positions = {p: last + 1 for (t, p), last in reader.read_to_end().items() if t == topic}
     finally:
         reader.close()
     return all(positions.get(p, 0) >= end for p, end in ends.items())
