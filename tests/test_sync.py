@@ -293,7 +293,8 @@ def test_acls_the_sync_created_are_removed_with_their_source_acls_and_no_others(
     acl(primary, ResourceType.TOPIC, topic, lit, user, op.DESCRIBE)
     acl(secondary, ResourceType.TOPIC, remote, lit, user, op.DESCRIBE)  # someone else's, before
     removal = "primary->secondary.sync.topic.acls.remove.enabled = true"
-    config = flow_file(tmp_path, sandbox, topic, removal)
+    only_mine = f"primary->secondary.groups = {user}"  # no other test's group ACLs
+    config = flow_file(tmp_path, sandbox, topic, removal, only_mine)
     code, (_configs, report) = sync(capsys, config)
     assert code == 0 and [c["operation"] for c in report["changes"]] == ["READ"]
 
@@ -324,7 +325,7 @@ def test_acls_the_sync_created_are_removed_with_their_source_acls_and_no_others(
     acl(primary, ResourceType.TOPIC, topic, lit, user, op.READ)
     sync(capsys, config)
     source.delete_acls([gone])[gone].result(timeout=30)
-    kept = flow_file(tmp_path, sandbox, topic)
+    kept = flow_file(tmp_path, sandbox, topic, only_mine)
     code, (_configs, report) = sync(capsys, kept)
     assert report["changes"] == [] and "kept" in report["notes"][0]
     assert on_target() == {"READ", "DESCRIBE"}

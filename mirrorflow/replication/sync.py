@@ -395,8 +395,10 @@ class AclSync(_FlowSync):
         replicated = [t for t in self.source.metadata().topics if self.spec.should_replicate(t)]
         wanted = {change for b in source if (change := self._mapped(b, replicated)) is not None}
         changes = sorted(wanted - have, key=lambda c: c.describe())
-        created = self._ledger()
-        gone = sorted((created & have) - wanted, key=lambda c: c.describe())
+        # An ACL the sync created goes only when no source ACL maps to it any more, whatever
+        # the flow's filters say now (narrowing them deletes nothing).
+        still = {c for b in source if (c := self._mapped(b, replicated, filters=False)) is not None}
+        gone = sorted((self._ledger() & have) - still, key=lambda c: c.describe())
         if gone and self.spec.sync_acls_remove:
             changes += [replace(c, action="remove") for c in gone]
         elif gone:
@@ -415,17 +417,21 @@ class AclSync(_FlowSync):
             reader.close()
         return reader.created
 
-    def _mapped(self, binding: AclBinding, replicated: list[str]) -> AclChange | None:
+    def _mapped(
+        self, binding: AclBinding, replicated: list[str], filters: bool = True
+    ) -> AclChange | None:
+        """The target's binding for a source binding, or None; ``filters``: only for the topics
+        and groups the flow replicates."""
         allow, operation = binding.permission_type == _ALLOW, binding.operation
         pattern = binding.resource_pattern_type
         if binding.restype == ResourceType.TOPIC:
             if allow and operation == AclOperation.WRITE:
                 return None  # only the mirror writes remote topics
             if pattern == ResourcePatternType.LITERAL:
-                if not self.spec.should_replicate(binding.name):
+                if filters and not self.spec.should_replicate(binding.name):
                     return None
             elif pattern == ResourcePatternType.PREFIXED:
-                if not any(t.startswith(binding.name) for t in replicated):
+                if filters and not any(t.startswith(binding.name) for t in replicated):
                     return None
             else:
                 return None
@@ -435,7 +441,7 @@ class AclSync(_FlowSync):
             ResourcePatternType.LITERAL,
             ResourcePatternType.PREFIXED,
         ):
-            if not self.spec.should_replicate_group(binding.name):
+            if filters and not self.spec.should_replicate_group(binding.name):
                 return None
             if allow and operation == AclOperation.ALL:
                 return AclChange.of(binding, binding.name, AclOperation.READ)
