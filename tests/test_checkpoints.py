@@ -424,3 +424,34 @@ def test_a_compacted_source_topic_translates_exactly(sandbox, topic_name, tmp_pa
     read = read_as_group(secondary, remote, group, by="value")
     assert len(read) == len(set(read)), "a record was read twice"
     assert set(read) == values - consumed
+
+
+def test_exactly_once_a_far_behind_group_fails_over_with_nothing_lost_or_repeated_after_sigkill(
+    sandbox, topic_name, tmp_path
+):
+    """Exactly-once: the job is killed mid-copy and restarted; the offset map, written in the
+    copies' transactions, still translates a group 300,000 records behind exactly."""
+    primary, secondary = sandbox["primary"], sandbox["secondary"]
+    t, group = topic_name("payments"), topic_name("settlement")
+    remote = f"primary.{t}"
+    create_topics(primary, t, partitions=2)
+    keys = produce_keys(primary, t, 2, range(0, 1000))
+    consumed = consume_and_commit(primary, t, group, {0: 300, 1: 200})
+    keys |= produce_keys(primary, t, 2, range(1000, 301_000))
+    config = flow_file(tmp_path, sandbox, t, *checkpoint_lines(group), *EXACTLY_ONCE)
+    state, log = tmp_path / "state", tmp_path / "job.log"
+    job = start_mirror(config, FLOW, state, log, "--max-records-per-batch", "40000")
+    try:
+        wait_for(lambda: "batch 2:" in log.read_text(), 180, "two batches copied")
+        os.killpg(job.pid, signal.SIGKILL)  # between or inside batches
+        job.wait(30)
+        job = start_mirror(config, FLOW, state, log, "--max-records-per-batch", "40000")
+        ends = {p: end for p, (_start, end) in watermarks(primary, t, [0, 1]).items()}
+        wait_for(lambda: copied_to(config, t, ends), 300, "every record copied")
+        synced(config, secondary, group, remote, 2)
+    finally:
+        stop_job(job)
+    assert len(read_all_keys(secondary, remote)) == len(keys)  # each committed copy once
+    read = read_as_group(secondary, remote, group, timeout=300)
+    assert len(read) == len(set(read)), "a record was read twice"
+    assert set(read) == keys - consumed
