@@ -48,7 +48,7 @@ from confluent_kafka.admin import (
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
 from mirrorflow.replication.scheduler import TaskFailed
 from mirrorflow.replication.spec import MirrorSpec
-from mirrorflow.replication.topics import ADMIN_TIMEOUT_S, ClusterAdmin, cluster_error
+from mirrorflow.replication.topics import ADMIN_TIMEOUT_S, ClusterAdmin, cluster_error, refusal
 
 log = logging.getLogger("mirrorflow.mirror")
 
@@ -205,8 +205,9 @@ class _FlowSync:
             raise
         except MirrorflowError as exc:
             raise TaskFailed(str(exc)) from None
+        verb = "tried to sync (see the failure)" if report.failures else "synced"
         for change in report.changes:
-            log.info("%s: synced %s", self.flow, change.describe())
+            log.info("%s: %s %s", self.flow, verb, change.describe())
         if report.failures:
             more = f" (and {len(report.failures) - 1} more)" if len(report.failures) > 1 else ""
             raise TaskFailed(report.failures[0] + more)
@@ -284,7 +285,12 @@ class TopicSync(_FlowSync):
                     if exc.args[0].code() == KafkaError.INVALID_PARTITIONS:
                         applied += 1  # grown meanwhile (by the mirror job): as MM2, not an error
                     else:
-                        error = cluster_error(self.target, f"adding partitions to {topic}", exc)
+                        error = cluster_error(
+                            self.target,
+                            f"adding partitions to {topic}",
+                            exc,
+                            f"ALTER on topic {topic}",
+                        )
                         failures.append(str(error))
         by_topic: dict[str, list[Change]] = {}
         for change in changes:
@@ -317,7 +323,10 @@ class TopicSync(_FlowSync):
                     applied += len(by_topic[resource.name])
                 except KafkaException as exc:
                     error = cluster_error(
-                        self.target, f"altering the configs of {resource.name}", exc
+                        self.target,
+                        f"altering the configs of {resource.name}",
+                        exc,
+                        f"ALTER_CONFIGS on topic {resource.name}",
                     )
                     failures.append(str(error))
         return applied, failures
@@ -338,7 +347,12 @@ def _describe(admin: ClusterAdmin, topics: list[str]) -> dict[str, dict[str, Con
         try:
             result[resource.name] = future.result()
         except KafkaException as exc:
-            raise cluster_error(admin, f"describing the configs of {resource.name}", exc) from None
+            raise cluster_error(
+                admin,
+                f"describing the configs of {resource.name}",
+                exc,
+                f"DESCRIBE_CONFIGS on topic {resource.name}",
+            ) from None
     return result
 
 
@@ -412,15 +426,37 @@ class AclSync(_FlowSync):
                 applied += 1
             except KafkaException as exc:
                 action = f"creating ACL {AclChange.of(binding, binding.name).describe()}"
-                failures.append(str(cluster_error(self.target, action, exc)))
+                error = cluster_error(self.target, action, exc, "ALTER on the cluster")
+                failures.append(str(error))
         return applied, failures
 
 
 def _describe_acls(admin: ClusterAdmin) -> list[AclBinding] | None:
-    """Every ACL binding of the cluster; None when it has no authorizer."""
+    """Every ACL binding of the cluster; None when it has no authorizer.
+
+    A principal without DESCRIBE on the cluster gets no error but an empty list, so an empty
+    answer is checked against the principal's authorised operations on the cluster (which the
+    cluster tells only a principal with DESCRIBE on it)."""
     try:
-        return admin.client.describe_acls(_ANY_ACL, request_timeout=ADMIN_TIMEOUT_S).result()
+        acls = admin.client.describe_acls(_ANY_ACL, request_timeout=ADMIN_TIMEOUT_S).result()
     except KafkaException as exc:
         if exc.args[0].code() == KafkaError.SECURITY_DISABLED:
             return None
-        raise cluster_error(admin, "describing ACLs", exc) from None
+        raise cluster_error(admin, "describing ACLs", exc, "DESCRIBE on the cluster") from None
+    if not acls:
+        try:
+            cluster = admin.client.describe_cluster(
+                include_authorized_operations=True, request_timeout=ADMIN_TIMEOUT_S
+            ).result()
+        except KafkaException as exc:
+            raise cluster_error(admin, "describing the cluster", exc) from None
+        allowed = cluster.authorized_operations or ()
+        if AclOperation.DESCRIBE not in allowed:
+            raise refusal(
+                admin.alias,
+                admin.principal,
+                "describing ACLs",
+                "no ACL listed, and no DESCRIBE on the cluster",
+                "DESCRIBE on the cluster",
+            )
+    return acls
