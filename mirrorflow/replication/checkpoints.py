@@ -37,7 +37,14 @@ from mirrorflow.replication.offset_map import OffsetMap, Partition, Translation,
 from mirrorflow.replication.scheduler import TaskFailed
 from mirrorflow.replication.spec import MirrorSpec
 from mirrorflow.replication.topic_reader import TopicReader
-from mirrorflow.replication.topics import ADMIN_TIMEOUT_S, ClusterAdmin, cluster_error
+from mirrorflow.replication.topics import (
+    ADMIN_TIMEOUT_S,
+    ClusterAdmin,
+    client_principal,
+    cluster_error,
+    refusal,
+    unauthorized,
+)
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +57,7 @@ COORDINATOR_MOVING = (
     KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
 )
 COORDINATOR_WAIT_S = 30.0  # how long a group's coordinator may take to be found or loaded
+COMMITTED_WAIT_S = 2.0  # one offset fetch; a refused coordinator look-up is checked between them
 
 
 class GroupOffsetsClient:
@@ -64,6 +72,7 @@ class GroupOffsetsClient:
 
     def __init__(self, admin: ClusterAdmin, config: dict[str, str]) -> None:
         self.admin, self.config = admin, config
+        self.principal = client_principal(config)
 
     def _consumer(self, group: str):
         from confluent_kafka import Consumer
@@ -78,17 +87,25 @@ class GroupOffsetsClient:
             return {}
         consumer = self._consumer(group)
         wanted = [TopicPartition(t, p) for t, p in partitions]
+        action, needs = f"reading the offsets of group {group}", f"DESCRIBE on group {group}"
         deadline = time.monotonic() + COORDINATOR_WAIT_S
         try:
             while True:
                 try:
-                    listed = consumer.committed(wanted, timeout=ADMIN_TIMEOUT_S)
+                    listed = consumer.committed(wanted, timeout=COMMITTED_WAIT_S)
                     break
-                except KafkaException as exc:
+                except KafkaException:
+                    # A refused look-up of the group's coordinator never answers the offset
+                    # fetch: it comes as the consumer's error event instead.
+                    refused = _refusal_event(consumer)
+                    if refused is not None:
+                        exc = KafkaException(refused)
                     code = exc.args[0].code()
-                    if code not in COORDINATOR_MOVING or time.monotonic() > deadline:
-                        action = f"reading the offsets of group {group}"
-                        raise cluster_error(self.admin, action, exc) from None
+                    waiting = code in COORDINATOR_MOVING or code == KafkaError._TIMED_OUT
+                    if refused is not None or not waiting or time.monotonic() > deadline:
+                        raise cluster_error(
+                            self.admin, action, exc, needs, self.principal
+                        ) from None
                     time.sleep(0.5)  # the group's coordinator is being found or loaded
         finally:
             consumer.close()
@@ -99,15 +116,38 @@ class GroupOffsetsClient:
         }
 
     def commit(self, group: str, offsets: list[TopicPartition]) -> None:
-        """Commit ``offsets`` for ``group`` (refused while the group has members)."""
+        """Commit ``offsets`` for ``group`` (refused while the group has members). A missing
+        ACL fails with the one line naming it; other errors raise the client's exception."""
         consumer = self._consumer(group)
         try:
             result = consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:
+            error = exc
+        else:
+            failed = [tp for tp in result or [] if tp.error is not None]
+            error = KafkaException(failed[0].error) if failed else None
         finally:
             consumer.close()
-        failed = [tp for tp in result or [] if tp.error is not None]
-        if failed:
-            raise KafkaException(failed[0].error)
+        if error is None:
+            return
+        code = error.args[0].code()
+        if code == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+            needs = "READ on topic(s) " + ", ".join(sorted({tp.topic for tp in offsets}))
+        else:
+            needs = f"READ on group {group}"
+        action = f"committing offsets of group {group}"
+        if unauthorized(error.args[0]):
+            raise cluster_error(self.admin, action, error, needs, self.principal) from None
+        raise error
+
+
+def _refusal_event(consumer) -> KafkaError | None:
+    """An authorisation error among the consumer's error events (e.g. its group's coordinator
+    look-up refused without DESCRIBE on the group), if any."""
+    while (message := consumer.poll(0)) is not None:
+        if unauthorized(message.error()):
+            return message.error()
+    return None
 
 
 class OffsetMapReader(TopicReader):
@@ -123,14 +163,21 @@ class OffsetMapReader(TopicReader):
         reverse: bool = False,
     ) -> None:
         if reverse:
-            client, admin, topic = (
+            client, admin, topic, cluster = (
                 spec.source_consumer_client,
                 spec.source_admin,
                 spec.reverse_map_topic,
+                spec.source,
             )
         else:
-            client, admin, topic = spec.target_consumer, spec.target_admin, spec.offset_map_topic
-        super().__init__(client, admin, topic, f"mirrorflow-offset-map-reader-{topic}", missing_ok)
+            client, admin, topic, cluster = (
+                spec.target_consumer,
+                spec.target_admin,
+                spec.offset_map_topic,
+                spec.target,
+            )
+        group = f"mirrorflow-offset-map-reader-{topic}"
+        super().__init__(client, admin, topic, group, missing_ok, cluster)
         self.offset_map = offset_map
 
     def apply(self, key: bytes | None, value: bytes | None) -> None:
@@ -142,9 +189,15 @@ class CheckpointReader(TopicReader):
     """The latest checkpoint of each group and target partition in ``<source>.checkpoints.internal``
     (the last record wins, as in ``RemoteClusterUtils``)."""
 
-    def __init__(self, consumer_config: dict[str, str], admin_config: dict[str, str], topic: str):
+    def __init__(
+        self,
+        consumer_config: dict[str, str],
+        admin_config: dict[str, str],
+        topic: str,
+        cluster: str = "",
+    ):
         group = f"mirrorflow-checkpoints-{topic}"
-        super().__init__(consumer_config, admin_config, topic, group, missing_ok=True)
+        super().__init__(consumer_config, admin_config, topic, group, True, cluster)
         self.latest: dict[GroupKey, Checkpoint] = {}
         self.written_ms: dict[GroupKey, int] = {}  # each latest checkpoint's record timestamp
         self.skipped = 0
@@ -174,7 +227,9 @@ def read_offset_map(spec: MirrorSpec) -> OffsetMap:
 def read_checkpoints(spec: MirrorSpec) -> CheckpointReader:
     """The checkpoints on the flow's target: ``.latest`` per group and target partition, and
     when each was written (``.written_ms``)."""
-    reader = CheckpointReader(spec.target_consumer, spec.target_admin, spec.checkpoints_topic)
+    reader = CheckpointReader(
+        spec.target_consumer, spec.target_admin, spec.checkpoints_topic, spec.target
+    )
     try:
         reader.read_to_end()
     finally:
@@ -244,7 +299,9 @@ class GroupCheckpoints:
                 request_timeout=ADMIN_TIMEOUT_S
             ).result()
         except KafkaException as exc:
-            raise cluster_error(self.source, "listing consumer groups", exc) from None
+            raise cluster_error(
+                self.source, "listing consumer groups", exc, "DESCRIBE on the cluster"
+            ) from None
         self.groups = sorted(
             g.group_id for g in listed.valid if self.spec.should_replicate_group(g.group_id)
         )
@@ -340,14 +397,24 @@ class GroupCheckpoints:
                     break
                 except BufferError:
                     self.producer.poll(0.1)
+                except KafkaException as exc:  # refused at once: the topic failed before
+                    failures.append(exc.args[0])
+                    break
         remaining = self.producer.flush(ADMIN_TIMEOUT_S)
+        topic, target = self.spec.checkpoints_topic, self.spec.target
+        if failures and unauthorized(failures[0]):
+            raise refusal(
+                target,
+                client_principal(self.spec.target_client),
+                f"writing checkpoints to {topic}",
+                failures[0].str(),
+                f"WRITE on topic {topic}",
+            )
         if failures or remaining:
             cause = failures[0].str() if failures else "not acknowledged in time"
             raise MirrorflowError(
-                f"writing checkpoints to {self.spec.checkpoints_topic} on {self.spec.target} "
-                f"failed: {cause}",
-                f"check that the mirror's principal may WRITE topic {self.spec.checkpoints_topic} "
-                f"on {self.spec.target}",
+                f"writing checkpoints to {topic} on {target} failed: {cause}",
+                f"check that the mirror's principal may WRITE topic {topic} on {target}",
             )
 
     def scheduled_emit(self) -> None:
@@ -409,15 +476,24 @@ class GroupOffsetSync:
         self.runs: list[GroupSyncReport] = []
 
     def _state(self, group: str) -> str:
-        try:
-            futures = self.target.client.describe_consumer_groups(
-                [group], request_timeout=ADMIN_TIMEOUT_S
-            )
-            description = futures[group].result()
-        except KafkaException as exc:
-            if exc.args[0].code() == KafkaError.GROUP_ID_NOT_FOUND:
-                return "DEAD"
-            raise cluster_error(self.target, f"describing group {group}", exc) from None
+        deadline = time.monotonic() + COORDINATOR_WAIT_S
+        while True:
+            try:
+                futures = self.target.client.describe_consumer_groups(
+                    [group], request_timeout=ADMIN_TIMEOUT_S
+                )
+                description = futures[group].result()
+                break
+            except KafkaException as exc:
+                code = exc.args[0].code()
+                if code == KafkaError.GROUP_ID_NOT_FOUND:
+                    return "DEAD"
+                if code in COORDINATOR_MOVING and time.monotonic() < deadline:
+                    time.sleep(0.5)  # the group's coordinator is being found or loaded
+                    continue
+                raise cluster_error(
+                    self.target, f"describing group {group}", exc, f"DESCRIBE on group {group}"
+                ) from None
         if description.members:
             return "ACTIVE"
         return description.state.name
@@ -527,7 +603,7 @@ def _positions(spec: MirrorSpec) -> dict[Partition, int]:
     from mirrorflow.replication.positions import SourceOffsetReader
 
     reader = SourceOffsetReader(
-        spec.target_consumer, spec.target_admin, spec.offsets_topic, spec.source
+        spec.target_consumer, spec.target_admin, spec.offsets_topic, spec.source, spec.target
     )
     reader.missing_ok = True
     try:
@@ -802,7 +878,9 @@ def expire_offset_map(
     except KafkaException as exc:
         if exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
             return 0  # a deleted source topic: its runs stay until the topic is back
-        raise cluster_error(source, "listing the log start offsets", exc) from None
+        topics = ", ".join(sorted({t for t, _p in partitions}))
+        needs = f"DESCRIBE on topic(s) {topics}"
+        raise cluster_error(source, "listing the log start offsets", exc, needs) from None
     dropped = 0
     for tp, start in starts.items():
         for run in offset_map.expire(tp, start):

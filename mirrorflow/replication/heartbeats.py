@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import time
 
+from confluent_kafka import KafkaException
+
 from mirrorflow.errors import ClusterUnreachable
 from mirrorflow.mm2.formats import Heartbeat
+from mirrorflow.replication.scheduler import TaskFailed
+from mirrorflow.replication.topics import refusal, unauthorized
 
 
 class HeartbeatEmitter:
@@ -25,26 +29,42 @@ class HeartbeatEmitter:
         target_alias: str,
         producers: dict[str, object],
         topic: str,
+        principals: dict[str, str] | None = None,
     ) -> None:
+        """``principals``: who each producer logs in as (cluster alias -> principal), named
+        when a cluster refuses a heartbeat."""
         self.source_alias, self.target_alias = source_alias, target_alias
         self.producers = producers  # cluster alias -> confluent_kafka.Producer
         self.topic = topic
+        self.principals = principals or {}
 
     def beat(self, timeout_s: float = 10.0) -> None:
         """Emit one heartbeat to each producer's cluster and wait for the acknowledgements;
-        :class:`~mirrorflow.errors.ClusterUnreachable` if one was not acknowledged."""
+        :class:`~mirrorflow.errors.ClusterUnreachable` if one was not acknowledged,
+        :class:`~mirrorflow.replication.scheduler.TaskFailed` naming the missing ACL if a
+        cluster refused it."""
         heartbeat = Heartbeat(self.source_alias, self.target_alias, int(time.time() * 1000))
-        failed: list[str] = []
+        failed: list[tuple[str, object]] = []
         for alias, producer in self.producers.items():
-            producer.produce(
-                self.topic,
-                heartbeat.value(),
-                heartbeat.key(),
-                partition=0,
-                timestamp=heartbeat.timestamp,
-                on_delivery=lambda err, _msg, alias=alias: err and failed.append(f"{alias}: {err}"),
-            )
+            try:
+                producer.produce(
+                    self.topic,
+                    heartbeat.value(),
+                    heartbeat.key(),
+                    partition=0,
+                    timestamp=heartbeat.timestamp,
+                    on_delivery=lambda err, _msg, alias=alias: err and failed.append((alias, err)),
+                )
+            except KafkaException as exc:  # refused at once: the topic failed before
+                failed.append((alias, exc.args[0]))
         unsent = sum(producer.flush(timeout_s) for producer in self.producers.values())
+        for alias, err in failed:
+            if unauthorized(err):
+                principal = self.principals.get(alias, "(unknown principal)")
+                action = f"writing heartbeats to {self.topic}"
+                error = refusal(alias, principal, action, err.str(), f"WRITE on topic {self.topic}")
+                raise TaskFailed(str(error))
         if failed or unsent:
-            cause = failed[0] if failed else f"not acknowledged within {timeout_s:.0f}s"
+            alias, err = failed[0] if failed else ("", None)
+            cause = f"{alias}: {err}" if failed else f"not acknowledged within {timeout_s:.0f}s"
             raise ClusterUnreachable(f"heartbeat to {self.topic} failed: {cause}")

@@ -14,11 +14,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 
 from mirrorflow.errors import ClusterUnreachable
 from mirrorflow.mm2.formats import SourceOffset
 from mirrorflow.replication.topic_reader import TopicReader
+from mirrorflow.replication.topics import client_principal, refusal, unauthorized
 
 # Connect's default number of partitions for its offsets topic (offset.storage.partitions).
 OFFSETS_TOPIC_PARTITIONS = 25
@@ -38,9 +39,15 @@ class SourceOffsetReader(TopicReader):
         admin_config: dict[str, str],
         topic: str,
         source_alias: str,
+        cluster: str = "",
     ) -> None:
+        """``cluster``: the alias of the cluster that holds ``topic`` (the target)."""
         super().__init__(
-            consumer_config, admin_config, topic, f"mirrorflow-offsets-reader-{source_alias}"
+            consumer_config,
+            admin_config,
+            topic,
+            f"mirrorflow-offsets-reader-{source_alias}",
+            cluster=cluster,
         )
         self.source_alias = source_alias
         self.positions: dict[tuple[str, int], int] = {}
@@ -64,10 +71,15 @@ class PositionWriter:
     same source partition lands in the same partition and is read last.
     """
 
-    def __init__(self, producer_config: dict[str, str], topic: str, source_alias: str) -> None:
+    def __init__(
+        self, producer_config: dict[str, str], topic: str, source_alias: str, cluster: str = ""
+    ) -> None:
+        """``cluster``: the alias of the cluster that holds ``topic`` (the target)."""
         from confluent_kafka import Producer
 
         self.topic, self.source_alias = topic, source_alias
+        self.cluster = cluster or "(the cluster of " + topic + ")"
+        self.principal = client_principal(producer_config)
         self._producer = Producer(
             {
                 **producer_config,
@@ -82,13 +94,25 @@ class PositionWriter:
         failures: list[KafkaError] = []
         for (topic, partition), next_offset in sorted(positions.items()):
             record = SourceOffset(self.source_alias, topic, partition, next_offset - 1)
-            self._producer.produce(
-                self.topic,
-                record.value(),
-                record.key(),
-                on_delivery=lambda err, _msg: err is not None and failures.append(err),
-            )
+            try:
+                self._producer.produce(
+                    self.topic,
+                    record.value(),
+                    record.key(),
+                    on_delivery=lambda err, _msg: err is not None and failures.append(err),
+                )
+            except KafkaException as exc:  # refused at once: the topic failed before
+                failures.append(exc.args[0])
+                break
         remaining = self._producer.flush(timeout_s)
+        if failures and unauthorized(failures[0]):
+            raise refusal(
+                self.cluster,
+                self.principal,
+                f"writing positions to {self.topic}",
+                failures[0].str(),
+                f"WRITE on topic {self.topic}",
+            )
         if failures or remaining:
             cause = failures[0].str() if failures else f"not acknowledged within {timeout_s:.0f}s"
             raise ClusterUnreachable(

@@ -60,6 +60,8 @@ from mirrorflow.replication.topics import (
     ClusterAdmin,
     cluster_error,
     ensure_internal_topic,
+    refusal,
+    unauthorized,
 )
 
 log = logging.getLogger("mirrorflow.mirror")
@@ -227,8 +229,9 @@ class _FlowSync:
             raise
         except MirrorflowError as exc:
             raise TaskFailed(str(exc)) from None
+        verb = "tried to sync (see the failure)" if report.failures else "synced"
         for change in report.changes:
-            log.info("%s: synced %s", self.flow, change.describe())
+            log.info("%s: %s %s", self.flow, verb, change.describe())
         if report.failures:
             more = f" (and {len(report.failures) - 1} more)" if len(report.failures) > 1 else ""
             raise TaskFailed(report.failures[0] + more)
@@ -306,7 +309,12 @@ class TopicSync(_FlowSync):
                     if exc.args[0].code() == KafkaError.INVALID_PARTITIONS:
                         applied += 1  # grown meanwhile (by the mirror job): as MM2, not an error
                     else:
-                        error = cluster_error(self.target, f"adding partitions to {topic}", exc)
+                        error = cluster_error(
+                            self.target,
+                            f"adding partitions to {topic}",
+                            exc,
+                            f"ALTER on topic {topic}",
+                        )
                         failures.append(str(error))
         by_topic: dict[str, list[Change]] = {}
         for change in changes:
@@ -339,7 +347,10 @@ class TopicSync(_FlowSync):
                     applied += len(by_topic[resource.name])
                 except KafkaException as exc:
                     error = cluster_error(
-                        self.target, f"altering the configs of {resource.name}", exc
+                        self.target,
+                        f"altering the configs of {resource.name}",
+                        exc,
+                        f"ALTER_CONFIGS on topic {resource.name}",
                     )
                     failures.append(str(error))
         return applied, failures
@@ -360,7 +371,12 @@ def _describe(admin: ClusterAdmin, topics: list[str]) -> dict[str, dict[str, Con
         try:
             result[resource.name] = future.result()
         except KafkaException as exc:
-            raise cluster_error(admin, f"describing the configs of {resource.name}", exc) from None
+            raise cluster_error(
+                admin,
+                f"describing the configs of {resource.name}",
+                exc,
+                f"DESCRIBE_CONFIGS on topic {resource.name}",
+            ) from None
     return result
 
 
@@ -467,7 +483,8 @@ class AclSync(_FlowSync):
                     ledger.append((change.ledger_key(), b"created"))
                 except KafkaException as exc:
                     action = f"creating ACL {change.describe()}"
-                    failures.append(str(cluster_error(self.target, action, exc)))
+                    error = cluster_error(self.target, action, exc, "ALTER on the cluster")
+                    failures.append(str(error))
         for change in removes:
             binding = change.binding()
             exact = AclBindingFilter(
@@ -487,7 +504,8 @@ class AclSync(_FlowSync):
                 ledger.append((replace(change, action="create").ledger_key(), None))
             except KafkaException as exc:
                 action = f"removing ACL {change.describe()}"
-                failures.append(str(cluster_error(self.target, action, exc)))
+                error = cluster_error(self.target, action, exc, "ALTER on the cluster")
+                failures.append(str(error))
         if ledger:
             self._record(ledger)
         return applied, failures
@@ -504,13 +522,31 @@ class AclSync(_FlowSync):
         """Write the ledger: the ACLs created, and tombstones for those removed."""
         from confluent_kafka import Producer
 
+        topic = self.spec.acl_ledger_topic
+        failures: list[KafkaError] = []
         producer = Producer({**self.spec.target_client, "enable.idempotence": True, "acks": "all"})
         for key, value in records:
-            producer.produce(self.spec.acl_ledger_topic, value, key, partition=0)
-        if producer.flush(ADMIN_TIMEOUT_S):
+            producer.produce(
+                topic,
+                value,
+                key,
+                partition=0,
+                on_delivery=lambda err, _m: err is not None and failures.append(err),
+            )
+        remaining = producer.flush(ADMIN_TIMEOUT_S)
+        if failures and unauthorized(failures[0]):
+            raise refusal(
+                self.target.alias,
+                self.target.principal,
+                f"recording the ACLs the sync changed in {topic}",
+                failures[0].str(),
+                f"WRITE on topic {topic}",
+            )
+        if failures or remaining:
+            cause = failures[0].str() if failures else "not acknowledged in time"
             raise MirrorflowError(
-                f"recording the ACLs the sync changed in {self.spec.acl_ledger_topic} on "
-                f"{self.target.alias} timed out",
+                f"recording the ACLs the sync changed in {topic} on {self.target.alias} failed: "
+                f"{cause}",
                 "check the target cluster; ACLs not recorded there are never removed by the sync",
             )
 
@@ -539,10 +575,31 @@ class _AclLedgerReader(TopicReader):
 
 
 def _describe_acls(admin: ClusterAdmin) -> list[AclBinding] | None:
-    """Every ACL binding of the cluster; None when it has no authorizer."""
+    """Every ACL binding of the cluster; None when it has no authorizer.
+
+    A principal without DESCRIBE on the cluster gets no error but an empty list, so an empty
+    answer is checked against the principal's authorised operations on the cluster (which the
+    cluster tells only a principal with DESCRIBE on it)."""
     try:
-        return admin.client.describe_acls(_ANY_ACL, request_timeout=ADMIN_TIMEOUT_S).result()
+        acls = admin.client.describe_acls(_ANY_ACL, request_timeout=ADMIN_TIMEOUT_S).result()
     except KafkaException as exc:
         if exc.args[0].code() == KafkaError.SECURITY_DISABLED:
             return None
-        raise cluster_error(admin, "describing ACLs", exc) from None
+        raise cluster_error(admin, "describing ACLs", exc, "DESCRIBE on the cluster") from None
+    if not acls:
+        try:
+            cluster = admin.client.describe_cluster(
+                include_authorized_operations=True, request_timeout=ADMIN_TIMEOUT_S
+            ).result()
+        except KafkaException as exc:
+            raise cluster_error(admin, "describing the cluster", exc) from None
+        allowed = cluster.authorized_operations or ()
+        if AclOperation.DESCRIBE not in allowed:
+            raise refusal(
+                admin.alias,
+                admin.principal,
+                "describing ACLs",
+                "no ACL listed, and no DESCRIBE on the cluster",
+                "DESCRIBE on the cluster",
+            )
+    return acls

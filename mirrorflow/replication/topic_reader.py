@@ -1,7 +1,8 @@
 """Reading one of mirrorflow's internal topics from its beginning to its end, incrementally.
 
 Positions, the offset map and checkpoints are each kept in a topic; a reader loads what is
-there and, called again, only what was added since.
+there and, called again, only what was added since. A reader's consumer never joins nor commits
+its group, so the principal needs READ on the topic only, no ACL on the group.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import time
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
+from mirrorflow.replication.topics import client_principal, refusal, unauthorized
 
 
 class TopicReader:
@@ -28,10 +30,14 @@ class TopicReader:
         topic: str,
         group: str,
         missing_ok: bool = False,
+        cluster: str = "",
     ) -> None:
+        """``cluster``: the alias of the cluster that holds ``topic``, for messages."""
         from confluent_kafka.admin import AdminClient
 
         self.topic, self.missing_ok = topic, missing_ok
+        self.cluster = cluster or "(the cluster of " + topic + ")"
+        self.principal = client_principal(consumer_config)
         self._consumer = Consumer(
             {
                 **consumer_config,
@@ -70,6 +76,7 @@ class TopicReader:
             if metadata.error is not None:
                 if self.missing_ok and metadata.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
                     return  # not created yet: nothing to read
+                self._raise_if_refused(metadata.error)
                 raise MirrorflowError(f"cannot read {self.topic}: {metadata.error.str()}")
             self._partitions = [TopicPartition(self.topic, p) for p in metadata.partitions]
             self._consumer.assign(
@@ -79,6 +86,7 @@ class TopicReader:
         try:
             ends = self._stable_ends(timeout_s)
         except KafkaException as exc:
+            self._raise_if_refused(exc.args[0])
             raise ClusterUnreachable(
                 f"reading {self.topic}: {exc.args[0].str()}",
                 "check the target cluster; the batch is retried",
@@ -93,12 +101,28 @@ class TopicReader:
             msg = self._consumer.poll(0.2)
             if msg is not None and msg.error() is None:
                 self.apply_message(msg)
-            elif msg is not None and msg.error().code() != KafkaError._PARTITION_EOF:
+            elif msg is not None and msg.error().code() not in _IGNORED:
+                self._raise_if_refused(msg.error())
                 raise MirrorflowError(f"reading {self.topic} failed: {msg.error().str()}")
             # The position moves past transaction markers too, which no message shows.
             for tp in self._consumer.position([TopicPartition(self.topic, p) for p in remaining]):
                 if tp.offset >= ends[tp.partition]:
                     remaining.discard(tp.partition)
 
+    def _raise_if_refused(self, error: KafkaError) -> None:
+        if unauthorized(error):
+            raise refusal(
+                self.cluster,
+                self.principal,
+                f"reading {self.topic}",
+                error.str(),
+                f"READ on topic {self.topic}",
+            )
+
     def close(self) -> None:
         self._consumer.close()
+
+
+# The end of a partition, and librdkafka's look-up of the coordinator of a group the reader never
+# joins nor commits (refused without DESCRIBE on the group, which it does not need).
+_IGNORED = (KafkaError._PARTITION_EOF, KafkaError.GROUP_AUTHORIZATION_FAILED)

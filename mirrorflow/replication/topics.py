@@ -37,7 +37,7 @@ class ClusterAdmin:
 
     def __init__(self, alias: str, config: dict[str, str]) -> None:
         self.alias = alias
-        self.principal = config.get("sasl.username", "(no SASL user)")
+        self.principal = client_principal(config)
         self.auth_error: KafkaError | None = None
         self.client = AdminClient({**config, "error_cb": self._on_error})
 
@@ -60,13 +60,22 @@ class ClusterAdmin:
                     raise cluster_error(self, "listing topics", exc) from None
 
 
-_AUTH_ERRORS = (
-    KafkaError._AUTHENTICATION,
-    KafkaError.SASL_AUTHENTICATION_FAILED,
+_AUTHORIZATION_ERRORS = (
     KafkaError.TOPIC_AUTHORIZATION_FAILED,
     KafkaError.CLUSTER_AUTHORIZATION_FAILED,
     KafkaError.GROUP_AUTHORIZATION_FAILED,
+    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
 )
+_AUTH_ERRORS = (
+    KafkaError._AUTHENTICATION,
+    KafkaError.SASL_AUTHENTICATION_FAILED,
+    *_AUTHORIZATION_ERRORS,
+)
+
+
+def client_principal(config: dict[str, str]) -> str:
+    """Who a librdkafka client config logs in as, for messages."""
+    return config.get("sasl.username") or config.get("sasl.kerberos.principal") or "(no SASL user)"
 
 
 def refused(exc: Exception) -> bool:
@@ -75,16 +84,45 @@ def refused(exc: Exception) -> bool:
     return err is not None and err.code() in _AUTH_ERRORS
 
 
-def cluster_error(admin: ClusterAdmin, action: str, exc: Exception) -> MirrorflowError:
-    """A clear error for a failed admin call: authorisation, reachability, or other."""
+def unauthorized(err: KafkaError | None) -> bool:
+    """Whether a client error is an authorisation failure (a missing ACL)."""
+    return err is not None and err.code() in _AUTHORIZATION_ERRORS
+
+
+def refusal(
+    cluster: str, principal: str, action: str, text: str, needs: str | None = None
+) -> MirrorflowError:
+    """The one line of a refusal: the cluster, the principal it refused, what was being done and,
+    when known, the operation and resource that needs (an ACL to grant)."""
+    if needs:
+        return MirrorflowError(
+            f"cluster {cluster} refused principal {principal} while {action}, which needs "
+            f"{needs}: {text}",
+            f"add that ACL for User:{principal} on {cluster}",
+        )
+    return MirrorflowError(
+        f"cluster {cluster} refused principal {principal} while {action}: {text}",
+        f"check the credentials and ACLs of {principal} on {cluster}",
+    )
+
+
+def cluster_error(
+    admin: ClusterAdmin,
+    action: str,
+    exc: Exception,
+    needs: str | None = None,
+    principal: str | None = None,
+) -> MirrorflowError:
+    """A clear error for a failed admin call: authorisation, reachability, or other.
+
+    ``needs`` names the ACL the call needs (e.g. ``ALTER_CONFIGS on topic t``), said when the
+    cluster refused it; ``principal`` is the client's if it is not the admin client's."""
     err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
     code = err.code() if err else None
-    text = err.str() if err else str(exc)
+    text = _text(err) if err else str(exc)
     if code in _AUTH_ERRORS:
-        return MirrorflowError(
-            f"cluster {admin.alias} refused principal {admin.principal} while {action}: {text}",
-            f"check the credentials and ACLs of {admin.principal} on {admin.alias}",
-        )
+        needs = needs if code in _AUTHORIZATION_ERRORS else None
+        return refusal(admin.alias, principal or admin.principal, action, text, needs)
     if code in (KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN) or (
         err is not None and err.retriable()  # e.g. a leader moving after a broker restart
     ):
@@ -93,6 +131,12 @@ def cluster_error(admin: ClusterAdmin, action: str, exc: Exception) -> Mirrorflo
             f"check {admin.alias}.bootstrap.servers and that the cluster is up",
         )
     return MirrorflowError(f"cluster {admin.alias}: {action} failed: {text}")
+
+
+def _text(err: KafkaError) -> str:
+    """The error's text, with its name where librdkafka gives none (``ConsumerGroupDescribe: ``)."""
+    text = err.str().strip()
+    return text if text and not text.endswith(":") else f"{text} {err.name()}".strip()
 
 
 def ensure_internal_topic(
@@ -129,7 +173,9 @@ def _create(admin: ClusterAdmin, topics: list[NewTopic]) -> None:
             future.result()
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise cluster_error(admin, f"creating topic {name}", exc) from None
+                raise cluster_error(
+                    admin, f"creating topic {name}", exc, f"CREATE on topic {name}"
+                ) from None
 
 
 class RemoteTopics:
@@ -194,7 +240,10 @@ class RemoteTopics:
                 except KafkaException as exc:
                     if exc.args[0].code() != KafkaError.INVALID_PARTITIONS:
                         raise cluster_error(
-                            self.target, f"adding partitions to {name}", exc
+                            self.target,
+                            f"adding partitions to {name}",
+                            exc,
+                            f"ALTER on topic {name}",
                         ) from None
         remotes = [mapping[s] for s in counts]
         self.max_message_bytes.update(self._max_message_bytes(remotes))
@@ -209,7 +258,10 @@ class RemoteTopics:
             try:
                 entries: dict[str, ConfigEntry] = future.result()
             except KafkaException as exc:
-                raise cluster_error(self.source, f"describing {resource.name}", exc) from None
+                needs = f"DESCRIBE_CONFIGS on topic {resource.name}"
+                raise cluster_error(
+                    self.source, f"describing {resource.name}", exc, needs
+                ) from None
             result[resource.name] = {
                 name: entry.value
                 for name, entry in entries.items()
@@ -233,5 +285,6 @@ class RemoteTopics:
             except KafkaException as exc:
                 unknown = exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART
                 if not unknown or time.monotonic() > deadline:
-                    raise cluster_error(self.target, f"describing {remotes}", exc) from None
+                    needs = f"DESCRIBE_CONFIGS on topics {', '.join(remotes)}"
+                    raise cluster_error(self.target, f"describing {remotes}", exc, needs) from None
                 time.sleep(0.2)

@@ -71,9 +71,12 @@ from mirrorflow.replication.sync import AclSync, TopicSync
 from mirrorflow.replication.topics import (
     ClusterAdmin,
     RemoteTopics,
+    client_principal,
     cluster_error,
     ensure_internal_topic,
+    refusal,
     refused,
+    unauthorized,
 )
 from mirrorflow.runtime import eos_writer as mirror_writer
 from mirrorflow.runtime import jobs, jvm
@@ -221,9 +224,15 @@ class MirrorJob:
         self._map_reader.read_to_end()
         if self.reader is None:
             self.reader = SourceOffsetReader(
-                spec.target_consumer, spec.target_admin, spec.offsets_topic, spec.source
+                spec.target_consumer,
+                spec.target_admin,
+                spec.offsets_topic,
+                spec.source,
+                spec.target,
             )
-            self.writer = PositionWriter(spec.target_client, spec.offsets_topic, spec.source)
+            self.writer = PositionWriter(
+                spec.target_client, spec.offsets_topic, spec.source, spec.target
+            )
         self.mapping = self.remote_topics.prepare()
         self.positions = self._stored_positions()
 
@@ -320,6 +329,7 @@ class MirrorJob:
                 spec.target,
                 {spec.target: self.producers[spec.target]},
                 spec.heartbeats_topic,
+                {spec.target: client_principal(spec.target_client)},
             )
             self.scheduler.run_now(
                 self.scheduler.add("heartbeats", spec.heartbeats_interval_s, heartbeats.beat)
@@ -509,7 +519,8 @@ class MirrorJob:
             try:
                 result[(tp.topic, tp.partition)] = future.result().offset
             except KafkaException as exc:
-                error = cluster_error(admin, f"listing offsets of {tp.topic}", exc)
+                needs = f"DESCRIBE on topic {tp.topic}"
+                error = cluster_error(admin, f"listing offsets of {tp.topic}", exc, needs)
                 if isinstance(error, ClusterUnreachable) or refused(exc):
                     raise error from None
                 # Leaders move while a broker restarts: retried like an unreachable cluster.
@@ -688,6 +699,8 @@ class MirrorJob:
     def _store_runs(self, runs: dict[Partition, list[Run]]) -> None:
         """Add a batch's runs of copies to the offset map and store them on the target before
         the batch's positions are written (so the map covers every copy below a position)."""
+        from confluent_kafka import KafkaException
+
         producer = self.producers[self.spec.target]
         failures: list = []
         for tp, partition_runs in sorted(runs.items()):
@@ -705,7 +718,19 @@ class MirrorJob:
                         break
                     except BufferError:
                         producer.poll(0.1)
+                    except KafkaException as exc:  # refused at once: the topic failed before
+                        failures.append(exc.args[0])
+                        break
         remaining = producer.flush(60) if runs else 0
+        topic = self.spec.offset_map_topic
+        if failures and unauthorized(failures[0]):
+            raise refusal(
+                self.spec.target,
+                client_principal(self.spec.target_client),
+                f"writing the offset map to {topic}",
+                failures[0].str(),
+                f"WRITE on topic {topic}",
+            )
         if failures or remaining:
             cause = failures[0].str() if failures else "not acknowledged within 60 s"
             raise ClusterUnreachable(
@@ -830,6 +855,8 @@ class MirrorJob:
         return sum(r.records for r in lasts), sum(r.bytes for r in lasts), len(syncs)
 
     def _write_offset_syncs(self, syncs: list[OffsetSync]) -> None:
+        from confluent_kafka import KafkaException
+
         producer = self.producers[self.spec.offset_syncs_cluster]
         failures: list = []
         for sync in syncs:
@@ -845,7 +872,22 @@ class MirrorJob:
                     break
                 except BufferError:
                     producer.poll(0.1)
+                except KafkaException as exc:  # refused at once: the topic failed before
+                    failures.append(exc.args[0])
+                    break
         remaining = producer.flush(60)
+        cluster, topic = self.spec.offset_syncs_cluster, self.spec.offset_syncs_topic
+        if failures and unauthorized(failures[0]):
+            config = (
+                self.spec.source_client if cluster == self.spec.source else self.spec.target_client
+            )
+            raise refusal(
+                cluster,
+                client_principal(config),
+                f"writing offset syncs to {topic}",
+                failures[0].str(),
+                f"WRITE on topic {topic}",
+            )
         if failures or remaining:
             cause = failures[0] if failures else "timed out"
             raise MirrorflowError(

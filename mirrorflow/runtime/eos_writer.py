@@ -29,6 +29,7 @@ import pyarrow as pa
 
 from mirrorflow.mm2.offset_syncs import PartitionSyncState
 from mirrorflow.replication.offset_map import PartitionMap, Run, record_of, runs_of
+from mirrorflow.replication.topics import client_principal, refusal, unauthorized
 
 INPUT_COLUMNS = ("topic", "partition", "offset", "key", "value", "headers", "ts_ms")
 RESULT_SCHEMA = pa.schema(
@@ -107,6 +108,8 @@ def _transactional_producer(settings: CopySettings, topic: str, partition: int):
         producer.init_transactions(settings.flush_timeout_s)
         producer.begin_transaction()
     except KafkaException as exc:
+        action = f"starting a transaction ({txn_id})"
+        _raise_if_refused(settings, action, exc.args[0], f"WRITE on transactional id {txn_id}")
         raise CopyError(
             f"starting a transaction ({txn_id}) on {settings.target_alias} failed: "
             f"{exc.args[0].str()}"
@@ -159,6 +162,7 @@ def copy_records(
             settings.admin_config,
             settings.offsets_topic,
             settings.source_alias,
+            cluster=settings.target_alias,
         )
         try:
             committed.update(reader.read_to_end())
@@ -267,6 +271,12 @@ def _commit_transactions(settings: CopySettings, partitions) -> None:
             error = exc.args[0]
             if error.txn_requires_abort():
                 p.producer.abort_transaction(settings.flush_timeout_s)
+            _raise_if_refused(
+                settings,
+                f"committing the copies of {p.topic}-{p.partition} to {p.remote}",
+                error,
+                f"WRITE on topics {p.remote}, {settings.offsets_topic} and {settings.map_topic}",
+            )
             raise CopyError(
                 f"committing the copies of {p.topic}-{p.partition} to {p.remote} on "
                 f"{settings.target_alias} failed: {error.str()} (nothing of it was committed)"
@@ -286,10 +296,20 @@ def _add_runs(settings: CopySettings, p: _Partition) -> None:
         p.producer.produce(settings.map_topic, value, key, partition=0)
 
 
+def _raise_if_refused(settings: CopySettings, action: str, error, needs: str) -> None:
+    """A missing ACL on the target as the one line naming cluster, principal and the ACL."""
+    if unauthorized(error):
+        principal = client_principal(settings.producer_config)
+        raise CopyError(str(refusal(settings.target_alias, principal, action, error.str(), needs)))
+
+
 def _check_acks(settings: CopySettings, partitions) -> None:
     for p in partitions.values():
         if p.acks.error is not None:
             err = p.acks.error
+            _raise_if_refused(
+                settings, f"writing {p.remote}-{p.partition}", err, f"WRITE on topic {p.remote}"
+            )
             offset = p.upstream[p.acks.error_index] if p.acks.error_index < len(p.upstream) else "?"
             raise CopyError(
                 f"copying {p.topic}-{p.partition}@{offset} to {p.remote} on "

@@ -277,7 +277,7 @@ public final class MirrorCopier {
         try {
           polled = reader.poll(Duration.ofMillis(500));
         } catch (AuthenticationException | AuthorizationException refused) {
-          throw refusedBy("source", "reading " + tp, refused);
+          throw refusedBy("source", "reading " + tp, refused, "READ on topic " + tp.topic());
         } catch (OffsetOutOfRangeException gone) {
           long earliest = reader.earliest();
           LOG.warn(
@@ -357,7 +357,9 @@ public final class MirrorCopier {
         KafkaClients.discardProducer(producerConfig);
         for (Throwable cause = error; cause != null; cause = cause.getCause()) {
           if (cause instanceof AuthenticationException || cause instanceof AuthorizationException) {
-            throw refusedBy("target", "writing " + remote + "-" + tp.partition(), (Exception) cause);
+            throw refusedBy(
+                "target", "writing " + remote + "-" + tp.partition(), (Exception) cause,
+                "WRITE on topic " + remote);
           }
         }
         throw new IllegalStateException(
@@ -370,14 +372,22 @@ public final class MirrorCopier {
       return copied;
     }
 
-    /** One line naming the cluster and the principal it refused, and what to check. */
-    private IllegalStateException refusedBy(String side, String action, Exception error) {
+    /**
+     * One line naming the cluster and the principal it refused, what was being done and what to
+     * check: the ACL ({@code needs}, operation and resource) if the cluster refused an operation.
+     */
+    private IllegalStateException refusedBy(
+        String side, String action, Exception error, String needs) {
       String cluster = settings.get(side);
       String principal = settings.getOrDefault(side + ".principal", "(no SASL user)");
+      boolean acl = error instanceof AuthorizationException;
+      String hint = acl
+          ? "add that ACL for User:" + principal + " on " + cluster
+          : "check the credentials and ACLs of " + principal + " on " + cluster;
       return new IllegalStateException(
           settings.get("error.prefix") + "cluster " + cluster + " refused principal " + principal + " while "
-              + action + ": " + error.getMessage() + "; check the credentials and ACLs of "
-              + principal + " on " + cluster,
+              + action + (acl ? ", which needs " + needs : "") + ": " + error.getMessage()
+              + " (" + hint + ")",
           error);
     }
 
@@ -416,7 +426,7 @@ public final class MirrorCopier {
             Long.parseLong(settings.get("syncs.interval.ms")),
             config);
       } catch (AuthenticationException | AuthorizationException refused) {
-        throw refusedBy("syncs", "writing offset syncs to " + topic, refused);
+        throw refusedBy("syncs", "writing offset syncs to " + topic, refused, "WRITE on topic " + topic);
       }
     }
 
