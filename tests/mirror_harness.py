@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from mirrorflow.devtools import sandbox as sandbox_mod
@@ -175,6 +175,27 @@ def start_mirror(
     )
 
 
+_LEADER_MOVING = (
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError._TRANSPORT,
+    KafkaError._TIMED_OUT,
+)
+
+
+def _watermarks(consumer: Consumer, tp: TopicPartition, timeout: float = 30.0) -> tuple[int, int]:
+    """A partition's watermarks, waiting while its leader moves (a broker just restarted)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return consumer.get_watermark_offsets(tp, timeout=10)
+        except KafkaException as exc:
+            moving = exc.args[0].retriable() or exc.args[0].code() in _LEADER_MOVING
+            if not moving or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
 def read_topic(cluster: sandbox_mod.Cluster, topic: str, timeout: float = 60.0) -> dict[int, list]:
     """Every record of ``topic`` up to its current end, per partition in offset order.
 
@@ -193,10 +214,7 @@ def read_topic(cluster: sandbox_mod.Cluster, topic: str, timeout: float = 60.0) 
     )
     result: dict[int, list] = {p: [] for p in partitions}
     try:
-        ends = {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-            for p in partitions
-        }
+        ends = {p: _watermarks(consumer, TopicPartition(topic, p)) for p in partitions}
         pending = {p for p, (low, high) in ends.items() if high > low}
         consumer.assign([TopicPartition(topic, p, ends[p][0]) for p in pending])
         deadline = time.monotonic() + timeout
