@@ -42,8 +42,8 @@ from mirrorflow.replication.topics import (
     ClusterAdmin,
     client_principal,
     cluster_error,
-    refusal,
     unauthorized,
+    write_records,
 )
 
 log = logging.getLogger(__name__)
@@ -383,39 +383,16 @@ class GroupCheckpoints:
         return len(due)
 
     def _write(self, checkpoints: list[Checkpoint]) -> None:
-        failures: list[KafkaError] = []
-        for checkpoint in checkpoints:
-            while True:
-                try:
-                    self.producer.produce(
-                        self.spec.checkpoints_topic,
-                        checkpoint.value(),
-                        checkpoint.key(),
-                        partition=0,
-                        on_delivery=lambda err, _m: err is not None and failures.append(err),
-                    )
-                    break
-                except BufferError:
-                    self.producer.poll(0.1)
-                except KafkaException as exc:  # refused at once: the topic failed before
-                    failures.append(exc.args[0])
-                    break
-        remaining = self.producer.flush(ADMIN_TIMEOUT_S)
-        topic, target = self.spec.checkpoints_topic, self.spec.target
-        if failures and unauthorized(failures[0]):
-            raise refusal(
-                target,
-                client_principal(self.spec.target_client),
-                f"writing checkpoints to {topic}",
-                failures[0].str(),
-                f"WRITE on topic {topic}",
-            )
-        if failures or remaining:
-            cause = failures[0].str() if failures else "not acknowledged in time"
-            raise MirrorflowError(
-                f"writing checkpoints to {topic} on {target} failed: {cause}",
-                f"check that the mirror's principal may WRITE topic {topic} on {target}",
-            )
+        topic = self.spec.checkpoints_topic
+        write_records(
+            self.producer,
+            topic,
+            [(c.key(), c.value()) for c in checkpoints],
+            cluster=self.spec.target,
+            principal=client_principal(self.spec.target_client),
+            what=f"writing checkpoints to {topic}",
+            hint="check the target cluster; the checkpoints are written again next interval",
+        )
 
     def scheduled_emit(self) -> None:
         """The mirror job's periodic task: a refusal is counted and retried, never fatal."""

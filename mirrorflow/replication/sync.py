@@ -61,7 +61,7 @@ from mirrorflow.replication.topics import (
     cluster_error,
     ensure_internal_topic,
     refusal,
-    unauthorized,
+    write_records,
 )
 
 log = logging.getLogger("mirrorflow.mirror")
@@ -523,32 +523,15 @@ class AclSync(_FlowSync):
         from confluent_kafka import Producer
 
         topic = self.spec.acl_ledger_topic
-        failures: list[KafkaError] = []
-        producer = Producer({**self.spec.target_client, "enable.idempotence": True, "acks": "all"})
-        for key, value in records:
-            producer.produce(
-                topic,
-                value,
-                key,
-                partition=0,
-                on_delivery=lambda err, _m: err is not None and failures.append(err),
-            )
-        remaining = producer.flush(ADMIN_TIMEOUT_S)
-        if failures and unauthorized(failures[0]):
-            raise refusal(
-                self.target.alias,
-                self.target.principal,
-                f"recording the ACLs the sync changed in {topic}",
-                failures[0].str(),
-                f"WRITE on topic {topic}",
-            )
-        if failures or remaining:
-            cause = failures[0].str() if failures else "not acknowledged in time"
-            raise MirrorflowError(
-                f"recording the ACLs the sync changed in {topic} on {self.target.alias} failed: "
-                f"{cause}",
-                "check the target cluster; ACLs not recorded there are never removed by the sync",
-            )
+        write_records(
+            Producer({**self.spec.target_client, "enable.idempotence": True, "acks": "all"}),
+            topic,
+            records,
+            cluster=self.target.alias,
+            principal=self.target.principal,
+            what=f"recording the ACLs the sync changed in {topic}",
+            hint="check the target cluster; ACLs not recorded there are never removed by the sync",
+        )
 
 
 _NOT_KEY = ("kind", "action")

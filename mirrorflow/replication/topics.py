@@ -10,7 +10,7 @@ topics (heartbeats, offset syncs) are created here too.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import (
@@ -288,3 +288,47 @@ class RemoteTopics:
                     needs = f"DESCRIBE_CONFIGS on topics {', '.join(remotes)}"
                     raise cluster_error(self.target, f"describing {remotes}", exc, needs) from None
                 time.sleep(0.2)
+
+
+def write_records(
+    producer,
+    topic: str,
+    records: Iterable[tuple[bytes, bytes | None]],
+    *,
+    cluster: str,
+    principal: str,
+    what: str,
+    hint: str,
+    error: type[MirrorflowError] = MirrorflowError,
+    timeout_s: float = ADMIN_TIMEOUT_S,
+) -> None:
+    """Write ``(key, value)`` records to partition 0 of one of mirrorflow's internal topics and
+    wait until every one is acknowledged.
+
+    A refusal raises the one line naming ``cluster``, ``principal`` and WRITE on ``topic``; any
+    other failure (or a timeout) raises ``error`` saying ``what`` failed, with ``hint``.
+    """
+    failures: list[KafkaError] = []
+
+    def delivered(err, _msg) -> None:
+        if err is not None:
+            failures.append(err)
+
+    for key, value in records:
+        while True:
+            try:
+                producer.produce(topic, value, key, partition=0, on_delivery=delivered)
+                break
+            except BufferError:
+                producer.poll(0.1)
+            except KafkaException as exc:  # refused at once: the topic failed before
+                failures.append(exc.args[0])
+                break
+        if failures:
+            break
+    remaining = producer.flush(timeout_s)
+    if failures and unauthorized(failures[0]):
+        raise refusal(cluster, principal, what, failures[0].str(), f"WRITE on topic {topic}")
+    if failures or remaining:
+        cause = failures[0].str() if failures else f"not acknowledged within {timeout_s:.0f} s"
+        raise error(f"{what} on {cluster} failed: {cause}", hint)

@@ -74,9 +74,8 @@ from mirrorflow.replication.topics import (
     client_principal,
     cluster_error,
     ensure_internal_topic,
-    refusal,
     refused,
-    unauthorized,
+    write_records,
 )
 from mirrorflow.runtime import eos_writer as mirror_writer
 from mirrorflow.runtime import jobs, jvm
@@ -699,45 +698,25 @@ class MirrorJob:
     def _store_runs(self, runs: dict[Partition, list[Run]]) -> None:
         """Add a batch's runs of copies to the offset map and store them on the target before
         the batch's positions are written (so the map covers every copy below a position)."""
-        from confluent_kafka import KafkaException
-
-        producer = self.producers[self.spec.target]
-        failures: list = []
-        for tp, partition_runs in sorted(runs.items()):
-            for run in self.offset_map.add(tp, partition_runs):
-                key, value = record_of(tp, run)
-                while True:
-                    try:
-                        producer.produce(
-                            self.spec.offset_map_topic,
-                            value,
-                            key,
-                            partition=0,
-                            on_delivery=lambda err, _m: err and failures.append(err),
-                        )
-                        break
-                    except BufferError:
-                        producer.poll(0.1)
-                    except KafkaException as exc:  # refused at once: the topic failed before
-                        failures.append(exc.args[0])
-                        break
-        remaining = producer.flush(60) if runs else 0
+        records = [
+            record_of(tp, run)
+            for tp, partition_runs in sorted(runs.items())
+            for run in self.offset_map.add(tp, partition_runs)
+        ]
+        if not records:
+            return
         topic = self.spec.offset_map_topic
-        if failures and unauthorized(failures[0]):
-            raise refusal(
-                self.spec.target,
-                client_principal(self.spec.target_client),
-                f"writing the offset map to {topic}",
-                failures[0].str(),
-                f"WRITE on topic {topic}",
-            )
-        if failures or remaining:
-            cause = failures[0].str() if failures else "not acknowledged within 60 s"
-            raise ClusterUnreachable(
-                f"writing the offset map to {self.spec.offset_map_topic} on {self.spec.target} "
-                f"failed: {cause}",
-                "the batch is copied again when the flow resumes; check the target cluster",
-            )
+        write_records(
+            self.producers[self.spec.target],
+            topic,
+            records,
+            cluster=self.spec.target,
+            principal=client_principal(self.spec.target_client),
+            what=f"writing the offset map to {topic}",
+            hint="the batch is copied again when the flow resumes; check the target cluster",
+            error=ClusterUnreachable,
+            timeout_s=60,
+        )
 
     def _copier_settings(self, mapping: dict[str, str]):
         """The copier's settings (see ``MirrorCopier``'s documentation) as a Java map, built
@@ -855,46 +834,19 @@ class MirrorJob:
         return sum(r.records for r in lasts), sum(r.bytes for r in lasts), len(syncs)
 
     def _write_offset_syncs(self, syncs: list[OffsetSync]) -> None:
-        from confluent_kafka import KafkaException
-
-        producer = self.producers[self.spec.offset_syncs_cluster]
-        failures: list = []
-        for sync in syncs:
-            while True:
-                try:
-                    producer.produce(
-                        self.spec.offset_syncs_topic,
-                        sync.value(),
-                        sync.key(),
-                        partition=0,
-                        on_delivery=lambda err, _m: err and failures.append(err),
-                    )
-                    break
-                except BufferError:
-                    producer.poll(0.1)
-                except KafkaException as exc:  # refused at once: the topic failed before
-                    failures.append(exc.args[0])
-                    break
-        remaining = producer.flush(60)
-        cluster, topic = self.spec.offset_syncs_cluster, self.spec.offset_syncs_topic
-        if failures and unauthorized(failures[0]):
-            config = (
-                self.spec.source_client if cluster == self.spec.source else self.spec.target_client
-            )
-            raise refusal(
-                cluster,
-                client_principal(config),
-                f"writing offset syncs to {topic}",
-                failures[0].str(),
-                f"WRITE on topic {topic}",
-            )
-        if failures or remaining:
-            cause = failures[0] if failures else "timed out"
-            raise MirrorflowError(
-                f"writing offset syncs to {self.spec.offset_syncs_topic} on "
-                f"{self.spec.offset_syncs_cluster} failed: {cause}",
-                "the batch will be replayed when the job restarts; check the cluster",
-            )
+        spec = self.spec
+        cluster, topic = spec.offset_syncs_cluster, spec.offset_syncs_topic
+        config = spec.source_client if cluster == spec.source else spec.target_client
+        write_records(
+            self.producers[cluster],
+            topic,
+            [(sync.key(), sync.value()) for sync in syncs],
+            cluster=cluster,
+            principal=client_principal(config),
+            what=f"writing offset syncs to {topic}",
+            hint="the batch will be replayed when the job restarts; check the cluster",
+            timeout_s=60,
+        )
 
 
 def record_state(
