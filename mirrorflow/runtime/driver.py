@@ -85,6 +85,8 @@ from mirrorflow.runtime.spark_session import kafka_options
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from mirrorflow.runtime.metrics import FlowMetrics
+
 log = logging.getLogger("mirrorflow.mirror")
 
 Partition = tuple[str, int]
@@ -100,10 +102,13 @@ _SHIPPED = False  # the mirrorflow package went to the executors (once per appli
 class MirrorJob:
     """Runs one flow, batch after batch, until told to stop."""
 
-    def __init__(self, spark: SparkSession, spec: MirrorSpec) -> None:
+    def __init__(
+        self, spark: SparkSession, spec: MirrorSpec, metrics: FlowMetrics | None = None
+    ) -> None:
         from confluent_kafka import Producer
 
         self.spark, self.spec = spark, spec
+        self.metrics = metrics  # the flow's Prometheus metrics, when the application has them
         self._stop_requested = threading.Event()
         self._stop_logged = False
         self._parent = os.getppid()
@@ -149,6 +154,7 @@ class MirrorJob:
         self.local_batches = 0  # of them, copied in the driver's JVM without a Spark job
         self.copied = [0, 0]  # records, bytes since start
         self._once_ends: dict[Partition, int] | None = None
+        self._planned_ends: dict[Partition, int] = {}  # the source's ends at the last plan
         self.state = "STARTING"
         self._last_batch_s = 0.0
         self._copier_settings_cache: tuple | None = None
@@ -556,6 +562,7 @@ class MirrorJob:
         if new:
             self.positions.update(self._starts(new))
         ends = self._once_ends if self._once_ends is not None else self._ends(partitions)
+        self._planned_ends = ends
         pending = {}
         for tp in partitions:
             end, position = ends.get(tp, 0), self.positions[tp]
@@ -574,6 +581,8 @@ class MirrorJob:
                 self.positions[tp] = position = restart
             if end > position:
                 pending[tp] = end - position
+        if self.metrics is not None:
+            self.metrics.lag(self.positions, ends, self.mapping)
         total, cap = sum(pending.values()), self.spec.max_records_per_batch
         self._capped = total > cap
         ranges = []
@@ -589,7 +598,9 @@ class MirrorJob:
         started = time.monotonic()
         if self.spec.exactly_once:
             try:
-                records, size, syncs = self._copy_in_transactions(self._read(ranges), mapping)
+                records, size, syncs, per_partition = self._copy_in_transactions(
+                    self._read(ranges), mapping
+                )
             except MirrorflowError:
                 raise
             except Exception as exc:  # Spark's error: its text holds the copy's message
@@ -598,6 +609,7 @@ class MirrorJob:
         else:
             local = self._runs_locally(ranges)
             records, size, runs = self._copy_with_copier(ranges, mapping, local)
+            per_partition = {tp: sum(run.count for run in rs) for tp, rs in runs.items()}
             done = f"{records} records, {size} bytes" + (" (in the driver)" if local else "")
             self.local_batches += local
             self._store_runs(runs)
@@ -607,6 +619,8 @@ class MirrorJob:
             self.positions[tp] = until
         self.copied[0] += records
         self.copied[1] += size
+        if self.metrics is not None:
+            self.metrics.batch(per_partition, size, self.positions, self._planned_ends, mapping)
         elapsed = time.monotonic() - started
         log.info(
             "%s batch %d: %s from %d partitions in %.3f s",
@@ -623,6 +637,8 @@ class MirrorJob:
         """Write ``S-T/progress.json``: the flow's state and progress, for people and Airflow."""
         self.state = state
         self._recorded = (time.monotonic(), self._task_runs())
+        if self.metrics is not None:
+            self.metrics.state(state)
         record_state(
             self.flow_dir,
             self.spec.flow,
@@ -785,7 +801,8 @@ class MirrorJob:
 
     def _copy_in_transactions(self, batch: DataFrame, mapping: dict[str, str]) -> tuple:
         """Exactly-once: the Python workers copy each source partition in a transaction that
-        also commits its position; then the offset syncs go out. Returns (records, bytes, syncs)."""
+        also commits its position; then the offset syncs go out. Returns (records, bytes, syncs,
+        records per partition)."""
         from pyspark.sql import functions as F
 
         spec = self.spec
@@ -852,7 +869,16 @@ class MirrorJob:
         if spec.emit_offset_syncs and syncs:
             self._write_offset_syncs(syncs)
         lasts = [r for r in rows if r.kind == "last"]
-        return sum(r.records for r in lasts), sum(r.bytes for r in lasts), len(syncs)
+        per_partition: dict[Partition, int] = {}
+        for r in lasts:
+            tp = (r.topic, r.partition)
+            per_partition[tp] = per_partition.get(tp, 0) + r.records
+        return (
+            sum(r.records for r in lasts),
+            sum(r.bytes for r in lasts),
+            len(syncs),
+            per_partition,
+        )
 
     def _write_offset_syncs(self, syncs: list[OffsetSync]) -> None:
         from confluent_kafka import KafkaException
