@@ -15,7 +15,15 @@ from mirrorflow.runtime import launch
 from mirrorflow.runtime import metrics as metrics_mod
 from tests import exposure
 from tests.conftest import create_topics
-from tests.mirror_harness import flow_file, produce, progress, start_mirror, stop_job, wait_for
+from tests.mirror_harness import (
+    flow_file,
+    produce,
+    progress,
+    read_topic,
+    start_mirror,
+    stop_job,
+    wait_for,
+)
 
 
 def free_port() -> int:
@@ -85,17 +93,24 @@ def test_flow_metrics_count_per_remote_partition_and_lag():
     assert value("mirrorflow_flow_state", state) == 1
 
 
+EXACTLY_ONCE = (
+    "secondary.exactly.once.source.support = enabled",
+    "primary.consumer.isolation.level = read_committed",
+)
+
+
 @pytest.mark.kafka
 @pytest.mark.spark
+@pytest.mark.parametrize("exactly_once", [False, True], ids=["at-least-once", "exactly-once"])
 def test_scraped_record_counts_match_the_target_and_the_endpoint_is_loopback_only(
-    sandbox, topic_name, tmp_path
+    sandbox, topic_name, tmp_path, exactly_once
 ):
     primary, secondary = sandbox["primary"], sandbox["secondary"]
     topic = topic_name("metrics")
     remote = f"primary.{topic}"
     create_topics(primary, topic, partitions=2)
     produce(primary, topic, 2, 101)  # 51 records in partition 0, 50 in partition 1
-    config = flow_file(tmp_path, sandbox, topic)
+    config = flow_file(tmp_path, sandbox, topic, *(EXACTLY_ONCE if exactly_once else ()))
     state, log, port = tmp_path / "state", tmp_path / "mirror.log", free_port()
     stop_file = launch.stop_file_for(state, "primary->secondary")
     job = start_mirror(
@@ -121,7 +136,10 @@ def test_scraped_record_counts_match_the_target_and_the_endpoint_is_loopback_onl
         samples = wait_for(caught_up, 60, "lag 0 on both partitions")
         counts = per_partition(samples, "mirrorflow_record_count_total", remote)
         assert counts == {0: 71, 1: 70}
-        assert counts == end_offsets(secondary, remote, 2), "the metrics and the target differ"
+        on_target = {p: len(records) for p, records in read_topic(secondary, remote).items()}
+        assert counts == on_target, "the metrics and the records on the target differ"
+        if not exactly_once:  # exactly-once: transaction markers take offsets too
+            assert counts == end_offsets(secondary, remote, 2)
         flow = {"source": "primary", "target": "secondary"}
         [byte_count] = samples["mirrorflow_byte_count_total"]
         assert byte_count.labels == flow and byte_count.value > 0
