@@ -4,6 +4,7 @@ target, lag per partition, the flow's state, served on 127.0.0.1 only."""
 from __future__ import annotations
 
 import socket
+import time
 import urllib.request
 
 import pytest
@@ -79,6 +80,7 @@ def test_flow_metrics_count_per_remote_partition_and_lag():
     m = metrics_mod.Metrics()
     flow = m.flow("a", "b")
     flow.state("RUNNING")
+    flow.heartbeat()
     remote = {"t": "a.t"}
     flow.batch({("t", 0): 3, ("t", 1): 2}, 50, {("t", 0): 3, ("t", 1): 2}, {("t", 0): 5}, remote)
     flow.batch({("t", 0): 2}, 20, {("t", 0): 5, ("t", 1): 2}, {("t", 0): 5}, remote)
@@ -91,6 +93,8 @@ def test_flow_metrics_count_per_remote_partition_and_lag():
     assert value("mirrorflow_batches_total", {"source": "a", "target": "b"}) == 2
     state = {"source": "a", "target": "b", "mirrorflow_flow_state": "RUNNING"}
     assert value("mirrorflow_flow_state", state) == 1
+    beat = value("mirrorflow_heartbeat_timestamp_seconds", {"source": "a", "target": "b"})
+    assert time.time() - 5 < beat <= time.time()
 
 
 EXACTLY_ONCE = (
@@ -149,6 +153,9 @@ def test_scraped_record_counts_match_the_target_and_the_endpoint_is_loopback_onl
             if s.value == 1
         ]
         assert current in (["RUNNING"], ["IDLE"])
+        # Heartbeats every second (the harness's flow file): the last one is fresh.
+        [beat] = samples["mirrorflow_heartbeat_timestamp_seconds"]
+        assert beat.labels == flow and time.time() - beat.value < 30
 
         found = [
             listener

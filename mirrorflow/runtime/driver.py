@@ -49,6 +49,7 @@ import struct
 import threading
 import time
 import zipfile
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -338,7 +339,7 @@ class MirrorJob:
                 {spec.target: client_principal(spec.target_client)},
             )
             self.scheduler.run_now(
-                self.scheduler.add("heartbeats", spec.heartbeats_interval_s, heartbeats.beat)
+                self.scheduler.add("heartbeats", spec.heartbeats_interval_s, self._beat(heartbeats))
             )
         if spec.refresh_topics_enabled and not once:
             self.scheduler.add(
@@ -394,6 +395,18 @@ class MirrorJob:
                     producer.flush(10)
                 except KafkaException as exc:  # the batch's own error, if any, says more
                     log.warning("%s: the producer of %s failed: %s", spec.flow, alias, exc)
+
+    def _beat(self, heartbeats: HeartbeatEmitter) -> Callable[[], None]:
+        """The heartbeat task: one heartbeat, its acknowledgement noted in the metrics."""
+        metrics = self.metrics
+        if metrics is None:
+            return heartbeats.beat
+
+        def beat() -> None:
+            heartbeats.beat()
+            metrics.heartbeat()
+
+        return beat
 
     def _expire_offset_map(self) -> None:
         try:

@@ -13,6 +13,8 @@ MirrorMaker 2's meanings (``record-count`` is ``mirrorflow_record_count_total``)
 - ``mirrorflow_lag_records``: per partition, the source's end offset at the last plan minus the
   flow's position (what MirrorMaker 2 does not report).
 - ``mirrorflow_batches_total`` and ``mirrorflow_last_batch_timestamp_seconds`` per flow.
+- ``mirrorflow_heartbeat_timestamp_seconds`` per flow: when the target last acknowledged the
+  flow's heartbeat (its age is ``time() - mirrorflow_heartbeat_timestamp_seconds``).
 - ``mirrorflow_flow_state``: the flow's state (STARTING, RUNNING, IDLE, PAUSED, STOPPED, FAILED),
   1 for the current one.
 """
@@ -76,6 +78,13 @@ class Metrics:
         self.last_batch = Gauge(
             "mirrorflow_last_batch_timestamp_seconds",
             "When the flow's last batch ended (Unix time)",
+            FLOW,
+            registry=r,
+        )
+        self.heartbeat = Gauge(
+            "mirrorflow_heartbeat_timestamp_seconds",
+            "When the target last acknowledged the flow's heartbeat (Unix time; its age: "
+            "time() minus this)",
             FLOW,
             registry=r,
         )
@@ -144,6 +153,10 @@ class FlowMetrics:
             if topic in remote_topics and (topic, partition) in ends:
                 lag = max(0, ends[(topic, partition)] - position)
                 self.metrics.lag.labels(*self._partition(remote_topics[topic], partition)).set(lag)
+
+    def heartbeat(self) -> None:
+        """A heartbeat was acknowledged by the target now."""
+        self.metrics.heartbeat.labels(*self.labels).set(time.time())
 
     def state(self, state: str) -> None:
         if state in STATES:
