@@ -103,6 +103,20 @@ EXACTLY_ONCE = (
 )
 
 
+def test_the_endpoint_serves_on_loopback_and_a_taken_port_fails_in_one_line():
+    m = metrics_mod.Metrics()
+    m.flow("a", "b").state("IDLE")
+    port = m.serve(0)
+    try:
+        samples = scrape(port)
+        [idle] = [s for s in samples["mirrorflow_flow_state"] if s.value == 1]
+        assert idle.labels["mirrorflow_flow_state"] == "IDLE"
+        with pytest.raises(MirrorflowError, match=f"cannot listen on 127.0.0.1:{port}"):
+            metrics_mod.Metrics().serve(port)
+    finally:
+        m.close()
+
+
 @pytest.mark.kafka
 @pytest.mark.spark
 @pytest.mark.parametrize("exactly_once", [False, True], ids=["at-least-once", "exactly-once"])
