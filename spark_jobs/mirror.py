@@ -2,7 +2,7 @@
 
     spark-submit [--master local[*]|spark://host:7077] spark_jobs/mirror.py \\
         --config mm2.properties --flow primary->secondary [--flow ...] [--once] [--stop-file PATH]
-        [--max-records-per-batch N] [--local-batch-max-records N]
+        [--max-records-per-batch N] [--local-batch-max-records N] [--metrics-port PORT]
 
 One application runs every flow it is given, as MirrorMaker 2 runs a site's flows in one process
 (:mod:`mirrorflow.runtime.application`). Credentials stay in the flow definition (or the secret
@@ -71,6 +71,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="an at-least-once batch of at most this many records is copied in the driver's "
         "JVM, without a Spark job; 0: always a Spark job (default 1000)",
     )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve metrics for Prometheus at http://127.0.0.1:PORT/metrics; 0: none "
+        "(default: $MIRRORFLOW_METRICS_PORT, else none)",
+    )
     return parser.parse_args(argv)
 
 
@@ -88,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         spark_session.prefer_installed_pyspark()
         from mirrorflow.replication.spec import spec_for_flow
         from mirrorflow.runtime.application import Application
+        from mirrorflow.runtime.metrics import port_from
 
         state_dir = args.state_dir or paths.state_dir() / "flows"
         specs = []
@@ -102,7 +110,13 @@ def main(argv: list[str] | None = None) -> int:
             specs.append(spec)
         spark = spark_session.build_session(f"mirrorflow {', '.join(s.flow for s in specs)}")
         spark.sparkContext.setLogLevel("WARN")
-        application = Application(spark, specs, once=args.once, stop_file=args.stop_file)
+        application = Application(
+            spark,
+            specs,
+            once=args.once,
+            stop_file=args.stop_file,
+            metrics_port=port_from(args.metrics_port),
+        )
         code = application.run()
     except MirrorflowError as exc:
         print(f"mirrorflow: error: {exc}", file=sys.stderr)

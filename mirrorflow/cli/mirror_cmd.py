@@ -43,6 +43,13 @@ def register(commands: argparse._SubParsersAction) -> None:
         "without a Spark job; 0: never (default 1000)",
     )
     parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve the job's metrics for Prometheus at http://127.0.0.1:PORT/metrics; 0: none "
+        "(default: $MIRRORFLOW_METRICS_PORT, else none)",
+    )
+    parser.add_argument(
         "--grace",
         type=float,
         default=120.0,
@@ -70,5 +77,6 @@ def _mirror(args: argparse.Namespace) -> int:
         starting_offsets=args.starting_offsets,
         max_records_per_batch=args.max_records_per_batch,
         local_batch_max_records=args.local_batch_max_records,
+        metrics_port=args.metrics_port,
     )
     return launch.supervise(command, stop_file, grace_s=args.grace)

@@ -15,6 +15,9 @@ A flow that fails (a refused principal, a record too large) stops alone, its err
 line; the others go on. The application ends when it is asked to (SIGTERM, SIGINT, its stop
 file: every flow finishes its batch in progress), or, with ``once``, when every flow has copied
 what was there. It exits 2 if any flow failed.
+
+With a metrics port, the application serves one Prometheus registry for all its flows on
+127.0.0.1 (:mod:`mirrorflow.runtime.metrics`).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from mirrorflow.errors import MirrorflowError
 from mirrorflow.replication.spec import MirrorSpec
 from mirrorflow.runtime import jobs
 from mirrorflow.runtime.driver import MirrorJob, record_state
+from mirrorflow.runtime.metrics import FlowMetrics, Metrics
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -44,8 +48,13 @@ CONTROL_INTERVAL_S = 0.5
 class FlowThread:
     """One flow's job on its own thread; started again after a pause."""
 
-    def __init__(self, spec: MirrorSpec, make_job: Callable[[MirrorSpec], MirrorJob]) -> None:
-        self.spec, self._make_job = spec, make_job
+    def __init__(
+        self,
+        spec: MirrorSpec,
+        make_job: Callable[[MirrorSpec], MirrorJob],
+        metrics: FlowMetrics | None = None,
+    ) -> None:
+        self.spec, self._make_job, self.metrics = spec, make_job, metrics
         self.job: MirrorJob | None = None
         self.thread: threading.Thread | None = None
         self.error: MirrorflowError | None = None
@@ -85,7 +94,13 @@ class FlowThread:
     def _failed(self, error: MirrorflowError) -> None:
         self.error, self.finished = error, True
         log.error("%s", error)
-        record_state(self.flow_dir, self.spec.flow, "FAILED", str(error))
+        self.record_state("FAILED", str(error))
+
+    def record_state(self, state: str, error: str | None = None) -> None:
+        """The flow's state in its progress.json and its metrics."""
+        record_state(self.flow_dir, self.spec.flow, state, error)
+        if self.metrics is not None:
+            self.metrics.state(state)
 
     def request_stop(self) -> None:
         if self.job is not None:
@@ -103,9 +118,18 @@ class Application:
         once: bool = False,
         stop_file: Path | None = None,
         make_job: Callable[[MirrorSpec], MirrorJob] | None = None,
+        metrics_port: int = 0,
     ) -> None:
         self.once, self.stop_file = once, stop_file
-        self.flows = [FlowThread(s, make_job or (lambda s: MirrorJob(spark, s))) for s in specs]
+        self.metrics_port = metrics_port
+        self.metrics = Metrics() if metrics_port else None
+        self.flows = []
+        for spec in specs:
+            flow_metrics = self.metrics.flow(spec.source, spec.target) if self.metrics else None
+            if flow_metrics is not None:
+                flow_metrics.state("STARTING")
+            job = make_job or (lambda s, m=flow_metrics: MirrorJob(spark, s, m))
+            self.flows.append(FlowThread(spec, job, flow_metrics))
         self._stop = threading.Event()
 
     def request_stop(self, *_: object) -> None:
@@ -113,6 +137,16 @@ class Application:
 
     def run(self) -> int:
         """Run every flow; 0 when all ended well, 2 when any failed."""
+        if self.metrics is not None:
+            port = self.metrics.serve(self.metrics_port)
+            log.info("metrics for Prometheus at http://127.0.0.1:%d/metrics", port)
+        try:
+            return self._run()
+        finally:
+            if self.metrics is not None:
+                self.metrics.close()
+
+    def _run(self) -> int:
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, self.request_stop)
@@ -131,7 +165,7 @@ class Application:
             time.sleep(CONTROL_INTERVAL_S)
         for flow in self.flows:
             if flow.error is None and not flow.paused:
-                record_state(flow.flow_dir, flow.spec.flow, "STOPPED")
+                flow.record_state("STOPPED")
         return 2 if any(f.error is not None for f in self.flows) else 0
 
     def _control(self, flow: FlowThread) -> None:
@@ -154,7 +188,7 @@ class Application:
                 log.info("%s: paused", flow.spec.flow)
                 flow.paused = True
             if flow.recorded != "PAUSED":
-                record_state(flow.flow_dir, flow.spec.flow, "PAUSED")
+                flow.record_state("PAUSED")
                 flow.recorded = "PAUSED"
             return
         if flow.paused:

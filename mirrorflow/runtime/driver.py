@@ -49,6 +49,7 @@ import struct
 import threading
 import time
 import zipfile
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -84,6 +85,8 @@ from mirrorflow.runtime.spark_session import kafka_options
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from mirrorflow.runtime.metrics import FlowMetrics
+
 log = logging.getLogger("mirrorflow.mirror")
 
 Partition = tuple[str, int]
@@ -99,10 +102,13 @@ _SHIPPED = False  # the mirrorflow package went to the executors (once per appli
 class MirrorJob:
     """Runs one flow, batch after batch, until told to stop."""
 
-    def __init__(self, spark: SparkSession, spec: MirrorSpec) -> None:
+    def __init__(
+        self, spark: SparkSession, spec: MirrorSpec, metrics: FlowMetrics | None = None
+    ) -> None:
         from confluent_kafka import Producer
 
         self.spark, self.spec = spark, spec
+        self.metrics = metrics  # the flow's Prometheus metrics, when the application has them
         self._stop_requested = threading.Event()
         self._stop_logged = False
         self._parent = os.getppid()
@@ -148,6 +154,7 @@ class MirrorJob:
         self.local_batches = 0  # of them, copied in the driver's JVM without a Spark job
         self.copied = [0, 0]  # records, bytes since start
         self._once_ends: dict[Partition, int] | None = None
+        self._planned_ends: dict[Partition, int] = {}  # the source's ends at the last plan
         self.state = "STARTING"
         self._last_batch_s = 0.0
         self._copier_settings_cache: tuple | None = None
@@ -331,7 +338,7 @@ class MirrorJob:
                 {spec.target: client_principal(spec.target_client)},
             )
             self.scheduler.run_now(
-                self.scheduler.add("heartbeats", spec.heartbeats_interval_s, heartbeats.beat)
+                self.scheduler.add("heartbeats", spec.heartbeats_interval_s, self._beat(heartbeats))
             )
         if spec.refresh_topics_enabled and not once:
             self.scheduler.add(
@@ -387,6 +394,18 @@ class MirrorJob:
                     producer.flush(10)
                 except KafkaException as exc:  # the batch's own error, if any, says more
                     log.warning("%s: the producer of %s failed: %s", spec.flow, alias, exc)
+
+    def _beat(self, heartbeats: HeartbeatEmitter) -> Callable[[], None]:
+        """The heartbeat task: one heartbeat, its acknowledgement noted in the metrics."""
+        metrics = self.metrics
+        if metrics is None:
+            return heartbeats.beat
+
+        def beat() -> None:
+            heartbeats.beat()
+            metrics.heartbeat()
+
+        return beat
 
     def _expire_offset_map(self) -> None:
         try:
@@ -555,6 +574,7 @@ class MirrorJob:
         if new:
             self.positions.update(self._starts(new))
         ends = self._once_ends if self._once_ends is not None else self._ends(partitions)
+        self._planned_ends = ends
         pending = {}
         for tp in partitions:
             end, position = ends.get(tp, 0), self.positions[tp]
@@ -573,6 +593,8 @@ class MirrorJob:
                 self.positions[tp] = position = restart
             if end > position:
                 pending[tp] = end - position
+        if self.metrics is not None:
+            self.metrics.lag(self.positions, ends, self.mapping)
         total, cap = sum(pending.values()), self.spec.max_records_per_batch
         self._capped = total > cap
         ranges = []
@@ -588,7 +610,9 @@ class MirrorJob:
         started = time.monotonic()
         if self.spec.exactly_once:
             try:
-                records, size, syncs = self._copy_in_transactions(self._read(ranges), mapping)
+                records, size, syncs, per_partition = self._copy_in_transactions(
+                    self._read(ranges), mapping
+                )
             except MirrorflowError:
                 raise
             except Exception as exc:  # Spark's error: its text holds the copy's message
@@ -597,6 +621,7 @@ class MirrorJob:
         else:
             local = self._runs_locally(ranges)
             records, size, runs = self._copy_with_copier(ranges, mapping, local)
+            per_partition = {tp: sum(run.count for run in rs) for tp, rs in runs.items()}
             done = f"{records} records, {size} bytes" + (" (in the driver)" if local else "")
             self.local_batches += local
             self._store_runs(runs)
@@ -606,6 +631,8 @@ class MirrorJob:
             self.positions[tp] = until
         self.copied[0] += records
         self.copied[1] += size
+        if self.metrics is not None:
+            self.metrics.batch(per_partition, size, self.positions, self._planned_ends, mapping)
         elapsed = time.monotonic() - started
         log.info(
             "%s batch %d: %s from %d partitions in %.3f s",
@@ -622,6 +649,8 @@ class MirrorJob:
         """Write ``S-T/progress.json``: the flow's state and progress, for people and Airflow."""
         self.state = state
         self._recorded = (time.monotonic(), self._task_runs())
+        if self.metrics is not None:
+            self.metrics.state(state)
         record_state(
             self.flow_dir,
             self.spec.flow,
@@ -764,7 +793,8 @@ class MirrorJob:
 
     def _copy_in_transactions(self, batch: DataFrame, mapping: dict[str, str]) -> tuple:
         """Exactly-once: the Python workers copy each source partition in a transaction that
-        also commits its position; then the offset syncs go out. Returns (records, bytes, syncs)."""
+        also commits its position; then the offset syncs go out. Returns (records, bytes, syncs,
+        records per partition)."""
         from pyspark.sql import functions as F
 
         spec = self.spec
@@ -831,7 +861,16 @@ class MirrorJob:
         if spec.emit_offset_syncs and syncs:
             self._write_offset_syncs(syncs)
         lasts = [r for r in rows if r.kind == "last"]
-        return sum(r.records for r in lasts), sum(r.bytes for r in lasts), len(syncs)
+        per_partition: dict[Partition, int] = {}
+        for r in lasts:
+            tp = (r.topic, r.partition)
+            per_partition[tp] = per_partition.get(tp, 0) + r.records
+        return (
+            sum(r.records for r in lasts),
+            sum(r.bytes for r in lasts),
+            len(syncs),
+            per_partition,
+        )
 
     def _write_offset_syncs(self, syncs: list[OffsetSync]) -> None:
         spec = self.spec

@@ -44,6 +44,7 @@ def job_args(
     starting_offsets: str | None = None,
     max_records_per_batch: int | None = None,
     local_batch_max_records: int | None = None,
+    metrics_port: int | None = None,
 ) -> list[str]:
     """The mirror job's own arguments."""
     args = [arg for config in configs for arg in ("--config", str(Path(config).resolve()))]
@@ -61,6 +62,8 @@ def job_args(
         args += ["--max-records-per-batch", str(max_records_per_batch)]
     if local_batch_max_records is not None:  # 0 means something: never in the driver
         args += ["--local-batch-max-records", str(local_batch_max_records)]
+    if metrics_port is not None:  # 0 means something: no endpoint, whatever the environment
+        args += ["--metrics-port", str(metrics_port)]
     return args
 
 

@@ -1,0 +1,187 @@
+"""The mirror job's Prometheus metrics: per remote topic-partition record counts that match the
+target, lag per partition, the flow's state, served on 127.0.0.1 only."""
+
+from __future__ import annotations
+
+import socket
+import time
+import urllib.request
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
+
+from mirrorflow.errors import MirrorflowError
+from mirrorflow.runtime import launch
+from mirrorflow.runtime import metrics as metrics_mod
+from tests import exposure
+from tests.conftest import create_topics
+from tests.mirror_harness import (
+    flow_file,
+    produce,
+    progress,
+    read_topic,
+    start_mirror,
+    stop_job,
+    wait_for,
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape(port: int) -> dict[str, list]:
+    """The endpoint's samples by sample name."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    samples: dict[str, list] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append(sample)
+    return samples
+
+
+def per_partition(samples: dict[str, list], name: str, topic: str) -> dict[int, float]:
+    return {
+        int(s.labels["partition"]): s.value
+        for s in samples.get(name, [])
+        if s.labels["topic"] == topic
+        and s.labels["source"] == "primary"
+        and s.labels["target"] == "secondary"
+    }
+
+
+def end_offsets(cluster, topic: str, partitions: int) -> dict[int, int]:
+    consumer = Consumer({**cluster.client_config(), "group.id": "metrics-test"})
+    try:
+        return {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in range(partitions)
+        }
+    finally:
+        consumer.close()
+
+
+def test_port_comes_from_the_option_else_the_environment(monkeypatch):
+    monkeypatch.delenv(metrics_mod.PORT_ENV, raising=False)
+    assert metrics_mod.port_from(None) == 0
+    monkeypatch.setenv(metrics_mod.PORT_ENV, "9404")
+    assert metrics_mod.port_from(None) == 9404
+    assert metrics_mod.port_from(0) == 0  # the option wins, even to turn the endpoint off
+    monkeypatch.setenv(metrics_mod.PORT_ENV, "nine")
+    with pytest.raises(MirrorflowError, match="not a port number"):
+        metrics_mod.port_from(None)
+
+
+def test_flow_metrics_count_per_remote_partition_and_lag():
+    m = metrics_mod.Metrics()
+    flow = m.flow("a", "b")
+    flow.state("RUNNING")
+    flow.heartbeat()
+    remote = {"t": "a.t"}
+    flow.batch({("t", 0): 3, ("t", 1): 2}, 50, {("t", 0): 3, ("t", 1): 2}, {("t", 0): 5}, remote)
+    flow.batch({("t", 0): 2}, 20, {("t", 0): 5, ("t", 1): 2}, {("t", 0): 5}, remote)
+    value = m.registry.get_sample_value
+    labels = {"source": "a", "target": "b", "topic": "a.t"}
+    assert value("mirrorflow_record_count_total", {**labels, "partition": "0"}) == 5
+    assert value("mirrorflow_record_count_total", {**labels, "partition": "1"}) == 2
+    assert value("mirrorflow_lag_records", {**labels, "partition": "0"}) == 0
+    assert value("mirrorflow_byte_count_total", {"source": "a", "target": "b"}) == 70
+    assert value("mirrorflow_batches_total", {"source": "a", "target": "b"}) == 2
+    state = {"source": "a", "target": "b", "mirrorflow_flow_state": "RUNNING"}
+    assert value("mirrorflow_flow_state", state) == 1
+    beat = value("mirrorflow_heartbeat_timestamp_seconds", {"source": "a", "target": "b"})
+    assert time.time() - 5 < beat <= time.time()
+
+
+EXACTLY_ONCE = (
+    "secondary.exactly.once.source.support = enabled",
+    "primary.consumer.isolation.level = read_committed",
+)
+
+
+def test_the_endpoint_serves_on_loopback_and_a_taken_port_fails_in_one_line():
+    m = metrics_mod.Metrics()
+    m.flow("a", "b").state("IDLE")
+    port = m.serve(0)
+    try:
+        samples = scrape(port)
+        [idle] = [s for s in samples["mirrorflow_flow_state"] if s.value == 1]
+        assert idle.labels["mirrorflow_flow_state"] == "IDLE"
+        with pytest.raises(MirrorflowError, match=f"cannot listen on 127.0.0.1:{port}"):
+            metrics_mod.Metrics().serve(port)
+    finally:
+        m.close()
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+@pytest.mark.parametrize("exactly_once", [False, True], ids=["at-least-once", "exactly-once"])
+def test_scraped_record_counts_match_the_target_and_the_endpoint_is_loopback_only(
+    sandbox, topic_name, tmp_path, exactly_once
+):
+    primary, secondary = sandbox["primary"], sandbox["secondary"]
+    topic = topic_name("metrics")
+    remote = f"primary.{topic}"
+    create_topics(primary, topic, partitions=2)
+    produce(primary, topic, 2, 101)  # 51 records in partition 0, 50 in partition 1
+    config = flow_file(tmp_path, sandbox, topic, *(EXACTLY_ONCE if exactly_once else ()))
+    state, log, port = tmp_path / "state", tmp_path / "mirror.log", free_port()
+    stop_file = launch.stop_file_for(state, "primary->secondary")
+    job = start_mirror(
+        config,
+        "primary->secondary",
+        state,
+        log,
+        "--metrics-port",
+        str(port),
+        "--stop-file",
+        str(stop_file),
+    )
+    try:
+        wait_for(lambda: progress(state).get("records", 0) >= 101, 180, "the first copies")
+        produce(primary, topic, 2, 40, start=101)  # a second batch while the job runs
+        wait_for(lambda: progress(state).get("records", 0) >= 141, 120, "the second copies")
+
+        def caught_up():
+            samples = scrape(port)
+            lag = per_partition(samples, "mirrorflow_lag_records", remote)
+            return samples if lag == {0: 0, 1: 0} else None
+
+        samples = wait_for(caught_up, 60, "lag 0 on both partitions")
+        counts = per_partition(samples, "mirrorflow_record_count_total", remote)
+        assert counts == {0: 71, 1: 70}
+        on_target = {p: len(records) for p, records in read_topic(secondary, remote).items()}
+        assert counts == on_target, "the metrics and the records on the target differ"
+        if not exactly_once:  # exactly-once: transaction markers take offsets too
+            assert counts == end_offsets(secondary, remote, 2)
+        flow = {"source": "primary", "target": "secondary"}
+        [byte_count] = samples["mirrorflow_byte_count_total"]
+        assert byte_count.labels == flow and byte_count.value > 0
+        current = [
+            s.labels["mirrorflow_flow_state"]
+            for s in samples["mirrorflow_flow_state"]
+            if s.value == 1
+        ]
+        assert current in (["RUNNING"], ["IDLE"])
+        # Heartbeats every second (the harness's flow file): the last one is fresh.
+        [beat] = samples["mirrorflow_heartbeat_timestamp_seconds"]
+        assert beat.labels == flow and time.time() - beat.value < 30
+
+        found = [
+            listener
+            for listener in exposure.listeners(exposure.session_members(job.pid))
+            if listener.port == port
+        ]
+        assert found, "no process of the job listens on the metrics port"
+        assert all(listener.address == "127.0.0.1" for listener in found), found
+
+        stop_file.parent.mkdir(parents=True, exist_ok=True)
+        stop_file.touch()  # a clean stop after the batch, as `mirrorflow mirror` asks for it
+        assert job.wait(120) == 0, log.read_text(errors="replace")[-3000:]
+    finally:
+        stop_job(job)
+    assert "Traceback" not in log.read_text(errors="replace")
