@@ -7,7 +7,7 @@ start-up from about 17 to about 13 CPU-seconds.
 
 The archive is made once per Java and Spark installation (``mirrorflow jars``, which
 ``scripts/bootstrap.sh`` runs) by a short Spark application that starts the driver the way a
-mirror job does; no Kafka cluster is needed. It is keyed by the Java binary and Spark's jars,
+mirror job does; no Kafka cluster is needed. It is keyed by the Java binary and Spark's jars and where they are,
 so an upgrade makes a new one. Only the driver uses it (executors of a Spark cluster start on
 other machines). ``MIRRORFLOW_CLASS_ARCHIVE=off`` turns it off; a JVM that cannot use an
 archive warns and starts without it.
@@ -38,12 +38,14 @@ def enabled() -> bool:
 def archive_path() -> Path:
     """Where the archive of this Java and Spark installation lives (whether made or not)."""
     java = Path(jvm.require_tool("java", "to run Spark")).resolve()
-    spark_jars = sorted(p.name for p in (jvm.spark_home() / "jars").glob("*.jar"))
+    spark_home = jvm.spark_home().resolve()
+    spark_jars = sorted(p.name for p in (spark_home / "jars").glob("*.jar"))
     key = hashlib.sha256(
         "\n".join(
             [
                 str(java),
                 str(java.stat().st_mtime_ns),
+                str(spark_home),  # the archive holds the jars' paths: another venv, another archive
                 *spark_jars,
                 ENTRY_POINT.read_text(),  # the training run: a changed one makes a new archive
                 Path(__file__).read_text(),
