@@ -8,9 +8,9 @@ start-up from about 17 to about 13 CPU-seconds.
 The archive is made once per Java and Spark installation (``mirrorflow jars``, which
 ``scripts/bootstrap.sh`` runs) by a short Spark application that starts the driver the way a
 mirror job does; no Kafka cluster is needed. It is keyed by the Java binary and Spark's jars
-and where they are, so an upgrade or another venv makes a new one. Only the driver uses it (executors of a Spark cluster start on
-other machines). ``MIRRORFLOW_CLASS_ARCHIVE=off`` turns it off; a JVM that cannot use an
-archive warns and starts without it.
+and where they are, so an upgrade or another venv makes a new one. Only the driver uses it
+(executors of a Spark cluster start on other machines). ``MIRRORFLOW_CLASS_ARCHIVE=off`` turns it
+off; a JVM that cannot use an archive warns and starts without it.
 """
 
 from __future__ import annotations
