@@ -263,16 +263,7 @@ def render(
     if not flow_files:
         raise MirrorflowError("no flow files given", "name at least one mm2.properties or YAML")
     topology = load_topology(flow_files)
-    findings = validation.validate(topology)
-    errors = [f for f in findings if f.severity == "error"]
-    if errors:
-        listed = "; ".join(str(f) for f in errors[:5])
-        more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
-        raise MirrorflowError(
-            f"the flow files have {len(errors)} validation error(s), so no DAG is rendered: "
-            f"{listed}{more}",
-            "fix them (`mirrorflow validate` lists every finding) and render again",
-        )
+    findings = validation.require_valid(topology, "so no DAG is rendered")
     if not topology.flows:
         raise MirrorflowError(
             "no flow replicates in these flow files, so there is no DAG to render",
@@ -280,8 +271,7 @@ def render(
         )
     shown = [display_path(p, base) for p in flow_files]
     dags = _render_topology(topology, shown, options)
-    warnings = [f for f in findings if f.severity != "error"]
-    return Rendering(dags, warnings)
+    return Rendering(dags, findings)
 
 
 def _render_topology(topology: Topology, flow_files: list[str], options: RenderOptions):

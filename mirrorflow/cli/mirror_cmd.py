@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from mirrorflow import paths
+from mirrorflow.config import validation
 from mirrorflow.config.topology import load_topology
 from mirrorflow.errors import MirrorflowError
 from mirrorflow.runtime import launch
@@ -65,6 +66,7 @@ def _mirror(args: argparse.Namespace) -> int:
         flow = topology.flow(name)  # unknown clusters and flows end here
         if not flow.enabled:
             raise MirrorflowError(f"flow {name} is not enabled", f"set {name}.enabled = true")
+    validation.require_valid(topology, "so no mirror job starts")
     state_dir = args.state_dir or paths.state_dir() / "flows"
     stop_file = launch.stop_file_for(state_dir, flows)
     command = launch.mirror_command(

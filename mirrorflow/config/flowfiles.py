@@ -73,10 +73,14 @@ def to_yaml(definitions: list[Property], aliases: list[str]) -> str:
             rest = rest[len(role) :]
         entry[rest] = _yaml_scalar(value)
     doc = {name: section for name, section in doc.items() if section}
-    body = yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, allow_unicode=True)
+    # PyYAML writes NEL and the Unicode line and paragraph separators unescaped, and reads them
+    # back as line breaks: where they occur, every non-ASCII character is escaped instead.
+    breaks = any(c in text for d in definitions for text in (d.key, d.value) for c in _BREAKS)
+    body = yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, allow_unicode=not breaks)
     return _YAML_HEADER + body
 
 
+_BREAKS = "\x85\u2028\u2029"
 _YAML_HEADER = "# mirrorflow flow file: MirrorMaker 2 settings (see `mirrorflow convert --help`)\n"
 
 
@@ -107,13 +111,22 @@ def _last_values(definitions: list[Property]) -> dict[str, str]:
 def _read_yaml(path: Path) -> list[Property]:
     try:
         root = yaml.compose(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise MirrorflowError(f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise MirrorflowError(
+            f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})",
+            "save the YAML flow file as UTF-8",
+        ) from None
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise MirrorflowError(
+            f"cannot read {path!s:.200}: {reason}", "check the path and its permissions"
+        ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
+        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())  # one line
         raise MirrorflowError(
-            f"{where}: not valid YAML ({getattr(exc, 'problem', exc)})",
+            f"{where}: not valid YAML ({problem})",
             "fix the syntax (see the YAML form in `mirrorflow convert --help`)",
         ) from None
     if root is None:
@@ -140,7 +153,7 @@ def _read_yaml(path: Path) -> list[Property]:
 
 def _mapping(node: yaml.Node, path: Path, what: str) -> list[tuple[yaml.Node, yaml.Node]]:
     """The (key, value) nodes of a mapping; an empty value counts as an empty mapping."""
-    if isinstance(node, yaml.ScalarNode) and yaml.safe_load(yaml.serialize(node)) is None:
+    if isinstance(node, yaml.ScalarNode) and _construct(node, path) is None:
         return []
     if not isinstance(node, yaml.MappingNode):
         raise MirrorflowError(f"{_location(path, node)}: {what} must be a mapping (key: value)")
@@ -165,10 +178,22 @@ def _flatten(node: yaml.Node, prefix: str, path: Path) -> list[Property]:
 def _scalar(node: yaml.Node, path: Path) -> str:
     if not isinstance(node, yaml.ScalarNode):
         raise MirrorflowError(f"{_location(path, node)}: expected a single value here")
-    value = yaml.safe_load(yaml.serialize(node))
+    value = _construct(node, path)
     if isinstance(value, bool):
         return "true" if value else "false"
     return "" if value is None else str(value)
+
+
+def _construct(node: yaml.ScalarNode, path: Path) -> object:
+    """The value of a scalar node, typed as ``yaml.safe_load`` types it (an empty one is None)."""
+    try:
+        return yaml.SafeLoader("").construct_object(node)
+    except yaml.YAMLError as exc:
+        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+        raise MirrorflowError(
+            f"{_location(path, node)}: not a valid YAML value ({problem})",
+            "write the value as plain text, without a YAML tag",
+        ) from None
 
 
 def _location(path: Path, node: yaml.Node) -> Location:

@@ -64,9 +64,10 @@ def load(path: Path) -> list[Property]:
     """The definitions in a properties file, decoded as ISO-8859-1 like MirrorMaker 2 does."""
     try:
         data = path.read_bytes()
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        reason = getattr(exc, "strerror", None) or str(exc)
         raise MirrorflowError(
-            f"cannot read {path}: {exc.strerror}", "check the path and its permissions"
+            f"cannot read {path!s:.200}: {reason}", "check the path and its permissions"
         ) from None
     return parse(data.decode("iso-8859-1"), str(path))
 

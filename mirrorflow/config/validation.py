@@ -91,6 +91,25 @@ def validate(topology: Topology) -> list[Finding]:
     return sorted(findings, key=lambda f: (order.get(f.location.file, 0), f.location.line))
 
 
+def require_valid(topology: Topology, consequence: str) -> list[Finding]:
+    """The topology's warnings; a :class:`MirrorflowError` listing its errors if it has any.
+
+    ``consequence`` says what does not happen because of them (``"so no DAG is rendered"``).
+    Every command that acts on clusters calls this first, so a file ``validate`` rejects never
+    starts a job, a sync or a commit.
+    """
+    findings = validate(topology)
+    errors = [f for f in findings if f.severity == "error"]
+    if errors:
+        listed = "; ".join(str(f) for f in errors[:5])
+        more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
+        raise MirrorflowError(
+            f"the flow files have {len(errors)} validation error(s), {consequence}: {listed}{more}",
+            "fix them (`mirrorflow validate` lists every finding) and try again",
+        )
+    return findings
+
+
 def _cluster_list(topology: Topology) -> list[Finding]:
     clusters = topology.props.get("clusters")
     if clusters is None:

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mirrorflow.config import validation
 from mirrorflow.config.topology import Flow, load_topology
 from mirrorflow.errors import MirrorflowError
 from mirrorflow.replication.offset_map import map_topic
@@ -117,6 +118,7 @@ def spec_for_flow(
     """The mirror job's spec for ``flow_name`` (``S->T``) of the given flow files."""
     topology = load_topology(config_paths)
     flow = topology.flow(flow_name)
+    validation.require_valid(topology, f"so flow {flow_name} does not run")
     if not flow.enabled:
         raise MirrorflowError(
             f"flow {flow_name} is not enabled in {', '.join(map(str, config_paths))}",
