@@ -3,7 +3,8 @@
 MirrorMaker 2 configuration speaks the Java client's language; mirrorflow's Python tasks talk to
 Kafka through librdkafka. Settings with the same name and meaning pass through, renamed ones are
 renamed, ``sasl.jaas.config`` becomes ``sasl.username``/``sasl.password`` (PLAIN, SCRAM) or a
-Kerberos keytab and principal, PEM and PKCS#12 stores become librdkafka's ``ssl.*`` locations.
+Kerberos keytab and principal, PEM and PKCS#12 keystores become librdkafka's ``ssl.*``
+locations, JKS stores and PKCS#12 truststores PEM text (:mod:`mirrorflow.config.keystores`).
 A setting the Java client would ignore is dropped, and so is one left at the Java default or
 that only tunes the JVM; anything else librdkafka cannot express is refused with an error naming
 the setting, because silently dropping it could weaken security or change behaviour.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from mirrorflow.config import keystores
 from mirrorflow.errors import MirrorflowError
 from mirrorflow.mm2 import configdefs
 
@@ -164,20 +166,22 @@ def _assignors(value: str, where: str) -> str:
 
 
 def _stores(java: Mapping[str, str], where: str) -> dict[str, str]:
-    """Java key and trust stores as librdkafka's PEM/PKCS#12 settings."""
+    """Java key and trust stores as librdkafka's settings: PEM files and PKCS#12 keystores by
+    location, JKS and PKCS#12 truststores and JKS keystores as PEM text (:mod:`keystores`)."""
     out: dict[str, str] = {}
     trust_type = java.get("ssl.truststore.type", "JKS").upper()
     if "ssl.truststore.certificates" in java:
         out["ssl.ca.pem"] = java["ssl.truststore.certificates"]
     elif "ssl.truststore.location" in java:
-        if trust_type != "PEM":
-            raise MirrorflowError(
-                f"{where}: librdkafka cannot read a {trust_type} truststore "
-                f"({java['ssl.truststore.location']})",
-                "export the CA certificates to a PEM file (keytool -exportcert -rfc) and set "
-                "ssl.truststore.type = PEM with ssl.truststore.location pointing at it",
-            )
-        out["ssl.ca.location"] = java["ssl.truststore.location"]
+        location = java["ssl.truststore.location"]
+        if trust_type == "PEM":
+            keystores.check_store("ssl.truststore", location, "PEM", None, where)
+            out["ssl.ca.location"] = location
+        elif trust_type in ("JKS", "PKCS12"):
+            password = java.get("ssl.truststore.password")
+            out["ssl.ca.pem"] = keystores.truststore_pem(location, trust_type, password, where)
+        else:
+            raise _store_type("truststore", trust_type, where)
     key_type = java.get("ssl.keystore.type", "JKS").upper()
     if "ssl.keystore.key" in java:
         out["ssl.key.pem"] = java["ssl.keystore.key"]
@@ -186,18 +190,37 @@ def _stores(java: Mapping[str, str], where: str) -> dict[str, str]:
     elif "ssl.keystore.location" in java:
         location = java["ssl.keystore.location"]
         if key_type == "PKCS12":
+            password = java.get("ssl.keystore.password")
+            keystores.check_store("ssl.keystore", location, "PKCS12", password, where)
             out["ssl.keystore.location"] = location
             if "ssl.keystore.password" in java:
                 out["ssl.keystore.password"] = java["ssl.keystore.password"]
         elif key_type == "PEM":
+            password = java.get("ssl.key.password")
+            keystores.check_store("ssl.keystore", location, "PEM", password, where)
             out["ssl.certificate.location"] = out["ssl.key.location"] = location
-        else:
-            raise MirrorflowError(
-                f"{where}: librdkafka cannot read a {key_type} keystore ({location})",
-                "convert it to PKCS12 (keytool -importkeystore -deststoretype PKCS12) and set "
-                "ssl.keystore.type = PKCS12",
+        elif key_type == "JKS":
+            pair = keystores.keystore_pair(
+                location,
+                key_type,
+                java.get("ssl.keystore.password"),
+                java.get("ssl.key.password"),
+                where,
             )
+            out["ssl.certificate.pem"] = pair.certificate_chain
+            out["ssl.key.pem"] = pair.private_key
+            if pair.password:
+                out["ssl.key.password"] = pair.password
+        else:
+            raise _store_type("keystore", key_type, where)
     return out
+
+
+def _store_type(store: str, store_type: str, where: str) -> MirrorflowError:
+    return MirrorflowError(
+        f"{where}: ssl.{store}.type = {store_type} is not a store type mirrorflow reads",
+        f"use JKS, PKCS12 or PEM for ssl.{store}.type",
+    )
 
 
 def _untranslatable(key: str, value: str, where: str) -> MirrorflowError:

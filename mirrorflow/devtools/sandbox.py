@@ -2,8 +2,11 @@
 
 Each cluster is an independent single-node KRaft broker+controller on loopback with its own
 ports, data directory and log. Clients connect over SASL_PLAINTEXT (PLAIN, with SCRAM-SHA-512
-enabled too) and the StandardAuthorizer enforces ACLs: ``admin`` is the only super user,
-``alice`` and ``bob`` are ordinary principals. Connection settings, passwords included, go to
+enabled too), over SASL_SSL (the same mechanisms, TLS) or over SSL with a client certificate
+(mutual TLS, ``CN=<user>`` is ``User:<user>``); the certificates and stores, in JKS, PKCS#12 and
+PEM, are those of :mod:`mirrorflow.devtools.certificates`. The StandardAuthorizer enforces ACLs:
+``admin`` is the only super user, ``alice`` and ``bob`` are ordinary principals, each with a
+PLAIN and a SCRAM-SHA-512 password. Connection settings, passwords included, go to
 ``clusters.json`` and ``clusters.properties`` (mode 0600) in the sandbox directory (mode 0700),
 as do the brokers' ``server.properties``; nothing prints a password.
 """
@@ -24,6 +27,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from mirrorflow.devtools import certificates
 from mirrorflow.errors import MirrorflowError
 from mirrorflow.paths import private_dir, write_private
 from mirrorflow.runtime import jvm
@@ -33,6 +37,8 @@ PORTS_PER_CLUSTER = 10
 DEFAULT_HEAP = "512m"
 USERS = ("admin", "alice", "bob")
 STATE_FILE = "clusters.json"
+TLS_DIR = "tls"
+LISTENERS = ("SASL_PLAINTEXT", "SASL_SSL", "SSL")
 
 
 @dataclass
@@ -46,10 +52,20 @@ class Cluster:
     passwords: dict[str, str] = field(repr=False)
     cluster_id: str = field(default_factory=lambda: _new_cluster_id())
     pid: int | None = None
+    tls_password: str = field(default="", repr=False)  # the sandbox's TLS stores' password
 
     @property
     def bootstrap_servers(self) -> str:
         return f"127.0.0.1:{self.broker_port}"
+
+    def listener_port(self, listener: str) -> int:
+        """The broker's port for a listener of :data:`LISTENERS`."""
+        return self.broker_port + {"SASL_PLAINTEXT": 0, "SASL_SSL": 2, "SSL": 3}[listener]
+
+    @property
+    def tls_dir(self) -> Path:
+        """Where the sandbox's CA and stores are (shared by its clusters)."""
+        return Path(self.directory).parent / TLS_DIR
 
     @property
     def log_file(self) -> Path:
@@ -71,14 +87,45 @@ class Cluster:
             "sasl.password": self.passwords[user],
         }
 
-    def java_client_config(self, user: str = "admin") -> dict[str, str]:
-        """Java client settings (MirrorMaker 2, Spark's Kafka connector) for ``user``."""
-        return {
-            "bootstrap.servers": self.bootstrap_servers,
-            "security.protocol": "SASL_PLAINTEXT",
-            "sasl.mechanism": "PLAIN",
-            "sasl.jaas.config": _plain_login(user, self.passwords[user]),
+    def java_client_config(
+        self, user: str = "admin", listener: str = "SASL_PLAINTEXT", store_type: str = "JKS"
+    ) -> dict[str, str]:
+        """Java client settings (MirrorMaker 2, Spark's Kafka connector) for ``user``: over
+        SASL_PLAINTEXT (PLAIN), SASL_SSL (SCRAM-SHA-512, trusting the sandbox's CA) or SSL (the
+        user's client certificate), with stores of ``store_type`` (JKS, PKCS12 or PEM) written
+        as seed 003 writes them."""
+        port = self.listener_port(listener)
+        if listener == "SASL_PLAINTEXT":
+            return {
+                "bootstrap.servers": f"127.0.0.1:{port}",
+                "security.protocol": "SASL_PLAINTEXT",
+                "sasl.mechanism": "PLAIN",
+                "sasl.jaas.config": _plain_login(user, self.passwords[user]),
+            }
+        settings = {
+            "bootstrap.servers": f"127.0.0.1:{port}",
+            "security.protocol": listener,
+            "ssl.truststore.location": str(certificates.truststore(self.tls_dir, store_type)),
         }
+        if store_type != "PEM":
+            settings["ssl.truststore.password"] = self.tls_password
+        if store_type != "JKS":
+            settings["ssl.truststore.type"] = store_type
+        if listener == "SASL_SSL":
+            return {
+                **settings,
+                "sasl.mechanism": "SCRAM-SHA-512",
+                "sasl.jaas.config": _scram_login(user, self.passwords[user]),
+            }
+        settings["ssl.keystore.location"] = str(
+            certificates.keystore(self.tls_dir, user, store_type)
+        )
+        if store_type != "PEM":
+            settings["ssl.keystore.password"] = self.tls_password
+        if store_type != "JKS":
+            settings["ssl.keystore.type"] = store_type
+        settings["ssl.key.password"] = self.tls_password
+        return settings
 
     def is_running(self) -> bool:
         return self.pid is not None and _is_our_broker(self.pid, self.properties_file)
@@ -155,6 +202,11 @@ def up(
         return sandbox
     classpath = jvm.classpath("kafka")
     java = jvm.require_tool("java", "to run the Kafka brokers")
+    keytool = jvm.require_tool("keytool", "to make the sandbox's TLS stores")
+    tls_password = next(
+        (c.tls_password for c in sandbox.clusters.values() if c.tls_password), None
+    ) or secrets.token_urlsafe(18)
+    certificates.ensure(directory / TLS_DIR, list(USERS), tls_password, keytool)
     used = {c.broker_port for c in sandbox.clusters.values()}
     slots = (base_port + i * PORTS_PER_CLUSTER for i in range(1000))
     started: list[Cluster] = []
@@ -169,7 +221,8 @@ def up(
                 directory=str(directory / name),
                 passwords={u: secrets.token_urlsafe(18) for u in USERS},
             )
-        for p in (cluster.broker_port, cluster.controller_port):
+        cluster.tls_password = tls_password
+        for p in (cluster.controller_port, *map(cluster.listener_port, LISTENERS)):
             _require_free_port(p, name)
         _prepare(cluster)
         started.append(cluster)
@@ -183,6 +236,7 @@ def up(
     deadline = time.monotonic() + timeout
     for cluster in started:
         _wait_until_serving(cluster, processes[cluster.name], deadline, timeout)
+        _scram_users(cluster)
     return sandbox
 
 
@@ -212,6 +266,13 @@ def _new_cluster_id() -> str:
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         if not cluster_id.startswith("-"):
             return cluster_id
+
+
+def _scram_login(user: str, password: str) -> str:
+    return (
+        "org.apache.kafka.common.security.scram.ScramLoginModule required "
+        f'username="{user}" password="{password}";'
+    )
 
 
 def _plain_login(user: str, password: str) -> str:
@@ -286,14 +347,33 @@ def _prepare(cluster: Cluster) -> None:
         "process.roles": "broker,controller",
         "node.id": "1",
         "controller.quorum.voters": f"1@127.0.0.1:{cluster.controller_port}",
-        "listeners": (
-            f"SASL_PLAINTEXT://127.0.0.1:{cluster.broker_port},"
-            f"CONTROLLER://127.0.0.1:{cluster.controller_port}"
+        "listeners": ",".join(
+            [f"{name}://127.0.0.1:{cluster.listener_port(name)}" for name in LISTENERS]
+            + [f"CONTROLLER://127.0.0.1:{cluster.controller_port}"]
         ),
-        "advertised.listeners": f"SASL_PLAINTEXT://127.0.0.1:{cluster.broker_port}",
+        "advertised.listeners": ",".join(
+            f"{name}://127.0.0.1:{cluster.listener_port(name)}" for name in LISTENERS
+        ),
         "inter.broker.listener.name": "SASL_PLAINTEXT",
         "controller.listener.names": "CONTROLLER",
-        "listener.security.protocol.map": "CONTROLLER:SASL_PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
+        "listener.security.protocol.map": "CONTROLLER:SASL_PLAINTEXT,"
+        + ",".join(f"{name}:{name}" for name in LISTENERS),
+        # TLS: the broker's key in PKCS#12, the sandbox's CA as a PEM truststore; on the SSL
+        # listener a client certificate is required and CN=<user> is User:<user>.
+        "ssl.keystore.type": "PKCS12",
+        "ssl.keystore.location": str(cluster.tls_dir / "broker.p12"),
+        "ssl.keystore.password": cluster.tls_password,
+        "ssl.key.password": cluster.tls_password,
+        "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": str(certificates.truststore(cluster.tls_dir, "PEM")),
+        "listener.name.ssl.ssl.client.auth": "required",
+        "ssl.principal.mapping.rules": "RULE:^CN=([^,]+)$/$1/,DEFAULT",
+        "listener.name.sasl_ssl.plain.sasl.jaas.config": (
+            f'{plain} username="admin" password="{admin}" {users};'
+        ),
+        "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config": (
+            "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+        ),
         "sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-512",
         "sasl.mechanism.inter.broker.protocol": "PLAIN",
         "sasl.mechanism.controller.protocol": "PLAIN",
@@ -409,6 +489,26 @@ def _wait_until_serving(
                     f"see its log: {cluster.log_file}",
                 ) from None
             time.sleep(0.5)
+
+
+def _scram_users(cluster: Cluster) -> None:
+    """Give every sandbox user a SCRAM-SHA-512 credential with its password (idempotent)."""
+    from confluent_kafka.admin import (
+        AdminClient,
+        ScramCredentialInfo,
+        ScramMechanism,
+        UserScramCredentialUpsertion,
+    )
+
+    admin = AdminClient({**cluster.client_config(), "log_level": 0})
+    upserts = [
+        UserScramCredentialUpsertion(
+            user, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096), password.encode()
+        )
+        for user, password in cluster.passwords.items()
+    ]
+    for future in admin.alter_user_scram_credentials(upserts).values():
+        future.result(timeout=30)
 
 
 def last_error(log_file: Path) -> str:

@@ -138,16 +138,29 @@ class _Clusters:
         error: KafkaError = exc.args[0]
         self.admin(alias, config)[0].poll(0)  # serve the error callbacks: the real cause
         detail = errors[-1] if errors else error.str()
-        auth = any(w in detail.lower() for w in ("authentication", "sasl", "ssl handshake"))
-        hint = (
-            f"check the credentials configured for {alias} (sasl.jaas.config, ssl.*)"
-            if auth
-            else f"check that {alias}'s brokers are up and bootstrap.servers is right"
-        )
+        hint = connection_hint(alias, detail)
         return MirrorflowError(
             f"cannot reach cluster {alias} at {config.get('bootstrap.servers', '?')}: {detail}",
             hint,
         )
+
+
+def connection_hint(alias: str, detail: str) -> str:
+    """What to check when a client of cluster ``alias`` could not connect with ``detail``."""
+    lowered = detail.lower()
+    if "certificate verify failed" in lowered:
+        return (
+            f"{alias}'s certificate is not trusted: check {alias}'s ssl.truststore.* (it must "
+            "hold the CA that signed the brokers' certificates)"
+        )
+    if "alert certificate" in lowered or "alert bad certificate" in lowered:
+        return (
+            f"{alias} refused the client certificate: check {alias}'s ssl.keystore.* (a "
+            "certificate signed by a CA its brokers trust)"
+        )
+    if any(w in lowered for w in ("authentication", "sasl", "ssl handshake")):
+        return f"check the credentials configured for {alias} (sasl.jaas.config, ssl.*)"
+    return f"check that {alias}'s brokers are up and bootstrap.servers is right"
 
 
 def build_plan(topology: Topology, timeout: float = 10.0) -> Plan:
