@@ -66,6 +66,8 @@ def test_no_report_or_no_heartbeat_within_the_timeout_is_stalled():
     quiet = derive(FLOW, progress(age=200), now=NOW, job_alive=True)
     assert quiet.state == "STALLED"
     assert quiet.reason.startswith("no progress report from its mirror job for 200s (bound 120s)")
+    frozen_idle = derive(FLOW, progress("IDLE", age=200), now=NOW, job_alive=True)
+    assert frozen_idle.state == "STALLED" and frozen_idle.lag_seconds == pytest.approx(201)
     beats = progress()
     beats["tasks"]["heartbeats"]["last_success_at"] = NOW - 130
     no_beat = derive(FLOW, beats, now=NOW)
@@ -89,6 +91,8 @@ def test_failed_paused_and_stopped():
     site = derive(FLOW, progress("STOPPED"), now=NOW, dags=SiteDag("mirror__secondary", True))
     assert site.state == "PAUSED"
     assert site.reason == "the site's mirror DAG mirror__secondary is paused"
+    started_by_hand = derive(FLOW, progress(), now=NOW, dags=SiteDag("mirror__secondary", True))
+    assert started_by_hand.state == "RUNNING"  # a job runs it all the same
     stopped = derive(FLOW, progress("STOPPED", age=65), now=NOW)
     assert (stopped.state, stopped.reason) == ("STOPPED", "its mirror job stopped 65s ago")
     never = derive(FLOW, {}, now=NOW)

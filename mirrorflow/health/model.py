@@ -6,7 +6,8 @@ runs, the driver's process), whether that process still runs, whether the flow o
 mirror DAG is paused, the flow's thresholds, and the time now. The result is one of:
 
 - ``FAILED``: the flow stopped on an error (the error is the reason);
-- ``PAUSED``: the flow is paused (its flow DAG, or its ``paused`` file), or its site's mirror DAG;
+- ``PAUSED``: the flow is paused (its flow DAG, or its ``paused`` file), or no job runs it and
+  its site's mirror DAG is paused;
 - ``STOPPED``: no job runs the flow (never started, stopped, or its process is gone) and none is
   expected to (the site's mirror DAG is not known to be on);
 - ``STALLED``: a job should run the flow but nothing was heard from it within
@@ -19,7 +20,7 @@ mirror DAG is paused, the flow's thresholds, and the time now. The result is one
 
 Lag in seconds is an upper bound on the age of the oldest record not yet copied: the time since
 the flow was last caught up (every record then on the source copied), 0 while the job is idle
-(its doorbell consumer copies any new record at once).
+and reporting (its doorbell consumer copies any new record at once).
 """
 
 from __future__ import annotations
@@ -105,7 +106,8 @@ def derive(
     last_report = _timestamp(progress.get("updated"))
     lag_records = _int(progress.get("lag_records"))
     running = job_state in ACTIVE_JOB_STATES and job_alive is not False
-    lag_seconds = _lag_seconds(progress, job_state, now) if running else None
+    fresh = last_report is not None and now - last_report <= settings.stall_timeout_seconds
+    lag_seconds = _lag_seconds(progress, job_state, fresh, now) if running else None
     figures = dict(
         flow=flow,
         job_state=job_state,
@@ -127,11 +129,11 @@ def derive(
         return health(PAUSED, f"its DAG {dags.flow_dag} is paused")
     if flow_paused or job_state == "PAUSED":
         return health(PAUSED, "the flow is paused (its paused file exists)")
-    if dags.mirror_dag_paused:
-        return health(PAUSED, f"the site's mirror DAG {dags.mirror_dag} is paused")
     timeout = settings.stall_timeout_seconds
     should_run = dags.mirror_dag_paused is False  # its site's DAG is on
     if not running:
+        if dags.mirror_dag_paused:  # a job started outside Airflow would still count
+            return health(PAUSED, f"the site's mirror DAG {dags.mirror_dag} is paused")
         if not progress:
             what = "no mirror job has run this flow yet"
         elif job_state in ACTIVE_JOB_STATES:  # it never wrote STOPPED: killed
@@ -171,9 +173,12 @@ def derive(
     return health(RUNNING, doing.get(job_state or "", "copying"))
 
 
-def _lag_seconds(progress: Mapping[str, object], job_state: str | None, now: float) -> float | None:
-    """Seconds behind: 0 while idle, else since the flow was last caught up (None: unknown)."""
-    if job_state == "IDLE":
+def _lag_seconds(
+    progress: Mapping[str, object], job_state: str | None, fresh: bool, now: float
+) -> float | None:
+    """Seconds behind: 0 while idle (and reporting), else at most the time since the flow was
+    last caught up (None: unknown)."""
+    if job_state == "IDLE" and fresh:
         return 0.0
     caught_up = _number(progress.get("caught_up_at"))
     if caught_up is None:
