@@ -5,7 +5,7 @@
 #                                                   /venv-<hash of uv.lock>  the Python env
 #                                                     (its modules compiled to bytecode once)
 #                                                   /jars-<hash of jvm/*>    Maven artifacts
-# Java 17+ and Maven are installed from Debian's packages when missing (needs root).
+# Java 17+, Maven and Chromium are installed from Debian's packages when missing (needs root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 UV_VERSION=0.13.9
@@ -17,6 +17,12 @@ need_apt=()
 { command -v java && command -v javac; } >/dev/null || need_apt+=(openjdk-17-jdk-headless)
 command -v mvn >/dev/null || need_apt+=(maven)
 command -v python3.11 >/dev/null || command -v python3 >/dev/null || need_apt+=(python3)
+# Debian's Chromium, for the browser test of the Airflow UI page (Playwright drives it; no
+# browser is ever downloaded by a test tool). Installed as root only; others are told.
+if [ ! -x /usr/bin/chromium ]; then
+  if [ "$(id -u)" = 0 ]; then need_apt+=(chromium)
+  else say "no /usr/bin/chromium: the UI browser test fails until root runs this script"; fi
+fi
 if ((${#need_apt[@]})); then
   if [ "$(id -u)" != 0 ]; then
     say "missing ${need_apt[*]}: install them (apt-get install ${need_apt[*]}) and retry"; exit 1

@@ -143,6 +143,27 @@ def test_options_change_the_dags_and_check_compares_with_the_same_options(tmp_pa
     assert render_cli(source, "--out", tmp_path, "--check", *options) == 0
 
 
+def test_metrics_port_gives_each_site_job_its_own_port_in_target_order(tmp_path, capsys):
+    from airflow.dag_processing.dagbag import DagBag
+
+    source = EXAMPLES / "active-active.properties"
+    assert render_cli(source, "--out", tmp_path, "--metrics-port", "9400") == 0
+    ports = {}
+    for target in ("primary", "secondary"):
+        path = tmp_path / f"mirror__{target}.py"
+        bag = DagBag(dag_folder=path, safe_mode=True)
+        assert bag.import_errors == {}, bag.import_errors
+        ((task,),) = [dag.tasks for dag in bag.dags.values()]
+        ports[target] = task.metrics_port
+        assert f"http://127.0.0.1:{task.metrics_port}/metrics" in path.read_text()
+    assert ports == {"primary": 9400, "secondary": 9401}
+    assert render_cli(source, "--out", tmp_path, "--check", "--metrics-port", "9400") == 0
+    plain = tmp_path / "plain"
+    assert render_cli(source, "--out", plain) == 0
+    assert "metrics" not in (plain / "mirror__primary.py").read_text()  # off by default
+    assert render_cli(source, "--out", plain, "--metrics-port", "70000") == 2
+
+
 def test_render_refuses_flow_files_with_validation_errors_and_writes_nothing(tmp_path, capsys):
     # The Kafka docs' active/passive snippet has no `clusters` line: MM2 would not start.
     assert render_cli(SEEDS / "000-active-passive.properties", "--out", tmp_path) == 2

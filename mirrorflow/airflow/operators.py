@@ -69,6 +69,8 @@ class MirrorFlowOperator(BaseOperator):
     :param pause_check_interval: seconds between checks whether the DAGs were paused
     :param conn_id: the Airflow connection naming the Spark master (default ``spark_default``)
     :param driver_memory: the Spark driver's memory
+    :param metrics_port: the job serves Prometheus metrics on 127.0.0.1 at this port (0: off;
+        None: as ``$MIRRORFLOW_METRICS_PORT`` of the task's environment says)
     :param conf: Spark settings added to (or overriding) the mirror job's own; no secret (it
         would be on the command line): a ``spark://`` master's secret comes from the properties
         file of ``$MIRRORFLOW_SPARK_PROPERTIES`` (see :mod:`mirrorflow.runtime.spark_security`)
@@ -89,6 +91,7 @@ class MirrorFlowOperator(BaseOperator):
         conn_id: str = DEFAULT_CONN_ID,
         driver_memory: str = "1g",
         conf: dict[str, str] | None = None,
+        metrics_port: int | None = None,
         **kwargs: Any,
     ) -> None:
         names = list(flows or ()) + ([flow] if flow else [])
@@ -110,6 +113,7 @@ class MirrorFlowOperator(BaseOperator):
         self.stop_grace_period = grace.total_seconds() if isinstance(grace, timedelta) else grace
         self.pause_check_interval = pause_check_interval
         self.conn_id, self.driver_memory, self.conf = conn_id, driver_memory, dict(conf or {})
+        self.metrics_port = metrics_port
         self._job_files: jobs.JobFiles | None = None
         self._hook: MirrorJobHook | None = None
 
@@ -143,6 +147,7 @@ class MirrorFlowOperator(BaseOperator):
                 conf=self.conf,
                 state_dir=files.state_dir,
                 stop_file=files.stop_file,
+                metrics_port=self.metrics_port,
             )
         except MirrorflowError as exc:  # e.g. a spark:// master without its secret
             raise AirflowException(f"the mirror job of {self.label} cannot start: {exc}") from None

@@ -170,6 +170,9 @@ class RenderOptions:
     retry_delay_seconds: int = 15
     max_retry_delay_seconds: int = 600
     stop_grace_seconds: int = 60
+    # 0: off. Else the site jobs serve Prometheus metrics on 127.0.0.1, the mirror DAG of the
+    # i-th target (in name order) on metrics_port + i.
+    metrics_port: int = 0
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9_.\-]+", self.spark_conn_id):
@@ -179,6 +182,8 @@ class RenderOptions:
                 raise MirrorflowError(f"{name.replace('_', ' ')} must not be negative")
         if self.stop_grace_seconds < 1:
             raise MirrorflowError("the stop grace period must be at least 1 second")
+        if not 0 <= self.metrics_port <= 65535:
+            raise MirrorflowError(f"--metrics-port {self.metrics_port} is not a port number")
 
     def cli_args(self) -> list[str]:
         """The ``render`` options that differ from the defaults (for the re-render hint)."""
@@ -189,6 +194,7 @@ class RenderOptions:
             "retry_delay_seconds": "--retry-delay",
             "max_retry_delay_seconds": "--max-retry-delay",
             "stop_grace_seconds": "--stop-grace",
+            "metrics_port": "--metrics-port",
         }
         args: list[str] = []
         for name, flag in flags.items():
@@ -280,7 +286,7 @@ def _render_topology(topology: Topology, flow_files: list[str], options: RenderO
     seen: dict[str, str] = {}
     rerender = " ".join(["mirrorflow render", *flow_files, *options.cli_args()])
     for kind in DAG_KINDS:
-        for flows in kind.groups(topology.flows):
+        for index, flows in enumerate(kind.groups(topology.flows)):
             names = ", ".join(f.name for f in flows)
             dag_id = kind.dag_id(flows)
             if not _DAG_ID.match(dag_id):
@@ -312,6 +318,7 @@ def _render_topology(topology: Topology, flow_files: list[str], options: RenderO
                 flow_files=flow_files,
                 remote_topic=flows[0].remote_topic("<topic>"),
                 options=options,
+                metrics_port=options.metrics_port + index if options.metrics_port else 0,
             )
             flow_names = tuple(f.name for f in flows)
             dags.append(RenderedDag(f"{dag_id}.py", dag_id, kind.name, flow_names, text))

@@ -68,6 +68,14 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="how long a stop waits for the batch in progress "
         f"(default {defaults.stop_grace_seconds})",
     )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=defaults.metrics_port,
+        metavar="PORT",
+        help="the site jobs serve Prometheus metrics on 127.0.0.1: the first mirror DAG (in "
+        "target order) on PORT, the next on PORT+1, ... (default 0: off)",
+    )
     parser.set_defaults(handler=_render)
 
 
@@ -78,6 +86,7 @@ def _render(args: argparse.Namespace) -> int:
         retry_delay_seconds=args.retry_delay,
         max_retry_delay_seconds=args.max_retry_delay,
         stop_grace_seconds=args.stop_grace,
+        metrics_port=args.metrics_port,
     )
     result = rendering.render(args.files, options)
     for finding in result.warnings:

@@ -158,7 +158,9 @@ class Flow:
         config: dict[str, Setting] = {
             key: _written(p, TOP_LEVEL)
             for key, p in top.items()
-            if key in configdefs.connector_settings() or key.startswith(_WORKER_PREFIXES)
+            if key in configdefs.connector_settings()
+            or key in configdefs.MIRRORFLOW_ONLY  # mirrorflow's own, for every flow alike
+            or key.startswith(_WORKER_PREFIXES)
         }
         for side, alias in (("source", self.source), ("target", self.target)):
             for key, setting in self.topology.cluster(alias).props.items():

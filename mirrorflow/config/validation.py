@@ -334,6 +334,8 @@ def _top_level_key(prop: Property, aliases: list[str]) -> list[Finding]:
                 )
             ]
         return _legacy(prop, key)
+    if key in configdefs.MIRRORFLOW_ONLY:  # mirrorflow's own: every flow inherits it
+        return []
     if key in configdefs.FILTER_ONLY:
         return [
             _at(
@@ -503,6 +505,11 @@ def _value(prop: Property, name: str | None, raw_booleans: bool = False) -> list
         ]  # fmt: skip
     if name.endswith((".interval.seconds", ".timeout.ms")) and parsed <= 0:
         found.append(_interval(prop, name, parsed))
+    if name.startswith("health.") and parsed < 0:
+        found.append(_at(prop, "error", f"{name} is negative", "use 0 (no bound) or more"))
+    if name == "health.stall.timeout.seconds" and parsed == 0:
+        found.append(_at(prop, "error", "zero: every flow would be STALLED at once",
+                         "use a positive number of seconds (default 120)"))  # fmt: skip
     if name in _PATTERN_KEYS or name in configdefs.LEGACY_ALIASES:
         try:
             filters.compile_pattern_list(parsed)

@@ -136,6 +136,8 @@ class Demo:
             f"\nAirflow UI:  http://127.0.0.1:{self.airflow.port}/dags/{self.dag_id}\n"
             f"  login:     user '{UI_USER}', password in {password_file}\n"
             f"  the job:   DAG {self.dag_id} > task 'mirror' > Logs (Spark's output)\n"
+            f"health:      http://127.0.0.1:{self.airflow.port}/plugin/mirrorflow "
+            "(Browse > Replication: each flow's state, lag, heartbeat)\n"
             f"clusters:    {self._clusters()} (settings: {self.sandbox_dir / 'clusters.json'})"
         )
 

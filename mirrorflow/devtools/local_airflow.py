@@ -89,6 +89,8 @@ class LocalAirflow:
             {
                 "AIRFLOW_HOME": str(self.home),
                 "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags_folder),
+                # mirrorflow's UI page (plugins/mirrorflow_ui.py), at /mirrorflow/
+                "AIRFLOW__CORE__PLUGINS_FOLDER": str(paths.resource("plugins")),
                 "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
                 "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
                 "AIRFLOW__CORE__PARALLELISM": "4",
@@ -165,15 +167,15 @@ class LocalAirflow:
         services = self._recorded().get("services", {})
         return {n: r["pid"] for n, r in services.items() if isinstance(r, dict) and _is_service(r)}
 
-    def start_services(self) -> None:
-        """Start whichever of the services is not running yet."""
+    def start_services(self, names: tuple[str, ...] = SERVICES) -> None:
+        """Start whichever of the services (all by default) is not running yet."""
         running = self.running_services()
         env = self.environment()
         paths.private_dir(self.home)
         self.ensure_password()
         logs = self.home / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        for name in SERVICES:
+        for name in names:
             if name in running:
                 continue
             with _private_log(logs / f"{name}.log", "ab") as out:
@@ -200,9 +202,9 @@ class LocalAirflow:
         (self.home / SERVICES_FILE).write_text(json.dumps(record, indent=2) + "\n")
 
     def check_services(self) -> None:
-        """Fail at once, naming the log, when a service has died."""
+        """Fail at once, naming the log, when a service it started has died."""
         running = self.running_services()
-        for name in SERVICES:
+        for name in self._recorded().get("services", {}):
             if name not in running:
                 raise MirrorflowError(
                     f"the Airflow {name} exited",

@@ -41,6 +41,12 @@ MIRRORFLOW_ONLY = {
     # Remove the ACLs the ACL sync created on the target once their source ACLs are gone (it
     # never removes one it did not create).
     "sync.topic.acls.remove.enabled": ("BOOLEAN", "false"),
+    # Replication health (mirrorflow.health, the Airflow UI page): the flow is LAGGING when its
+    # lag exceeds either bound (the RPO; 0: no bound), STALLED when its job should run but
+    # neither progress nor a heartbeat came within the timeout.
+    "health.lag.max.seconds": ("LONG", "300"),
+    "health.lag.max.records": ("LONG", "0"),
+    "health.stall.timeout.seconds": ("LONG", "120"),
 }
 
 CLIENT_ROLES = ("consumer", "producer", "admin")

@@ -37,6 +37,8 @@ class PeriodicTask:
     failures: int = 0
     last_duration_s: float = 0.0
     last_error: str | None = None
+    last_run_at: float | None = None  # Unix time when the last run ended
+    last_success_at: float | None = None  # Unix time when the last successful run ended
     next_due: float = field(default=0.0, repr=False)
 
 
@@ -70,6 +72,7 @@ class Scheduler:
         try:
             task.run()
             task.last_error = None
+            task.last_success_at = time.time()
         except ClusterUnreachable as exc:
             self._failed(task, exc)
         except MirrorflowError as exc:
@@ -79,6 +82,7 @@ class Scheduler:
             self._failed(task, exc)
         finally:
             task.runs += 1
+            task.last_run_at = time.time()
             task.last_duration_s = time.monotonic() - started
             task.next_due = started + task.interval_s
 
@@ -112,7 +116,8 @@ class Scheduler:
             self._thread.join(30)
 
     def stats(self) -> dict[str, dict[str, object]]:
-        """Per task: runs, failures, the last run's duration and error."""
+        """Per task: runs, failures, the last run's duration and error, and when the last run
+        and the last successful run ended (Unix time, None before the first)."""
         return {
             t.name: {
                 "interval_s": t.interval_s,
@@ -120,6 +125,12 @@ class Scheduler:
                 "failures": t.failures,
                 "last_duration_s": round(t.last_duration_s, 3),
                 "last_error": t.last_error,
+                "last_run_at": _rounded(t.last_run_at),
+                "last_success_at": _rounded(t.last_success_at),
             }
             for t in self.tasks
         }
+
+
+def _rounded(at: float | None) -> float | None:
+    return None if at is None else round(at, 3)

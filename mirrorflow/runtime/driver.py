@@ -45,6 +45,7 @@ import json
 import logging
 import os
 import re
+import socket
 import struct
 import threading
 import time
@@ -94,7 +95,7 @@ LEGACY_PROGRESS = "checkpoint"  # mirrorflow 0.x: Spark's streaming checkpoint o
 PROGRESS_FILE = "progress.json"
 DOORBELL_WAIT_S = 0.5
 IDLE_REPLAN_S = 30.0  # an idle flow lists its partitions' ends this often, doorbell or not
-IDLE_PROGRESS_S = 10.0  # an idle flow's progress.json shows its tasks' runs this fresh
+REPORT_PROGRESS_S = 10.0  # progress.json is rewritten this often, busy or idle (liveness)
 LOCAL_BATCH_MAX_BYTES = 8 << 20  # a local batch's records times the flow's mean record size
 _SHIPPED = False  # the mirrorflow package went to the executors (once per application)
 
@@ -157,10 +158,16 @@ class MirrorJob:
         self._planned_ends: dict[Partition, int] = {}  # the source's ends at the last plan
         self.state = "STARTING"
         self._last_batch_s = 0.0
+        self._last_batch_at: float | None = None  # Unix time
         self._copier_settings_cache: tuple | None = None
         self._copier = None  # the copier's Java class, looked up once (a py4j round trip)
         self._capped = False  # the last plan left records for the next batch
-        self._recorded = (0.0, 0)  # when progress.json was last written, and the tasks' runs
+        self._record_lock = threading.Lock()  # the loop and the report task write progress
+        self._plan_at = 0.0  # Unix time when the last plan listed the source's ends
+        # Unix time at which every record then on the source was copied (a plan found nothing
+        # new, a batch copied all it planned, or the idle doorbell heard nothing): the flow's
+        # lag in seconds is at most now minus this.
+        self._caught_up_at: float | None = None
 
     @property
     def flow_dir(self) -> Path:
@@ -364,6 +371,8 @@ class MirrorJob:
                 self.scheduler.run_now(self.scheduler.add(name, interval, run))
         if spec.emit_checkpoints_enabled and not once:
             self._schedule_checkpoints()
+        if spec.flow_dir:  # progress.json fresh even during a long batch: the flow is alive
+            self.scheduler.add("report-progress", REPORT_PROGRESS_S, self._report_progress)
         self.scheduler.start()
         self.doorbell = Doorbell(spec.source_consumer_client, spec.flow)
         if once:
@@ -461,11 +470,9 @@ class MirrorJob:
         assert self.doorbell is not None and self.scheduler is not None
         mapping, since = self.mapping, time.monotonic()
         while not self.doorbell.wait(self.positions, DOORBELL_WAIT_S):
-            written, runs = self._recorded
-            if time.monotonic() - written > IDLE_PROGRESS_S and self._task_runs() != runs:
-                self.record_state("IDLE")  # the periodic tasks' figures, while nothing moves
             if self.doorbell.error is not None:  # it cannot tell: list the ends each wait
                 return
+            self._caught_up_at = time.time()  # no record past the positions: nothing to copy
             if (
                 self.stopping()
                 or self.mapping is not mapping
@@ -473,9 +480,6 @@ class MirrorJob:
                 or time.monotonic() - since > IDLE_REPLAN_S
             ):
                 return
-
-    def _task_runs(self) -> int:
-        return sum(t.runs for t in self.scheduler.tasks) if self.scheduler else 0
 
     def _sleep_unless_stopped(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
@@ -569,12 +573,13 @@ class MirrorJob:
 
     def _plan(self) -> list[tuple[Partition, int, int]]:
         """The next batch: (partition, from, until) with records, at most the batch's size."""
+        plan_at = time.time()
         partitions = self._partitions()
         new = [tp for tp in partitions if tp not in self.positions]
         if new:
             self.positions.update(self._starts(new))
         ends = self._once_ends if self._once_ends is not None else self._ends(partitions)
-        self._planned_ends = ends
+        self._planned_ends, self._plan_at = ends, plan_at
         pending = {}
         for tp in partitions:
             end, position = ends.get(tp, 0), self.positions[tp]
@@ -597,6 +602,8 @@ class MirrorJob:
             self.metrics.lag(self.positions, ends, self.mapping)
         total, cap = sum(pending.values()), self.spec.max_records_per_batch
         self._capped = total > cap
+        if not total:
+            self._caught_up_at = plan_at
         ranges = []
         for tp, count in sorted(pending.items()):
             take = count if total <= cap else max(1, count * cap // total)
@@ -642,25 +649,43 @@ class MirrorJob:
             len(ranges),
             elapsed,
         )
-        self._last_batch_s = elapsed
+        self._last_batch_s, self._last_batch_at = elapsed, time.time()
+        if not self._capped:  # everything on the source at the plan is copied
+            self._caught_up_at = self._plan_at
         self.record_state("RUNNING")
 
     def record_state(self, state: str, error: str | None = None) -> None:
-        """Write ``S-T/progress.json``: the flow's state and progress, for people and Airflow."""
-        self.state = state
-        self._recorded = (time.monotonic(), self._task_runs())
-        if self.metrics is not None:
-            self.metrics.state(state)
+        """Write ``S-T/progress.json``: the flow's state and progress, for people, Airflow and
+        the health model (:mod:`mirrorflow.health`)."""
+        with self._record_lock:
+            self.state = state
+            if self.metrics is not None:
+                self.metrics.state(state)
+            self._write_progress(error)
+
+    def _report_progress(self) -> None:
+        """The ``report-progress`` task: progress.json rewritten with the current state."""
+        with self._record_lock:
+            self._write_progress(None)
+
+    def _write_progress(self, error: str | None) -> None:
+        ends, positions = self._planned_ends, dict(self.positions)
+        lag = sum(max(0, end - positions[tp]) for tp, end in ends.items() if tp in positions)
         record_state(
             self.flow_dir,
             self.spec.flow,
-            state,
+            self.state,
             error,
             batches=self.batches,
             local_batches=self.local_batches,
             records=self.copied[0],
             bytes=self.copied[1],
             last_batch_seconds=round(self._last_batch_s, 3),
+            last_batch_at=_rounded(self._last_batch_at),
+            lag_records=lag,
+            caught_up_at=_rounded(self._caught_up_at),
+            pid=os.getpid(),
+            host=socket.gethostname(),
             tasks=self.scheduler.stats() if self.scheduler else {},
         )
 
@@ -906,6 +931,10 @@ def record_state(
     partial = path.with_suffix(".partial")
     partial.write_text(json.dumps(current, indent=1) + "\n")
     partial.replace(path)
+
+
+def _rounded(at: float | None) -> float | None:
+    return None if at is None else round(at, 3)
 
 
 _UNREACHABLE = re.compile(

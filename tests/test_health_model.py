@@ -1,0 +1,170 @@
+"""The health model's derivation (pure logic): progress.json, the DAGs' pause and the flow's
+thresholds give RUNNING, LAGGING, STALLED, FAILED, PAUSED or STOPPED with a one-line reason;
+and the thresholds are flow settings that ``validate`` knows."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from mirrorflow.config.topology import load_topology
+from mirrorflow.config.validation import validate
+from mirrorflow.health import model
+from mirrorflow.health.model import HealthSettings, SiteDag, derive
+from mirrorflow.health.status import settings_for, topology_health
+
+NOW = 1_800_000_000.0
+FLOW = "primary->secondary"
+
+
+def progress(state: str = "RUNNING", age: float = 2.0, **extra: object) -> dict:
+    """A progress.json written ``age`` seconds before NOW, heartbeat and checkpoint fresh."""
+    base = {
+        "flow": FLOW,
+        "state": state,
+        "error": None,
+        "updated": datetime.fromtimestamp(NOW - age, UTC).isoformat(timespec="seconds"),
+        "records": 100,
+        "lag_records": 0,
+        "caught_up_at": NOW - age - 1,
+        "last_batch_at": NOW - age,
+        "pid": 4242,
+        "host": "h",
+        "tasks": {
+            "heartbeats": {"last_success_at": NOW - 1, "runs": 9},
+            "emit-checkpoints": {"last_success_at": NOW - 30, "runs": 1},
+        },
+    }
+    return {**base, **extra}
+
+
+def test_a_running_flow_within_its_bounds_is_running_with_its_figures():
+    health = derive(FLOW, progress(), now=NOW, job_alive=True)
+    assert (health.state, health.reason) == ("RUNNING", "copying")
+    assert health.lag_records == 0 and health.lag_seconds == pytest.approx(3.0)
+    assert health.last_heartbeat == NOW - 1 and health.last_checkpoint == NOW - 30
+    idle = derive(FLOW, progress("IDLE"), now=NOW, job_alive=None)
+    assert (idle.state, idle.lag_seconds) == ("RUNNING", 0.0)
+    assert "caught up" in idle.reason
+
+
+def test_lag_over_either_bound_is_lagging():
+    behind = progress(caught_up_at=NOW - 400, lag_records=5)
+    health = derive(FLOW, behind, now=NOW)
+    assert health.state == "LAGGING"
+    assert health.reason == "400s behind (bound 300s)"
+    records = derive(FLOW, progress(lag_records=5000), now=NOW, settings=HealthSettings(
+        lag_max_records=1000))  # fmt: skip
+    assert (records.state, records.reason) == ("LAGGING", "5000 records behind (bound 1000)")
+    unbounded = HealthSettings(lag_max_seconds=0)
+    assert derive(FLOW, behind, now=NOW, settings=unbounded).state == "RUNNING"
+
+
+def test_no_report_or_no_heartbeat_within_the_timeout_is_stalled():
+    quiet = derive(FLOW, progress(age=200), now=NOW, job_alive=True)
+    assert quiet.state == "STALLED"
+    assert quiet.reason.startswith("no progress report from its mirror job for 200s (bound 120s)")
+    frozen_idle = derive(FLOW, progress("IDLE", age=200), now=NOW, job_alive=True)
+    assert frozen_idle.state == "STALLED" and frozen_idle.lag_seconds == pytest.approx(201)
+    beats = progress()
+    beats["tasks"]["heartbeats"]["last_success_at"] = NOW - 130
+    no_beat = derive(FLOW, beats, now=NOW)
+    assert (no_beat.state, no_beat.reason) == (
+        "STALLED",
+        "no heartbeat acknowledged by the target for 130s (bound 120s)",
+    )
+    patient = HealthSettings(stall_timeout_seconds=200)
+    assert derive(FLOW, beats, now=NOW, settings=patient).state == "RUNNING"
+
+
+def test_failed_paused_and_stopped():
+    failed = derive(FLOW, progress("FAILED", error="cluster primary refused User:alice"), now=NOW)
+    assert (failed.state, failed.reason) == ("FAILED", "cluster primary refused User:alice")
+    assert failed.lag_seconds is None  # no job: lag unknown
+    dags = SiteDag("mirror__secondary", False, "flow__primary__secondary", True)
+    paused = derive(FLOW, progress(), now=NOW, dags=dags)
+    assert (paused.state, paused.reason) == ("PAUSED", "its DAG flow__primary__secondary is paused")
+    assert derive(FLOW, progress("PAUSED"), now=NOW).state == "PAUSED"
+    assert derive(FLOW, progress(), now=NOW, flow_paused=True).state == "PAUSED"
+    site = derive(FLOW, progress("STOPPED"), now=NOW, dags=SiteDag("mirror__secondary", True))
+    assert site.state == "PAUSED"
+    assert site.reason == "the site's mirror DAG mirror__secondary is paused"
+    started_by_hand = derive(FLOW, progress(), now=NOW, dags=SiteDag("mirror__secondary", True))
+    assert started_by_hand.state == "RUNNING"  # a job runs it all the same
+    stopped = derive(FLOW, progress("STOPPED", age=65), now=NOW)
+    assert (stopped.state, stopped.reason) == ("STOPPED", "its mirror job stopped 65s ago")
+    never = derive(FLOW, {}, now=NOW)
+    assert (never.state, never.reason) == ("STOPPED", "no mirror job has run this flow yet")
+
+
+def test_a_killed_job_is_stopped_then_stalled_when_its_dag_should_run_it():
+    killed = progress("RUNNING", age=5)
+    gone = derive(FLOW, killed, now=NOW, job_alive=False)
+    assert (gone.state, gone.reason) == ("STOPPED", "its mirror job (pid 4242) is gone")
+    on = SiteDag("mirror__secondary", False)
+    retrying = derive(FLOW, killed, now=NOW, job_alive=False, dags=on)
+    assert retrying.state == "STOPPED" and "mirror__secondary is on and should start" in (
+        retrying.reason
+    )
+    late = derive(FLOW, progress("STOPPED", age=500), now=NOW, dags=on)
+    assert late.state == "STALLED"
+    assert late.reason.startswith("its mirror job stopped 8min ago, though mirror__secondary is on")
+
+
+def test_every_state_is_reachable():
+    assert set(model.STATES) == {"RUNNING", "LAGGING", "STALLED", "FAILED", "PAUSED", "STOPPED"}
+
+
+def _flow_file(tmp_path: Path, *lines: str) -> Path:
+    path = tmp_path / "mm2.properties"
+    path.write_text(
+        "\n".join(
+            [
+                "clusters = primary, secondary",
+                "primary.bootstrap.servers = 127.0.0.1:1",
+                "secondary.bootstrap.servers = 127.0.0.1:2",
+                f"{FLOW}.enabled = true",
+                *lines,
+            ]
+        )
+        + "\n"
+    )
+    return path
+
+
+def test_thresholds_are_flow_settings_with_defaults(tmp_path: Path):
+    defaults = settings_for(load_topology([_flow_file(tmp_path)]).flow(FLOW))
+    assert defaults == HealthSettings(300.0, 0, 120.0)
+    path = _flow_file(
+        tmp_path,
+        f"{FLOW}.health.lag.max.seconds = 60",
+        "health.lag.max.records = 10000",
+        "health.stall.timeout.seconds = 30",
+    )
+    assert settings_for(load_topology([path]).flow(FLOW)) == HealthSettings(60.0, 10000, 30.0)
+    assert not [f for f in validate(load_topology([path])) if "health" in f.key]
+
+
+def test_validate_names_a_bad_threshold(tmp_path: Path):
+    path = _flow_file(tmp_path, "health.stall.timeout.seconds = 0", "health.lag.max.seconds = -1")
+    problems = {f.key: f for f in validate(load_topology([path])) if "health" in f.key}
+    assert problems["health.stall.timeout.seconds"].severity == "error"
+    assert problems["health.lag.max.seconds"].severity == "error"
+    typo = _flow_file(tmp_path, "health.lag.max.secs = 5")
+    assert [f for f in validate(load_topology([typo])) if f.key == "health.lag.max.secs"]
+
+
+def test_topology_health_reads_each_flows_progress(tmp_path: Path):
+    import json
+
+    state = tmp_path / "flows"
+    (state / "primary-secondary").mkdir(parents=True)
+    (state / "primary-secondary" / "progress.json").write_text(json.dumps(progress("IDLE")))
+    result = topology_health([_flow_file(tmp_path)], state, now=NOW)
+    assert result.error is None and result.clusters == ["primary", "secondary"]
+    [flow] = result.flows
+    assert (flow["source"], flow["target"], flow["state"]) == ("primary", "secondary", "RUNNING")
+    broken = topology_health([tmp_path / "missing.properties"], state, now=NOW)
+    assert broken.error and "missing.properties" in broken.error and not broken.flows
