@@ -124,7 +124,8 @@ class Cluster:
             settings["ssl.keystore.password"] = self.tls_password
         if store_type != "JKS":
             settings["ssl.keystore.type"] = store_type
-        settings["ssl.key.password"] = self.tls_password
+        if store_type == "PEM":
+            settings["ssl.key.password"] = self.tls_password  # the PEM key is encrypted
         return settings
 
     def is_running(self) -> bool:
