@@ -155,6 +155,7 @@ class MirrorJob:
         self.copied = [0, 0]  # records, bytes since start
         self._once_ends: dict[Partition, int] | None = None
         self._planned_ends: dict[Partition, int] = {}  # the source's ends at the last plan
+        self._planned_at = ""  # when those ends were listed (ISO time, for progress.json)
         self.state = "STARTING"
         self._last_batch_s = 0.0
         self._copier_settings_cache: tuple | None = None
@@ -575,6 +576,7 @@ class MirrorJob:
             self.positions.update(self._starts(new))
         ends = self._once_ends if self._once_ends is not None else self._ends(partitions)
         self._planned_ends = ends
+        self._planned_at = datetime.now(UTC).isoformat(timespec="seconds")
         pending = {}
         for tp in partitions:
             end, position = ends.get(tp, 0), self.positions[tp]
@@ -662,7 +664,18 @@ class MirrorJob:
             bytes=self.copied[1],
             last_batch_seconds=round(self._last_batch_s, 3),
             tasks=self.scheduler.stats() if self.scheduler else {},
+            **self._observed_ends(),
         )
+
+    def _observed_ends(self) -> dict[str, object]:
+        """The source's end offsets at the last plan and when they were listed: what a failover
+        without the source estimates its RPO from (those ends minus the positions)."""
+        if not self._planned_ends:
+            return {}
+        ends: dict[str, dict[str, int]] = {}
+        for (topic, partition), end in sorted(self._planned_ends.items()):
+            ends.setdefault(topic, {})[str(partition)] = end
+        return {"source_end_offsets": ends, "source_end_offsets_at": self._planned_at}
 
     def _read(self, ranges: list[tuple[Partition, int, int]]) -> DataFrame:
         """The ranges as a DataFrame of Spark's Kafka batch source (exactly-once)."""
