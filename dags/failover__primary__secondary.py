@@ -88,7 +88,7 @@ with DAG(
             type="array",
             items={"type": "string"},
             title="Producers to fence",
-            description="Planned only: principals (alice or User:alice) denied WRITE on the "
+            description="Planned only: principals (NAME or User:NAME) denied WRITE on the "
             "replicated source topics before the cut. None: nothing fenced.",
         ),
         "dry_run": Param(
