@@ -189,7 +189,8 @@ def test_generated_dags_hold_no_secrets_only_flow_names_and_paths(tmp_path):
     for dag in result.dags:
         for secret in (password, host, "backup-host", "alice", "jaas", "SASL", "truststore"):
             assert secret not in dag.text
-    flow_dag, mirror_dag, _sync_dag = (d.text for d in result.dags)
+    failover_dag, flow_dag, mirror_dag, _sync_dag = (d.text for d in result.dags)
+    assert str(flow_file) in failover_dag and 'FLOW = "primary->backup"' in failover_dag
     assert str(flow_file) in mirror_dag  # outside the project: the absolute path
     # Every string literal in the files is a name, a path or fixed text from the template.
     assert 'FLOW = "primary->backup"' in flow_dag
