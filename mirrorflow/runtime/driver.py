@@ -664,10 +664,10 @@ class MirrorJob:
             bytes=self.copied[1],
             last_batch_seconds=round(self._last_batch_s, 3),
             tasks=self.scheduler.stats() if self.scheduler else {},
-            **self._observed_ends(),
+            **self.observed_ends(),
         )
 
-    def _observed_ends(self) -> dict[str, object]:
+    def observed_ends(self) -> dict[str, object]:
         """The source's end offsets at the last plan and when they were listed: what a failover
         without the source estimates its RPO from (those ends minus the positions)."""
         if not self._planned_ends:
