@@ -196,10 +196,7 @@ class FailoverRun:
         return found[-1] if found else {}
 
     def save(self) -> None:
-        paths.private_dir(self.directory)
-        partial = self.file.with_suffix(".partial")
-        partial.write_text(json.dumps(self.data, indent=1, sort_keys=True) + "\n")
-        partial.replace(self.file)
+        paths.write_private(self.file, json.dumps(self.data, indent=1, sort_keys=True) + "\n")
 
     @contextlib.contextmanager
     def recording(self, name: str) -> Iterator[StepRecord]:
@@ -409,8 +406,7 @@ def _record_fences(request: FailoverRequest, acls: list[dict]) -> None:
         known = []
     stamp = _now()
     known += [{**acl, "run_id": request.run_id, "created": stamp} for acl in acls]
-    paths.private_dir(path.parent)
-    path.write_text(json.dumps(known, indent=1) + "\n")
+    paths.write_private(path, json.dumps(known, indent=1) + "\n")
 
 
 def _positions(spec: MirrorSpec) -> dict[Partition, int]:
@@ -738,6 +734,7 @@ def report(request: FailoverRequest, log: Log = print) -> dict:
     run = FailoverRun(request)
     with run.recording("report") as record:
         record.details = {"directory": str(run.directory)}
+        record.summary = f"report written to {run.directory}"
     written = write_report(run)
     for line in _group_lines(
         run.step("final-sync").get("details", {}).get("targets", {}), request.target
