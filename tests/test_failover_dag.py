@@ -2,12 +2,15 @@
 the sandbox clusters: a planned failover with a running mirror job and a fenced producer ends
 with RPO 0 and a group that resumes on the target with nothing lost or repeated, after a dry
 run that changed nothing; an emergency failover with the source broker stopped commits the
-stored checkpoints and estimates the RPO from the job's last observed end offsets."""
+stored checkpoints and estimates the RPO from the job's last observed end offsets, after
+``mirrorflow failover`` (the same steps from a shell) failed to catch up, naming the records."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -231,6 +234,46 @@ def test_an_emergency_failover_with_the_source_down_commits_checkpoints_and_esti
     progress = jobs.read_progress(flows / "primary-secondary")
     assert progress["state"] == "FAILED"
     assert progress["source_end_offsets"][t] == {"0": 61, "1": 60}
+
+    # From a shell, the same steps: the source is up, but the flow has not copied 21 records,
+    # so a planned failover cannot catch up: it fails naming them, and reports it.
+    cli = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mirrorflow.cli",
+            "failover",
+            str(config),
+            "--flow",
+            FLOW,
+            "--dry-run",
+            "--catch-up-timeout",
+            "3",
+            "--state-dir",
+            str(flows),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "MIRRORFLOW_STATE": str(state), "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+    )
+    assert cli.returncode == 2, cli.stdout + cli.stderr
+    (error, hint) = cli.stderr.splitlines()
+    assert error == (
+        f"mirrorflow: error: failover of {FLOW} failed: {FLOW} did not catch up within 3s: "
+        f"21 record(s) not copied yet, in {t}-0 (11), {t}-1 (10)"
+    )
+    assert hint.startswith("mirrorflow: what to do: check that the mirror job runs")
+    data, markdown, _html = the_report(state)
+    assert [(s["step"], s["status"]) for s in data["steps"]] == [
+        ("preflight", "success"),
+        ("fence-producers", "skipped"),
+        ("catch-up", "failed"),
+        ("report", "success"),
+    ]
+    assert markdown.startswith(f"# Failover of {FLOW}: failed at catch-up\n")
+    assert jobs.held(flows / "primary-secondary") is None  # nothing was stopped
 
     dag_file = render_into_dags_folder(config, "failover")
     sandbox_mod.down(sandbox.directory, ["primary"])

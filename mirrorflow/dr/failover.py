@@ -753,3 +753,27 @@ STEP_FUNCTIONS: dict[str, Callable[..., dict]] = {
     "final-sync": final_sync,
     "report": report,
 }
+
+
+def run_all(request: FailoverRequest, log: Log = print) -> FailoverRun:
+    """Every step in order, as the failover DAG runs them: a step that does not apply is
+    skipped, a failed step ends the run, and the report is written however it ended (the
+    ``mirrorflow failover`` command). Returns the run's record."""
+    failed: Exception | None = None
+    for name in STEPS:
+        if failed is not None and name != "report":
+            continue
+        try:
+            STEP_FUNCTIONS[name](request, log=log)
+        except StepSkipped as skipped:
+            log(f"{name}: skipped: {skipped}")
+        except MirrorflowError as exc:
+            log(f"{name}: failed: {exc}")
+            failed = exc
+    run = FailoverRun(request)
+    if failed is not None:
+        raise MirrorflowError(
+            f"failover of {request.flow} failed: {failed.message}",
+            (failed.hint + "; " if failed.hint else "") + f"report: {run.directory / 'report.md'}",
+        )
+    return run
