@@ -148,3 +148,22 @@ def test_the_installed_wheel_validates_renders_and_mirrors_outside_the_checkout(
     )
     source = read_topic(sandbox["primary"], topic)
     assert copied(read_topic(sandbox["secondary"], f"primary.{topic}")) == copied(source)
+    # The failover's report templates travel too: a dry run of the caught-up flow reports.
+    _run(
+        [
+            mirrorflow,
+            "failover",
+            "mm2.properties",
+            "--flow",
+            "primary->secondary",
+            "--dry-run",
+            "--groups",
+            "none",
+            "--run-id",
+            "wheel",
+        ],
+        cwd=outside,
+        env=env,
+    )
+    report = tmp_path / "state" / "reports" / "failover" / "wheel" / "report.md"
+    assert report.read_text().startswith("# Failover of primary->secondary: success\n")

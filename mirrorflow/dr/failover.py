@@ -520,8 +520,8 @@ def stop_mirror(request: FailoverRequest, log: Log = print) -> dict:
             progress = jobs.read_progress(flow_dir)
             state = progress.get("state")
             updated = _epoch(progress.get("updated"))
-            if state in STOPPED_STATES and updated >= held_at - 1:
-                break
+            if state in STOPPED_STATES and (updated >= held_at - 1 or before in STOPPED_STATES):
+                break  # stopped now, or was already (paused by its DAG, failed)
             running = [p for p in running if jobs.process_alive(p)]
             if time.monotonic() > deadline:
                 raise MirrorflowError(
