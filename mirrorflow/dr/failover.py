@@ -718,6 +718,9 @@ def measure_rpo(spec: MirrorSpec, mode: str, request: FailoverRequest) -> dict:
         "basis": basis,
         "observed_at": observed_at,
         "per_partition": {_key(tp): n for tp, n in sorted(behind.items())},
+        # Where the flow stopped (the failback resumes from here and sets aside what the
+        # source holds beyond it): source partition -> position.
+        "positions_at_cut": {_key(tp): o for tp, o in sorted(positions.items())},
         "summary_short": short,
         "summary": (
             f"RPO: {short} on {spec.source} not on {spec.target}, from {basis} minus the "
