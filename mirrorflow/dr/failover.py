@@ -720,7 +720,7 @@ def measure_rpo(spec: MirrorSpec, mode: str, request: FailoverRequest) -> dict:
         "per_partition": {_key(tp): n for tp, n in sorted(behind.items())},
         # Where the flow stopped (the failback resumes from here and sets aside what the
         # source holds beyond it): source partition -> position.
-        "positions_at_cut": {_key(tp): o for tp, o in sorted(positions.items())},
+        "positions_at_cut": _nested(positions),
         "summary_short": short,
         "summary": (
             f"RPO: {short} on {spec.source} not on {spec.target}, from {basis} minus the "
@@ -728,6 +728,14 @@ def measure_rpo(spec: MirrorSpec, mode: str, request: FailoverRequest) -> dict:
             + ("" if mode == "planned" else "; records written after that are not known")
         ),
     }
+
+
+def _nested(offsets: dict[Partition, int]) -> dict[str, dict[str, int]]:
+    """Offsets as JSON: topic -> partition -> offset (as ``progress.json`` keeps them)."""
+    nested: dict[str, dict[str, int]] = {}
+    for (topic, partition), offset in sorted(offsets.items()):
+        nested.setdefault(topic, {})[str(partition)] = offset
+    return nested
 
 
 def report(request: FailoverRequest, log: Log = print) -> dict:
