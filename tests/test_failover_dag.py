@@ -157,6 +157,7 @@ def test_a_planned_failover_fences_producers_and_a_group_resumes_with_nothing_lo
 
         data, markdown, html = the_report(state)
         assert data["rpo"]["records"] == 0 and data["rpo"]["exact"] is True
+        assert data["rpo"]["positions_at_cut"][t] == {"0": 115, "1": 115}  # all 230 records
         assert data["mode"] == "planned" and data["status"] == "success"
         assert [s["step"] for s in data["steps"]] == STEPS
         rows = data["targets"][group]
@@ -288,6 +289,7 @@ def test_an_emergency_failover_with_the_source_down_commits_checkpoints_and_esti
         assert data["mode"] == "emergency" and data["preflight"]["source_reachable"] is False
         assert data["rpo"]["records"] == 21 and data["rpo"]["exact"] is False
         assert data["rpo"]["per_partition"] == {f"{t}-0": 11, f"{t}-1": 10}
+        assert data["rpo"]["positions_at_cut"][t] == {"0": 50, "1": 50}
         assert "**21 record(s) or more** (estimate)" in markdown
         assert f"group {group}: read on secondary from {remote}-0@30, {remote}-1@20" in output
         assert target_group_offsets(secondary, group, remote) == checkpoints
