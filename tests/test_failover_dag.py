@@ -129,6 +129,7 @@ def test_a_planned_failover_fences_producers_and_a_group_resumes_with_nothing_lo
         output = log.read_text()
         assert result == {"state": "success", "tasks": {s: ["success", 1] for s in STEPS}}, output
         assert f"would deny WRITE on topic {t} of primary to User:alice" in output
+        assert "1 running mirror job(s) run it" in output
         assert f"group {group}: read on secondary from {remote}-0@" in output
         assert deny_acls(primary, t) == []
         assert target_group_offsets(secondary, group, remote) == {}
@@ -146,6 +147,7 @@ def test_a_planned_failover_fences_producers_and_a_group_resumes_with_nothing_lo
         result = run_dag(dag_file, state, log, {"fence_principals": ["alice"]})
         output = log.read_text()
         assert result == {"state": "success", "tasks": {s: ["success", 1] for s in STEPS}}, output
+        assert f"{FLOW} stopped (PAUSED) in its running mirror job" in output
         assert deny_acls(primary, t) == [("User:alice", "WRITE")]
         refused = produce_as(primary, "alice", t, range(1000, 1002))
         assert refused is not None and refused.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED

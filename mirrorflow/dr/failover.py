@@ -501,7 +501,11 @@ def stop_mirror(request: FailoverRequest, log: Log = print) -> dict:
     run = FailoverRun(request)
     with run.recording("stop-mirror") as record:
         flow_dir = request.flow_dir()
-        running = jobs.running_jobs(request.flows_state_dir(), request.flow)
+        state_dir = request.flows_state_dir()
+        # The drivers that run the flow, however started; else the jobs the DAGs recorded.
+        running = jobs.mirror_processes(state_dir, request.flow) or jobs.running_jobs(
+            state_dir, request.flow
+        )
         before = jobs.read_progress(flow_dir).get("state")
         if request.dry_run:
             record.details = {"held": False, "jobs": running, "state": before}

@@ -220,6 +220,33 @@ def running_jobs(state_dir: Path, flow: str) -> list[int]:
     return pids
 
 
+def mirror_processes(state_dir: Path, flow: str) -> list[int]:
+    """The process ids of the mirror jobs' drivers on this machine that run ``flow`` with
+    ``state_dir`` (however they were started: a DAG, ``mirrorflow mirror``, spark-submit), found
+    by their command lines (``spark_jobs/mirror.py … --flow S->T [--state-dir DIR]``)."""
+    wanted = Path(state_dir).resolve()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = [
+                a.decode(errors="replace") for a in (entry / "cmdline").read_bytes().split(b"\0")
+            ]
+        except OSError:
+            continue
+        if not argv or "java" in Path(argv[0]).name:  # spark-submit's JVM: its driver counts
+            continue
+        if not any(a.endswith(launch.MIRROR_JOB.name) for a in argv[1:3]):
+            continue
+        flows = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--flow"]
+        states = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--state-dir"]
+        state = Path(states[-1]) if states else default_state_dir()
+        if flow in flows and state.resolve() == wanted and process_alive(int(entry.name)):
+            found.append(int(entry.name))
+    return sorted(found)
+
+
 def request_restart(flow_dir: Path, starting_offsets: str | None = None) -> None:
     """Ask the flow to start over at ``starting_offsets`` (earliest, latest or epoch ms; None:
     the job's own start position), its positions overwritten in the offsets topic. A running
