@@ -18,20 +18,24 @@ SEEDS = ROOT / "tests" / "data" / "seeds"
 
 # Flow files and the DAGs they must give: the examples, and the seeds' active/passive ("a first
 # example", seed 000) and active/active (seed 002) configurations as their sources wrote them:
-# a mirror and a sync DAG per target cluster, a DAG per flow.
-RENDERED = {
+# a mirror and a sync DAG per target cluster, a flow and a failover DAG per flow.
+RENDERED_UNSORTED = {
     "examples/active-passive.properties": [
+        "failover__primary__secondary",
         "flow__primary__secondary",
         "mirror__secondary",
         "sync__secondary",
     ],
     "examples/active-passive.yaml": [
+        "failover__primary__secondary",
         "flow__primary__secondary",
         "mirror__secondary",
         "sync__secondary",
     ],
     "examples/active-active.properties": [
+        "failover__primary__secondary",
         "flow__primary__secondary",
+        "failover__secondary__primary",
         "flow__secondary__primary",
         "mirror__primary",
         "mirror__secondary",
@@ -39,12 +43,15 @@ RENDERED = {
         "sync__secondary",
     ],
     "tests/data/seeds/000-first-example.properties": [
+        "failover__primary__secondary",
         "flow__primary__secondary",
         "mirror__secondary",
         "sync__secondary",
     ],
     "tests/data/seeds/002-active-active.properties": [
+        "failover__dc1__dc2",
         "flow__dc1__dc2",
+        "failover__dc2__dc1",
         "flow__dc2__dc1",
         "mirror__dc1",
         "mirror__dc2",
@@ -52,6 +59,7 @@ RENDERED = {
         "sync__dc2",
     ],
 }
+RENDERED = {flow_file: sorted(dags) for flow_file, dags in RENDERED_UNSORTED.items()}
 
 
 def render_cli(*args: str | Path) -> int:
@@ -85,7 +93,7 @@ def test_rendering_is_byte_identical_whatever_the_folder_or_working_directory(
     assert render_cli(source, "--out", tmp_path / "b") == 0  # a second render changes nothing
     first = {p.name: p.read_bytes() for p in sorted((tmp_path / "a").iterdir())}
     second = {p.name: p.read_bytes() for p in sorted((tmp_path / "b").iterdir())}
-    assert first == second and len(first) == 6
+    assert first == second and len(first) == 8
     again = rendering.render([source])
     assert [d.text.encode() for d in again.dags] == list(first.values())
 
@@ -97,7 +105,7 @@ def test_the_committed_dags_are_the_fresh_rendering_of_the_active_passive_exampl
     assert render_cli("examples/active-passive.properties", "--out", "dags", "--check") == 0, (
         capsys.readouterr().out
     )
-    assert capsys.readouterr().out == "dags: 3 DAG file(s) up to date\n"
+    assert capsys.readouterr().out == "dags: 4 DAG file(s) up to date\n"
 
 
 def test_check_lists_stale_missing_and_extra_files_and_render_repairs_only_generated_ones(
@@ -197,12 +205,13 @@ def test_generated_dags_hold_no_secrets_only_flow_names_and_paths(tmp_path):
         "primary->backup.topics = payments.*\n"
     )
     result = rendering.render([flow_file])
-    ids = ["flow__primary__backup", "mirror__backup", "sync__backup"]
+    ids = ["failover__primary__backup", "flow__primary__backup", "mirror__backup", "sync__backup"]
     assert [d.dag_id for d in result.dags] == ids
     for dag in result.dags:
         for secret in (password, host, "backup-host", "alice", "jaas", "SASL", "truststore"):
             assert secret not in dag.text
-    flow_dag, mirror_dag, _sync_dag = (d.text for d in result.dags)
+    failover_dag, flow_dag, mirror_dag, _sync_dag = (d.text for d in result.dags)
+    assert str(flow_file) in failover_dag and 'FLOW = "primary->backup"' in failover_dag
     assert str(flow_file) in mirror_dag  # outside the project: the absolute path
     # Every string literal in the files is a name, a path or fixed text from the template.
     assert 'FLOW = "primary->backup"' in flow_dag
@@ -244,6 +253,29 @@ def test_generated_dags_import_into_airflow_without_errors(tmp_path, record_prop
                 for task in tasks.values():
                     assert task.flows and all(f.endswith(f"->{target}") for f in task.flows)
                 assert not dag.task_dict["groups"].upstream_task_ids  # independent of `sync`
+                continue
+            if kind == "failover":  # the runbook, one task per step, triggered by hand
+                flow = "{}->{}".format(*names)
+                assert dag.schedule is None and dag.max_active_runs == 1
+                assert [t.task_id for t in dag.topological_sort()] == [
+                    "preflight",
+                    "fence-producers",
+                    "catch-up",
+                    "stop-mirror",
+                    "final-sync",
+                    "report",
+                ]
+                assert set(dag.params) == {
+                    "mode",
+                    "group_pattern",
+                    "fence_principals",
+                    "dry_run",
+                    "catch_up_timeout_seconds",
+                }
+                assert dag.params["mode"] == "planned" and dag.params["group_pattern"] == ".*"
+                for task in tasks.values():
+                    assert type(task).__name__ == "FailoverStepOperator" and task.flow == flow
+                assert tasks["report"].trigger_rule == "all_done"
                 continue
             (task,) = dag.tasks
             if kind == "mirror":  # the site: every flow into it, in one job, always on

@@ -146,7 +146,12 @@ def test_the_deployments_flow_file_validates_renders_and_names_its_clusters(comp
     flow_file = tmp_path / "flows.properties"
     flow_file.write_text(spec["configs"]["flows"]["content"])
     result = rendering.render([flow_file])
-    ids = ["flow__primary__secondary", "mirror__secondary", "sync__secondary"]
+    ids = [
+        "failover__primary__secondary",
+        "flow__primary__secondary",
+        "mirror__secondary",
+        "sync__secondary",
+    ]
     assert [d.dag_id for d in result.dags] == ids
     assert result.warnings == []
     topology = load_topology([flow_file])

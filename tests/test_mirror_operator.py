@@ -267,3 +267,22 @@ def test_a_standalone_master_without_its_secret_fails_the_task_in_one_line(opera
     with pytest.raises(AirflowException, match="needs the cluster's shared secret") as failed:
         operator.execute({})
     assert "\n" not in str(failed.value)
+
+
+def test_a_flow_held_by_a_failover_stays_paused_though_its_dag_is_unpaused(operator):
+    from mirrorflow.airflow.operators import _JobWatcher
+
+    ti = SimpleNamespace(
+        dag_id="mirror__secondary", get_dag=lambda dag_id: SimpleNamespace(is_paused=False)
+    )
+    files = operator._job_files
+    held, other = (files.flow_dir(f) for f in operator.flows)
+    jobs.hold(held, "failover manual__1")
+    jobs.set_paused(other, True)
+    watcher = _JobWatcher(operator, SimpleNamespace(process=None), files, {"ti": ti})
+    watcher.sync_flow_pauses()
+    assert (held / jobs.PAUSED_FILE).exists() and jobs.held(held) == "failover manual__1"
+    assert not (other / jobs.PAUSED_FILE).exists()  # its DAG is unpaused: it runs
+    assert jobs.release(held) and jobs.held(held) is None
+    watcher.sync_flow_pauses()
+    assert not (held / jobs.PAUSED_FILE).exists()

@@ -124,7 +124,12 @@ def test_the_installed_wheel_validates_renders_and_mirrors_outside_the_checkout(
     assert b"0 errors" in validated.stdout
     _run([mirrorflow, "render", "mm2.properties", "--out", "dags"], cwd=outside, env=env)
     rendered = sorted(p.name for p in (outside / "dags").glob("*.py"))
-    assert rendered == ["flow__primary__secondary.py", "mirror__secondary.py", "sync__secondary.py"]
+    assert rendered == [
+        "failover__primary__secondary.py",
+        "flow__primary__secondary.py",
+        "mirror__secondary.py",
+        "sync__secondary.py",
+    ]
     site = (outside / "dags" / "mirror__secondary.py").read_text()
     assert '"mm2.properties"' in site and '"primary->secondary"' in site
     _run(
@@ -143,3 +148,22 @@ def test_the_installed_wheel_validates_renders_and_mirrors_outside_the_checkout(
     )
     source = read_topic(sandbox["primary"], topic)
     assert copied(read_topic(sandbox["secondary"], f"primary.{topic}")) == copied(source)
+    # The failover's report templates travel too: a dry run of the caught-up flow reports.
+    _run(
+        [
+            mirrorflow,
+            "failover",
+            "mm2.properties",
+            "--flow",
+            "primary->secondary",
+            "--dry-run",
+            "--groups",
+            "none",
+            "--run-id",
+            "wheel",
+        ],
+        cwd=outside,
+        env=env,
+    )
+    report = tmp_path / "state" / "reports" / "failover" / "wheel" / "report.md"
+    assert report.read_text().startswith("# Failover of primary->secondary: success\n")

@@ -228,6 +228,9 @@ class _JobWatcher:
     def sync_flow_pauses(self) -> None:
         """Pause each flow whose DAG is paused, resume each whose DAG is not."""
         for flow, dag_id in list(self.flow_dags.items()):
+            if jobs.held(self.files.flow_dir(flow)) is not None:
+                jobs.set_paused(self.files.flow_dir(flow), True)  # a failover's cut: kept
+                continue
             paused = self._dag_paused(dag_id)
             if paused is None:
                 del self.flow_dags[flow]  # this Airflow cannot tell: the flow runs
@@ -485,3 +488,81 @@ class GroupSyncOperator(BaseOperator):
                 self.log.info("%s", line)
             runs.append(run.as_dict())
         return runs
+
+
+class FailoverStepOperator(BaseOperator):
+    """One step of a flow's failover DAG (``failover__<source>__<target>``): runs
+    :data:`mirrorflow.dr.failover.STEP_FUNCTIONS` ``[step]`` with the run's Params, logs what it
+    finds and does, and returns it (XCom). A step that does not apply to the run (no principal
+    to fence; an emergency's catch-up) is skipped; the logic lives in :mod:`mirrorflow.dr`.
+
+    Params read: ``mode`` (planned, emergency, auto), ``group_pattern``, ``fence_principals``,
+    ``dry_run``, ``catch_up_timeout_seconds``. The ``report`` step writes the run's report and
+    fails when an earlier step failed, so a failed failover fails its run, report written.
+
+    :param step: one of :data:`mirrorflow.dr.failover.STEPS`
+    :param flow: the flow (``"SOURCE->TARGET"``)
+    :param flow_files: its flow files (mm2.properties or YAML), merged in order
+    :param state_dir: the flows' state directory, as the mirror job's (default
+        ``$MIRRORFLOW_STATE/flows``)
+    """
+
+    ui_color = "#f8e8e0"
+
+    def __init__(
+        self,
+        *,
+        step: str,
+        flow: str,
+        flow_files: Sequence[str],
+        state_dir: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        from mirrorflow.dr.failover import STEPS
+
+        if step not in STEPS:
+            raise ValueError(f"unknown failover step {step!r}: one of {', '.join(STEPS)}")
+        jobs.split_flow(flow)
+        if not flow_files:
+            raise ValueError(f"flow {flow}: no flow files given")
+        super().__init__(**kwargs)
+        self.step, self.flow, self.flow_files, self.state_dir = (
+            step,
+            flow,
+            list(flow_files),
+            state_dir,
+        )
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        from mirrorflow.dr.failover import STEP_FUNCTIONS, FailoverRequest, StepSkipped
+
+        params = context.get("params") or {}
+        paths = flow_file_paths(self.flow_files, self.flow)
+        principals = params.get("fence_principals") or []
+        if isinstance(principals, str):
+            principals = [p for p in principals.replace(",", "\n").split() if p]
+        try:
+            request = FailoverRequest(
+                flow=self.flow,
+                flow_files=tuple(str(p) for p in paths),
+                run_id=str(context.get("run_id") or "manual"),
+                mode=str(params.get("mode") or "planned"),
+                group_pattern=str(params.get("group_pattern") or ".*"),
+                fence_principals=tuple(str(p) for p in principals),
+                dry_run=bool(params.get("dry_run")),
+                catch_up_timeout_s=float(params.get("catch_up_timeout_seconds") or 300),
+                state_dir=self.state_dir,
+            )
+            result = STEP_FUNCTIONS[self.step](request, log=lambda line: self.log.info("%s", line))
+        except StepSkipped as skipped:
+            raise AirflowSkipException(str(skipped)) from None
+        except MirrorflowError as exc:
+            raise AirflowException(f"failover of {self.flow}, step {self.step}: {exc}") from None
+        if self.step == "report" and result.get("failed_steps"):
+            raise AirflowException(
+                f"failover of {self.flow} failed at step {result['failed_steps'][0]}; "
+                f"report: {result['markdown']}"
+            )
+        return result

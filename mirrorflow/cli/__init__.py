@@ -17,6 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     from mirrorflow.cli import (
         checkpoints_cmd,
         demo_cmd,
+        failover_cmd,
         flows_cmd,
         mirror_cmd,
         render_cmd,
@@ -37,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         mirror_cmd,
         sync_cmd,
         checkpoints_cmd,
+        failover_cmd,
         render_cmd,
         demo_cmd,
     ):

@@ -576,7 +576,8 @@ def _admins(spec: MirrorSpec) -> dict[str, ClusterAdmin]:
     }
 
 
-def _positions(spec: MirrorSpec) -> dict[Partition, int]:
+def flow_positions(spec: MirrorSpec) -> dict[Partition, int]:
+    """The flow's positions on the target: the next source offset to copy, per partition."""
     from mirrorflow.replication.positions import SourceOffsetReader
 
     reader = SourceOffsetReader(
@@ -596,7 +597,7 @@ def translate_group(spec: MirrorSpec, group: str) -> list[PartitionTranslation]:
     for admin in admins.values():
         admin.metadata()
     offset_map = read_offset_map(spec)
-    positions = _positions(spec)
+    positions = flow_positions(spec)
     tool = GroupCheckpoints(spec, admins, offset_map, lambda: positions, producer=False)
     offsets = tool.group_offsets(group)
     checkpoints = read_checkpoints(spec)
@@ -775,7 +776,7 @@ def run_group_sync(
     for admin in admins.values():
         admin.metadata()  # an unreachable cluster fails here, named
     offset_map = read_offset_map(spec)
-    positions = _positions(spec)
+    positions = flow_positions(spec)
     tool = GroupCheckpoints(
         spec, admins, offset_map, lambda: positions, producer=False if dry_run else None
     )

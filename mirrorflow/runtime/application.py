@@ -98,7 +98,10 @@ class FlowThread:
 
     def record_state(self, state: str, error: str | None = None) -> None:
         """The flow's state in its progress.json and its metrics."""
-        record_state(self.flow_dir, self.spec.flow, state, error)
+        # The source's ends its job last listed stay known after it stops or fails (the RPO
+        # estimate of an emergency failover).
+        observed = self.job.observed_ends() if self.job is not None else {}
+        record_state(self.flow_dir, self.spec.flow, state, error, **observed)
         if self.metrics is not None:
             self.metrics.state(state)
 

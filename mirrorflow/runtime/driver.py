@@ -687,7 +687,19 @@ class MirrorJob:
             pid=os.getpid(),
             host=socket.gethostname(),
             tasks=self.scheduler.stats() if self.scheduler else {},
+            **self.observed_ends(),
         )
+
+    def observed_ends(self) -> dict[str, object]:
+        """The source's end offsets at the last plan and when they were listed: what a failover
+        without the source estimates its RPO from (those ends minus the positions)."""
+        if not self._planned_ends:
+            return {}
+        ends: dict[str, dict[str, int]] = {}
+        for (topic, partition), end in sorted(self._planned_ends.items()):
+            ends.setdefault(topic, {})[str(partition)] = end
+        listed = datetime.fromtimestamp(self._plan_at, UTC).isoformat(timespec="seconds")
+        return {"source_end_offsets": ends, "source_end_offsets_at": listed}
 
     def _read(self, ranges: list[tuple[Partition, int, int]]) -> DataFrame:
         """The ranges as a DataFrame of Spark's Kafka batch source (exactly-once)."""

@@ -8,6 +8,8 @@ job's own default)::
     S-T/restart       a restart request: the flow starts over at the requested position (a
                       running application restarts the flow after its batch)
     S-T/paused        the flow is paused (its DAG is): it does not run while the file exists
+    S-T/hold          a failover stopped the flow: it stays paused, its DAG unpaused or not,
+                      until the hold is released (failback)
 
 Per job, in the directory of its stop file (``S-T`` for a job of one flow, ``to-T`` for a job
 running every flow into ``T``, as the generated site DAGs run them)::
@@ -43,6 +45,7 @@ PID_FILE = "job.json"
 PROGRESS_FILE = "progress.json"  # as the driver writes it
 RESTART_FILE = "restart"  # as the driver reads it
 PAUSED_FILE = "paused"  # as the application reads it
+HOLD_FILE = "hold"  # a failover's hold: the flow stays paused whatever its DAG says
 KILL_WAIT = 10.0  # seconds between SIGTERM and SIGKILL to a job that outlived its grace period
 
 Log = Callable[[str], None]
@@ -171,6 +174,77 @@ def set_paused(flow_dir: Path, paused: bool) -> bool:
     else:
         path.unlink(missing_ok=True)
     return True
+
+
+def hold(flow_dir: Path, reason: str) -> None:
+    """Pause the flow and keep it paused (a failover's cut): the mirror DAG's watcher does not
+    resume a held flow when its flow DAG is unpaused."""
+    flow_dir.mkdir(parents=True, exist_ok=True)
+    partial = flow_dir / f"{HOLD_FILE}.partial"
+    partial.write_text(json.dumps({"reason": reason}) + "\n")
+    partial.replace(flow_dir / HOLD_FILE)
+    set_paused(flow_dir, True)
+
+
+def held(flow_dir: Path) -> str | None:
+    """Why the flow is held paused (None: it is not)."""
+    try:
+        return str(json.loads((flow_dir / HOLD_FILE).read_text()).get("reason") or "held")
+    except OSError:
+        return None
+    except (ValueError, AttributeError):
+        return "held"
+
+
+def release(flow_dir: Path) -> bool:
+    """Remove the flow's hold (it stays paused until its DAG or ``set_paused`` resumes it)."""
+    path = flow_dir / HOLD_FILE
+    existed = path.exists()
+    path.unlink(missing_ok=True)
+    return existed
+
+
+def running_jobs(state_dir: Path, flow: str) -> list[int]:
+    """The process ids of the running mirror jobs recorded under ``state_dir`` that run
+    ``flow`` (a job of that flow alone, or of its site)."""
+    pids = []
+    for pid_file in sorted(state_dir.glob(f"*/{PID_FILE}")):
+        try:
+            flows = json.loads(pid_file.read_text()).get("flows") or []
+            files = JobFiles.for_flows(flows, state_dir)
+        except (OSError, ValueError, TypeError, AttributeError, MirrorflowError):
+            continue
+        pid = files.running_pid() if flow in files.flows else None
+        if pid is not None:
+            pids.append(pid)
+    return pids
+
+
+def mirror_processes(state_dir: Path, flow: str) -> list[int]:
+    """The process ids of the mirror jobs' drivers on this machine that run ``flow`` with
+    ``state_dir`` (however they were started: a DAG, ``mirrorflow mirror``, spark-submit), found
+    by their command lines (``spark_jobs/mirror.py … --flow S->T [--state-dir DIR]``)."""
+    wanted = Path(state_dir).resolve()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = [
+                a.decode(errors="replace") for a in (entry / "cmdline").read_bytes().split(b"\0")
+            ]
+        except OSError:
+            continue
+        if not argv or "java" in Path(argv[0]).name:  # spark-submit's JVM: its driver counts
+            continue
+        if not any(a.endswith(launch.MIRROR_JOB.name) for a in argv[1:3]):
+            continue
+        flows = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--flow"]
+        states = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--state-dir"]
+        state = Path(states[-1]) if states else default_state_dir()
+        if flow in flows and state.resolve() == wanted and process_alive(int(entry.name)):
+            found.append(int(entry.name))
+    return sorted(found)
 
 
 def request_restart(flow_dir: Path, starting_offsets: str | None = None) -> None:

@@ -1,0 +1,112 @@
+"""A failover run's report, from its run record: Markdown and HTML rendered from the Jinja2
+templates ``templates/failover_report.{md,html}.j2``, and the record itself as JSON, written
+beside ``run.json`` in ``$MIRRORFLOW_STATE/reports/failover/<run id>/``.
+
+The report holds the timeline of the steps, the mode, the RPO, per group where to read now
+(remote topics under the flow's policy, offsets), and what the run changed (ACLs, committed
+offsets, the flow's hold, config and ACL sync). It holds no secret: the run record has names,
+offsets and the flow files' paths only.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from mirrorflow.paths import resource, write_private
+
+if TYPE_CHECKING:
+    from mirrorflow.dr.failover import FailoverRun
+
+TEMPLATES = ("failover_report.md.j2", "failover_report.html.j2")
+
+
+def _seconds(started: str | None, ended: str | None) -> float | None:
+    try:
+        return round(
+            (
+                datetime.fromisoformat(str(ended)) - datetime.fromisoformat(str(started))
+            ).total_seconds(),
+            3,
+        )
+    except ValueError:
+        return None
+
+
+def report_context(run: FailoverRun) -> dict:
+    """What the templates show, from the run record."""
+    data = run.data
+    steps = [{**s, "seconds": _seconds(s.get("started"), s.get("ended"))} for s in data["steps"]]
+    final = run.step("final-sync").get("details", {})
+    preflight = run.step("preflight").get("details", {})
+    fence = run.step("fence-producers").get("details", {})
+    stop = run.step("stop-mirror").get("details", {})
+    failed = [s for s in steps if s["status"] == "failed"]
+    dry = bool(data["request"]["dry_run"])
+    changes = []
+    if fence.get("acls"):
+        verb = "applied" if fence.get("applied") else "would apply (dry run)"
+        changes += [
+            f"{verb}: DENY WRITE on topic {a['topic']} of {preflight.get('source')} "
+            f"for {a['principal']}"
+            for a in fence["acls"]
+        ]
+    if stop.get("held"):
+        changes.append(f"flow {data['flow']} held paused: the mirror copies nothing more")
+    for group, offsets in (final.get("committed") or {}).items():
+        verb = "would commit" if dry else "committed"
+        where = ", ".join(f"{tp}@{o}" for tp, o in offsets.items())
+        changes.append(f"{verb} offsets of group {group} on {preflight.get('target')}: {where}")
+    for sync in final.get("topic_sync") or []:
+        if sync.get("changes"):
+            changes += [
+                f"{'would sync' if dry else 'synced'}: {line.strip()}" for line in sync["lines"][1:]
+            ]
+    ended = steps[-1]["ended"] if steps else None
+    return {
+        "flow": data["flow"],
+        "run_id": data["run_id"],
+        "request": data["request"],
+        "mode": data.get("mode") or data["request"]["mode"],
+        "dry_run": dry,
+        "started": data.get("started"),
+        "ended": ended,
+        "seconds": _seconds(data.get("started"), ended),
+        "status": "failed at " + failed[0]["step"] if failed else "success",
+        "steps": steps,
+        "preflight": preflight,
+        "rpo": final.get("rpo"),
+        "targets": final.get("targets") or {},
+        "active": final.get("active") or [],
+        "without_checkpoints": final.get("without_checkpoints") or [],
+        "changes": changes,
+    }
+
+
+def write_report(run: FailoverRun) -> dict[str, str]:
+    """Render and write ``report.md``, ``report.html`` and ``report.json``; their paths."""
+    import jinja2
+
+    context = report_context(run)
+    environment = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(resource("templates"))),
+        undefined=jinja2.StrictUndefined,
+        autoescape=jinja2.select_autoescape(["html.j2"]),
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    directory: Path = run.directory
+    written = {}
+    for template, name, key in (
+        ("failover_report.md.j2", "report.md", "markdown"),
+        ("failover_report.html.j2", "report.html", "html"),
+    ):
+        text = environment.get_template(template).render(**context)
+        written[key] = str(write_private(directory / name, text))
+    written["json"] = str(
+        write_private(directory / "report.json", json.dumps(context, indent=1, sort_keys=True))
+    )
+    return written
