@@ -22,13 +22,19 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def write_flow_file(
-    path: Path, box: sandbox_mod.Sandbox, aliases: Iterable[str], lines: Iterable[str]
+    path: Path,
+    box: sandbox_mod.Sandbox,
+    aliases: Iterable[str],
+    lines: Iterable[str],
+    clients: dict[str, dict[str, str]] | None = None,
 ) -> Path:
-    """An mm2.properties for sandbox clusters: connection settings, single-broker RFs, lines."""
+    """An mm2.properties for sandbox clusters: connection settings (``clients[alias]``, else
+    the admin's over SASL_PLAINTEXT), single-broker RFs, ``lines``."""
     aliases = list(aliases)
     text = [f"clusters = {', '.join(aliases)}"]
     for alias in aliases:
-        text += [f"{alias}.{k} = {v}" for k, v in box[alias].java_client_config().items()]
+        settings = (clients or {}).get(alias) or box[alias].java_client_config()
+        text += [f"{alias}.{k} = {v}" for k, v in settings.items()]
     text += [
         "replication.factor = 1",
         "heartbeats.topic.replication.factor = 1",

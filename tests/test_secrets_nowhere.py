@@ -21,12 +21,11 @@ from pathlib import Path
 import pytest
 
 from mirrorflow.devtools.sandbox import free_port_block
-from mirrorflow.paths import write_private
 from mirrorflow.runtime import jobs
 from tests import exposure
 from tests.conftest import create_topics
 from tests.dag_harness import ROOT, finish, render_into_dags_folder, start_dag_test
-from tests.mirror_harness import produce, read_topic, topic_names, wait_for
+from tests.mirror_harness import produce, read_topic, topic_names, wait_for, write_flow_file
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.airflow]
 FLOW = "primary->secondary"
@@ -34,21 +33,18 @@ FLOW = "primary->secondary"
 
 def flow_file(directory: Path, box, topic: str) -> Path:
     """The source over mutual TLS, the target over SASL_SSL with SCRAM, JKS stores."""
-    text = ["clusters = primary, secondary"]
-    for alias, listener in (("primary", "SSL"), ("secondary", "SASL_SSL")):
-        settings = box[alias].java_client_config("admin", listener, "JKS")
-        text += [f"{alias}.{key} = {value}" for key, value in settings.items()]
-    text += [
-        "replication.factor = 1",
-        "heartbeats.topic.replication.factor = 1",
-        "offset.storage.replication.factor = 1",
-        "checkpoints.topic.replication.factor = 1",
-        "offset-syncs.topic.replication.factor = 1",
+    clients = {
+        "primary": box["primary"].java_client_config("admin", "SSL", "JKS"),
+        "secondary": box["secondary"].java_client_config("admin", "SASL_SSL", "JKS"),
+    }
+    lines = [
         f"{FLOW}.enabled = true",
         f"{FLOW}.topics = {topic}",
         f"{FLOW}.emit.checkpoints.interval.seconds = 5",
     ]
-    return write_private(directory / "mm2.properties", "\n".join(text) + "\n")
+    return write_flow_file(
+        directory / "mm2.properties", box, ["primary", "secondary"], lines, clients
+    )
 
 
 def leaks(secrets: list[str], **places: str) -> list[str]:

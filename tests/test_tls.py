@@ -16,10 +16,9 @@ from pathlib import Path
 import pytest
 
 from mirrorflow.devtools import certificates
-from mirrorflow.paths import write_private
 from mirrorflow.runtime import launch
 from tests.conftest import create_topics
-from tests.mirror_harness import ROOT, mirror_command, produce, read_topic
+from tests.mirror_harness import ROOT, mirror_command, produce, read_topic, write_flow_file
 
 pytestmark = pytest.mark.kafka
 SEEDS = ROOT / "tests" / "data" / "seeds"
@@ -30,22 +29,18 @@ def tls_flow_file(
 ) -> Path:
     """A flow primary->secondary whose clusters are reached over (listener, store type)
     ``source`` and ``target``; ``override`` replaces primary's settings (dots as ``__``)."""
-    text = ["clusters = primary, secondary"]
-    for alias, (listener, store_type) in (("primary", source), ("secondary", target)):
-        settings = box[alias].java_client_config("admin", listener, store_type)
-        if alias == "primary":
-            settings.update({k.replace("__", "."): v for k, v in override.items()})
-        text += [f"{alias}.{k} = {v}" for k, v in settings.items()]
-    text += [
-        "replication.factor = 1",
-        "heartbeats.topic.replication.factor = 1",
-        "offset.storage.replication.factor = 1",
-        "checkpoints.topic.replication.factor = 1",
-        "offset-syncs.topic.replication.factor = 1",
-        "primary->secondary.enabled = true",
-        *lines,
-    ]
-    return write_private(directory / "mm2.properties", "\n".join(text) + "\n")
+    clients = {
+        alias: box[alias].java_client_config("admin", listener, store_type)
+        for alias, (listener, store_type) in (("primary", source), ("secondary", target))
+    }
+    clients["primary"].update({k.replace("__", "."): v for k, v in override.items()})
+    return write_flow_file(
+        directory / "mm2.properties",
+        box,
+        ["primary", "secondary"],
+        ["primary->secondary.enabled = true", *lines],
+        clients,
+    )
 
 
 def mirrorflow(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:

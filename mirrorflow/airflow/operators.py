@@ -408,7 +408,7 @@ class SyncOperator(BaseOperator):
 
     def execute(self, context: Any) -> list[dict[str, Any]]:
         from mirrorflow.replication.spec import spec_for_flow
-        from mirrorflow.replication.sync import AclSync, TopicSync
+        from mirrorflow.replication.sync import run_syncs
 
         dry_run = bool((context.get("params") or {}).get("dry_run"))
         paths = flow_file_paths(self.flow_files, ", ".join(self.flows))
@@ -418,13 +418,7 @@ class SyncOperator(BaseOperator):
                 # ${file:…} references resolve from the project root, as for the mirror job.
                 with contextlib.chdir(project_root()):
                     spec = spec_for_flow(paths, flow)
-                for enabled, sync in (
-                    (spec.sync_configs_enabled, TopicSync),
-                    (spec.sync_acls_enabled, AclSync),
-                ):
-                    if not enabled:
-                        continue
-                    report = sync(spec).run(dry_run=dry_run)
+                for report in run_syncs(spec, dry_run)[0]:
                     for line in report.lines():
                         self.log.info("%s", line)
                     reports.append(report.as_dict())

@@ -33,7 +33,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def _sync(args: argparse.Namespace) -> int:
     from mirrorflow.replication.spec import spec_for_flow
-    from mirrorflow.replication.sync import AclSync, TopicSync
+    from mirrorflow.replication.sync import run_syncs
 
     topology = load_topology(args.files)
     names = list(dict.fromkeys(args.flow or [f.name for f in topology.flows]))
@@ -43,14 +43,10 @@ def _sync(args: argparse.Namespace) -> int:
         )
     reports = []
     for name in names:
-        spec = spec_for_flow(args.files, name)
-        for enabled, key, sync in (
-            (spec.sync_configs_enabled, "sync.topic.configs.enabled", TopicSync),
-            (spec.sync_acls_enabled, "sync.topic.acls.enabled", AclSync),
-        ):
-            if enabled:
-                reports.append(sync(spec).run(dry_run=args.dry_run))
-            elif not args.json:
+        done, off = run_syncs(spec_for_flow(args.files, name), args.dry_run)
+        reports += done
+        if not args.json:
+            for key in off:
                 print(f"{name}: {key} = false: not synced")
     if args.json:
         json.dump([r.as_dict() for r in reports], sys.stdout, indent=2)

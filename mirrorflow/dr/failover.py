@@ -582,16 +582,10 @@ def final_sync(request: FailoverRequest, log: Log = print) -> dict:
 
 
 def _topic_syncs(spec: MirrorSpec, dry_run: bool, log: Log) -> list[dict]:
-    from mirrorflow.replication.sync import AclSync, TopicSync
+    from mirrorflow.replication.sync import run_syncs
 
     reports = []
-    for enabled, sync in (
-        (spec.sync_configs_enabled, TopicSync),
-        (spec.sync_acls_enabled, AclSync),
-    ):
-        if not enabled:
-            continue
-        report = sync(spec).run(dry_run=dry_run)
+    for report in run_syncs(spec, dry_run)[0]:
         for line in report.lines():
             log(line)
         if report.failures:

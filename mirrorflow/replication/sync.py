@@ -537,6 +537,21 @@ class AclSync(_FlowSync):
 _NOT_KEY = ("kind", "action")
 
 
+def run_syncs(spec: MirrorSpec, dry_run: bool = False) -> tuple[list[SyncReport], list[str]]:
+    """The flow's topic-config and ACL syncs, those it enables: their reports, and the keys
+    (``sync.topic.configs.enabled``, ``sync.topic.acls.enabled``) of those it turns off."""
+    reports, off = [], []
+    for enabled, key, sync in (
+        (spec.sync_configs_enabled, "sync.topic.configs.enabled", TopicSync),
+        (spec.sync_acls_enabled, "sync.topic.acls.enabled", AclSync),
+    ):
+        if enabled:
+            reports.append(sync(spec).run(dry_run=dry_run))
+        else:
+            off.append(key)
+    return reports, off
+
+
 class _AclLedgerReader(TopicReader):
     """The ledger of ACLs the sync created: ``created`` after :meth:`read_to_end`."""
 
