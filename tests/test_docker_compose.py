@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from mirrorflow import paths
 from mirrorflow.airflow import rendering
@@ -20,6 +21,7 @@ SECRETS = {
     "AIRFLOW_JWT_SECRET": "test-jwt-secret",
     "AIRFLOW_SECRET_KEY": "test-secret-key",
     "SPARK_AUTH_SECRET": "test-spark-secret",
+    "METRICS_TOKEN": "test-metrics-token",
 }
 AIRFLOW_SERVICES = {
     "airflow-init": None,
@@ -78,6 +80,7 @@ def test_compose_lays_out_kafka_airflow_postgres_and_spark_with_the_project_moun
         *AIRFLOW_SERVICES,
         "spark-master",
         "spark-worker",
+        "metrics",
     }
     for name in ("kafka-primary", "kafka-secondary"):
         kafka = services[name]
@@ -137,6 +140,42 @@ def test_compose_lays_out_kafka_airflow_postgres_and_spark_with_the_project_moun
         assert services[name]["image"] == services["airflow-scheduler"]["image"]
         mounts = {m["target"]: m for m in services[name]["volumes"]}
         assert Path(mounts["/opt/mirrorflow"]["source"]) == ROOT
+
+
+def test_metrics_of_airflow_and_the_mirror_job_reach_one_collector_and_stay_private(compose):
+    """Airflow's components send their metrics (OpenTelemetry) with a bearer token to a collector
+    in the scheduler's network namespace, which also scrapes the mirror job's loopback endpoint
+    (the port the DAGs are rendered with) and serves both for Prometheus on loopback only."""
+    result = config(compose, **SECRETS)
+    assert result.returncode == 0, result.stderr
+    spec = json.loads(result.stdout)
+    services = spec["services"]
+    collector = services["metrics"]
+    assert collector["network_mode"] == "service:airflow-scheduler"
+    assert "ports" not in collector
+    # `docker compose config` keeps "$$" escaped; the file the collector reads has "$".
+    content = spec["configs"]["otel-collector"]["content"].replace("$$", "$")
+    assert "test-metrics-token" not in content  # the token stays in the collector's environment
+    settings = yaml.safe_load(content)
+    assert settings["extensions"]["bearertokenauth"]["token"] == "${env:METRICS_TOKEN}"
+    otlp = settings["receivers"]["otlp"]["protocols"]["http"]
+    assert otlp["auth"] == {"authenticator": "bearertokenauth"}
+    (scrape,) = settings["receivers"]["prometheus"]["config"]["scrape_configs"]
+    (target,) = scrape["static_configs"][0]["targets"]
+    assert target.startswith("127.0.0.1:")
+    assert settings["exporters"]["prometheus"]["endpoint"].startswith("127.0.0.1:")
+    pipeline = settings["service"]["pipelines"]["metrics"]
+    assert set(pipeline["receivers"]) == {"otlp", "prometheus"}
+    render = services["airflow-init"]["command"][-1]
+    assert f"--metrics-port {target.split(':')[1]}" in render
+    for name in AIRFLOW_SERVICES:
+        env = services[name]["environment"]
+        assert env["AIRFLOW__METRICS__OTEL_ON"] == "true"
+        assert env["OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"].startswith("http://airflow-scheduler:")
+        assert env["OTEL_EXPORTER_OTLP_METRICS_HEADERS"] == (
+            "Authorization=Bearer test-metrics-token"
+        )
+    assert collector["environment"]["METRICS_TOKEN"] == "test-metrics-token"
 
 
 def test_the_deployments_flow_file_validates_renders_and_names_its_clusters(compose, tmp_path):
