@@ -113,6 +113,7 @@ class MirrorJob:
         self._stop_logged = False
         self._parent = os.getppid()
         self._stop_file: Path | None = None
+        self._answered_at = time.monotonic()  # when both clusters last answered
         self.admins = {
             alias: ClusterAdmin(alias, conf)
             for alias, conf in ((spec.source, spec.source_admin), (spec.target, spec.target_admin))
@@ -283,13 +284,17 @@ class MirrorJob:
 
         A stop request lets the batch in progress finish, then ends the job. A cluster that
         does not answer (at start or mid-run) is retried with exponential backoff, each retry
-        logged; the flow then resumes from its positions. Other errors end the run.
+        logged; the flow then resumes from its positions. Once it has not answered for
+        ``retry_timeout_s`` (``--retry-timeout``; -1: retry forever) the flow fails, in one line
+        naming the cluster and what to check. Other errors end the run at once.
         """
         import tenacity
 
         self._stop_file = stop_file
+        self._answered_at = time.monotonic()
         retrying = tenacity.Retrying(
             retry=tenacity.retry_if_exception_type(ClusterUnreachable),
+            stop=self._give_up,
             wait=tenacity.wait_exponential_jitter(
                 initial=self.spec.retry_backoff_s, max=self.spec.retry_backoff_max_s
             ),
@@ -297,7 +302,40 @@ class MirrorJob:
             before_sleep=self._log_retry,
             reraise=True,
         )
-        retrying(self._run_batches, once)
+        try:
+            retrying(self._run_batches, once)
+        except ClusterUnreachable as exc:  # retried up to the bound: now it is the launcher's
+            raise MirrorflowError(
+                f"{exc.message}; gave up after {self._unanswered_s():.0f}s of retries "
+                f"(--retry-timeout {self.spec.retry_timeout_s:g})",
+                exc.hint,
+            ) from None
+
+    def _answered(self) -> None:
+        """Both clusters answered just now: an outage, if any, is over."""
+        self._answered_at = time.monotonic()
+
+    def _unanswered_s(self) -> float:
+        return time.monotonic() - self._answered_at
+
+    def _check_tasks_answered(self) -> None:
+        """An idle flow copies nothing, but its heartbeats (and other periodic tasks) still
+        reach the target: one whose cluster has not answered for ``retry_timeout_s`` fails the
+        flow as a batch's would."""
+        assert self.scheduler is not None
+        unreachable, timeout = self.scheduler.unreachable(), self.spec.retry_timeout_s
+        if unreachable is None or timeout < 0:
+            return
+        since, error = unreachable
+        if time.monotonic() - since > timeout:
+            self._answered_at = min(self._answered_at, since)
+            raise error
+
+    def _give_up(self, state) -> bool:
+        """Whether to stop retrying: the clusters have not answered for ``retry_timeout_s``,
+        or will not have by the end of the next wait."""
+        timeout = self.spec.retry_timeout_s
+        return timeout >= 0 and self._unanswered_s() + state.upcoming_sleep > timeout
 
     def request_stop(self) -> None:
         """Ask the job to end once its batch in progress is copied (any thread)."""
@@ -326,6 +364,7 @@ class MirrorJob:
         if self.stopping():
             return
         self.prepare()
+        self._answered()
         self._ship_library()
         spec = self.spec
         self.scheduler = Scheduler(spec.flow)
@@ -373,9 +412,11 @@ class MirrorJob:
             while not self.stopping():
                 if self.scheduler.error is not None:
                     raise self.scheduler.error
+                self._check_tasks_answered()
                 # Caught up, the doorbell (assigned at the new positions) rings at once for any
                 # record that arrived meanwhile: no need to list the partitions' ends again.
                 ranges = [] if caught_up else self._plan()
+                self._answered()
                 if ranges:
                     self._copy(ranges)
                     caught_up = not once and not self._capped
@@ -483,12 +524,16 @@ class MirrorJob:
             time.sleep(0.2)
 
     def _log_retry(self, state) -> None:
+        timeout = self.spec.retry_timeout_s
         log.warning(
-            "%s: %s; retrying in %.0f s (attempt %d)",
+            "%s: %s; retrying in %.0f s (attempt %d, %s)",
             self.spec.flow,
             state.outcome.exception(),
             state.next_action.sleep,
             state.attempt_number,
+            f"no answer for {self._unanswered_s():.0f}s, the flow fails after {timeout:g}s"
+            if timeout >= 0
+            else "retrying forever",
         )
 
     def _ship_library(self) -> None:
