@@ -959,13 +959,23 @@ _UNREACHABLE = re.compile(
 )
 
 
+_PERMANENT = re.compile(
+    r"AuthenticationException|AuthorizationException|[Aa]uthori[sz]ation failed|"
+    r"[Aa]uthentication failed|SSL handshake failed|certificate verify failed|ConfigException|"
+    r"InvalidConfigurationException|refused principal"
+)
+"""Errors that trying again does not mend (a refused principal, a wrong password or certificate, a
+bad setting), even when a timeout is mentioned beside them: never retried."""
+
+
 _KAFKA_CAUSE = re.compile(r"org\.apache\.kafka\.common\.errors\.\w+: .*")
 _DRIVER_ERROR = re.compile(r"mirrorflow\.errors\.(MirrorflowError|ClusterUnreachable): (.*)")
 
 
 def batch_error(spec: MirrorSpec, exc) -> MirrorflowError:
     """The first line a user needs from a failed batch (a copy error names the record); a
-    cluster that did not answer gives :class:`ClusterUnreachable`, which is retried."""
+    cluster that did not answer gives :class:`ClusterUnreachable`, which is retried, unless the
+    error is one retrying does not mend (:data:`_PERMANENT`)."""
     text = str(exc)
     driver = _DRIVER_ERROR.search(text)  # raised by mirrorflow's code on an executor
     if driver:
@@ -974,14 +984,14 @@ def batch_error(spec: MirrorSpec, exc) -> MirrorflowError:
     match = re.search(re.escape(mirror_writer.ERROR_PREFIX) + r"(.*)", text)
     if match:
         message = f"flow {spec.flow} stopped: {match.group(1).strip()}"
-        if _UNREACHABLE.search(match.group(1)):
+        if _UNREACHABLE.search(match.group(1)) and not _PERMANENT.search(match.group(1)):
             return ClusterUnreachable(message)
         return MirrorflowError(message)
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     # Kafka's own exception says more than Spark's wrappers around it.
     causes = [m[0] for ln in lines if (m := _KAFKA_CAUSE.search(ln))]
     first = causes[0] if causes else lines[0] if lines else text
-    if _UNREACHABLE.search(text) and "AuthenticationException" not in text:
+    if _UNREACHABLE.search(text) and not _PERMANENT.search(text):
         cause = next((ln for ln in text.splitlines() if _UNREACHABLE.search(ln)), first)
         return ClusterUnreachable(
             f"flow {spec.flow}: a cluster did not answer: {cause.strip()[:300]}",
