@@ -114,6 +114,7 @@ class MirrorJob:
         self._parent = os.getppid()
         self._stop_file: Path | None = None
         self._answered_at = time.monotonic()  # when both clusters last answered
+        self._attempt_started = self._answered_at  # the current try of the batch loop
         self.admins = {
             alias: ClusterAdmin(alias, conf)
             for alias, conf in ((spec.source, spec.source_admin), (spec.target, spec.target_admin))
@@ -332,10 +333,14 @@ class MirrorJob:
             raise error
 
     def _give_up(self, state) -> bool:
-        """Whether to stop retrying: the clusters have not answered for ``retry_timeout_s``,
-        or will not have by the end of the next wait."""
+        """Whether to stop retrying: another wait and attempt (as long as the failed part of
+        the last one) would end past ``retry_timeout_s`` without an answer, so the flow fails
+        within its bound rather than after it."""
         timeout = self.spec.retry_timeout_s
-        return timeout >= 0 and self._unanswered_s() + state.upcoming_sleep > timeout
+        if timeout < 0:
+            return False
+        failing = time.monotonic() - max(self._attempt_started, self._answered_at)
+        return self._unanswered_s() + state.upcoming_sleep + failing > timeout
 
     def request_stop(self) -> None:
         """Ask the job to end once its batch in progress is copied (any thread)."""
@@ -361,6 +366,7 @@ class MirrorJob:
     def _run_batches(self, once: bool) -> None:
         from confluent_kafka import KafkaException
 
+        self._attempt_started = time.monotonic()
         if self.stopping():
             return
         self.prepare()
@@ -531,7 +537,7 @@ class MirrorJob:
             state.outcome.exception(),
             state.next_action.sleep,
             state.attempt_number,
-            f"no answer for {self._unanswered_s():.0f}s, the flow fails after {timeout:g}s"
+            f"no answer for {self._unanswered_s():.0f}s, the flow fails by {timeout:g}s"
             if timeout >= 0
             else "retrying forever",
         )
