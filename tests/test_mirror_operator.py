@@ -267,3 +267,45 @@ def test_a_standalone_master_without_its_secret_fails_the_task_in_one_line(opera
     with pytest.raises(AirflowException, match="needs the cluster's shared secret") as failed:
         operator.execute({})
     assert "\n" not in str(failed.value)
+
+
+def task_running_a_job(tmp_path, stop_file, grace: float) -> tuple[subprocess.Popen, int]:
+    """A stand-in Airflow task that started a stand-in job (which never stops by itself) under
+    the job's guard, as the operator does; returns the task and the job's process id."""
+    pid_file = tmp_path / "job.pid"
+    job = "import os, pathlib, sys, time; pathlib.Path(sys.argv[1]).write_text(str(os.getpid()))"
+    job += "; time.sleep(600)"
+    task = (
+        "import subprocess, sys, time\n"
+        "from mirrorflow.runtime import guard\n"
+        f"command = [sys.executable, '-c', {job!r}, {str(pid_file)!r}]\n"
+        f"subprocess.Popen(guard.guarded(command, {str(stop_file)!r}, {grace}),"
+        " start_new_session=True)\n"
+        "time.sleep(600)\n"
+    )
+    process = subprocess.Popen([sys.executable, "-c", task], start_new_session=True)
+    deadline = time.monotonic() + 20
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline, "the stand-in job did not start"
+        time.sleep(0.05)
+    return process, int(pid_file.read_text())
+
+
+def test_a_job_whose_task_is_killed_ends_at_once_unless_it_was_asked_to_stop(tmp_path):
+    stop_file = tmp_path / "stop"
+    task, job = task_running_a_job(tmp_path, stop_file, grace=60)
+    os.killpg(task.pid, 9)  # the task's process group: the job, in its own, is not hit
+    task.wait(5)
+    started = time.monotonic()
+    assert jobs.wait_for_exit(job, 5), "the job outlived its task"
+    assert time.monotonic() - started < 2
+
+
+def test_a_job_asked_to_stop_gets_its_grace_period_after_its_task_is_killed(tmp_path):
+    stop_file = tmp_path / "stop"
+    task, job = task_running_a_job(tmp_path, stop_file, grace=4)
+    stop_file.touch()  # on_kill asked the job to stop; Airflow kills the task 5 s later
+    os.killpg(task.pid, 9)
+    task.wait(5)
+    assert not jobs.wait_for_exit(job, 2), "the job was killed before its grace period ended"
+    assert jobs.wait_for_exit(job, 6), "the job outlived its grace period"
