@@ -170,6 +170,9 @@ class RenderOptions:
     retry_delay_seconds: int = 15
     max_retry_delay_seconds: int = 600
     stop_grace_seconds: int = 60
+    # How long the job retries a cluster that does not answer before it fails the task (then
+    # the retries above take over); -1: forever, as MirrorMaker 2 (Kafka Connect) does.
+    retry_timeout_seconds: int = 600
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9_.\-]+", self.spark_conn_id):
@@ -179,6 +182,8 @@ class RenderOptions:
                 raise MirrorflowError(f"{name.replace('_', ' ')} must not be negative")
         if self.stop_grace_seconds < 1:
             raise MirrorflowError("the stop grace period must be at least 1 second")
+        if self.retry_timeout_seconds < -1:
+            raise MirrorflowError("the retry timeout must be -1 (forever) or at least 0 seconds")
 
     def cli_args(self) -> list[str]:
         """The ``render`` options that differ from the defaults (for the re-render hint)."""
@@ -189,6 +194,7 @@ class RenderOptions:
             "retry_delay_seconds": "--retry-delay",
             "max_retry_delay_seconds": "--max-retry-delay",
             "stop_grace_seconds": "--stop-grace",
+            "retry_timeout_seconds": "--retry-timeout",
         }
         args: list[str] = []
         for name, flag in flags.items():

@@ -68,6 +68,14 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="how long a stop waits for the batch in progress "
         f"(default {defaults.stop_grace_seconds})",
     )
+    parser.add_argument(
+        "--retry-timeout",
+        type=int,
+        default=defaults.retry_timeout_seconds,
+        metavar="SECONDS",
+        help="how long the mirror job retries a cluster that does not answer before it fails "
+        f"the task; -1: forever (default {defaults.retry_timeout_seconds})",
+    )
     parser.set_defaults(handler=_render)
 
 
@@ -78,6 +86,7 @@ def _render(args: argparse.Namespace) -> int:
         retry_delay_seconds=args.retry_delay,
         max_retry_delay_seconds=args.max_retry_delay,
         stop_grace_seconds=args.stop_grace,
+        retry_timeout_seconds=args.retry_timeout,
     )
     result = rendering.render(args.files, options)
     for finding in result.warnings:
