@@ -309,3 +309,33 @@ def test_a_job_asked_to_stop_gets_its_grace_period_after_its_task_is_killed(tmp_
     task.wait(5)
     assert not jobs.wait_for_exit(job, 2), "the job was killed before its grace period ended"
     assert jobs.wait_for_exit(job, 6), "the job outlived its grace period"
+
+
+def test_a_flows_lease_is_held_by_one_process_and_freed_when_it_dies_however(tmp_path):
+    state = tmp_path / "flows"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from mirrorflow.runtime import jobs\n"
+            f"jobs.hold_leases({str(state)!r}, ['a->t', 'b->t'])\n"
+            "print('held', flush=True)\n"
+            "time.sleep(600)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(jobs.FlowBusy) as busy:
+            jobs.check_leases(state, ["b->t"])
+        assert f"flow b->t is already running in another mirror job (pid {holder.pid}," in str(
+            busy.value
+        )
+        assert f"`kill {holder.pid}` stops it after its batch" in str(busy.value)
+        jobs.check_leases(state, ["c->t"])  # per flow: another flow into t is free
+    finally:
+        holder.kill()  # SIGKILL: no clean-up of its own
+        holder.wait()
+    jobs.check_leases(state, ["a->t", "b->t"], wait_s=2)

@@ -144,7 +144,7 @@ class MirrorFlowOperator(BaseOperator):
             )
             jobs.stop_job(files, leftover, self.stop_grace_period, self.log.warning)
         try:
-            jobs.check_leases(files.state_dir, self.flows)
+            jobs.check_leases(files.state_dir, self.flows, wait_s=5.0 if leftover else 0.0)
         except MirrorflowError as exc:  # another job (e.g. `mirrorflow mirror`) runs a flow
             raise AirflowException(f"the mirror job of {self.label} cannot start: {exc}") from None
         files.clear_stop_request()

@@ -305,10 +305,19 @@ def release_leases(held: Sequence[int]) -> None:
             os.close(fd)
 
 
-def check_leases(state_dir: Path, flows: Sequence[str]) -> None:
-    """Fail now (:class:`FlowBusy`) if another job holds a lease of ``flows``: what a launcher
-    checks before it starts a job (the job's driver takes the leases itself)."""
-    release_leases(hold_leases(state_dir, flows))
+def check_leases(state_dir: Path, flows: Sequence[str], wait_s: float = 0.0) -> None:
+    """Fail (:class:`FlowBusy`) if another job holds a lease of ``flows``, after waiting up to
+    ``wait_s`` for it to go (a job that was just stopped: its driver ends after its JVM). What a
+    launcher checks before it starts a job; the job's driver takes the leases itself."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            release_leases(hold_leases(state_dir, flows))
+            return
+        except FlowBusy:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
 
 
 def stop_all(state_dir: Path, grace: float, log: Log = print) -> list[str]:
