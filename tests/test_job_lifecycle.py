@@ -251,3 +251,34 @@ def test_a_cluster_that_stays_unreachable_fails_the_job_in_one_line_after_the_re
     # plus the JVM's start.
     print(f"the job failed {elapsed:.0f}s after its start, after {len(retries)} retries")
     assert elapsed < 75 + 30, elapsed
+
+
+def test_a_test_run_that_crashes_leaves_no_sandbox_broker_behind(tmp_path):
+    directory = tmp_path / "sandbox"
+    crashing = (
+        "import ctypes, sys\n"
+        "from mirrorflow.devtools import sandbox\n"
+        "sandbox.DIE_WITH_CALLER = True  # as tests/conftest.py sets it\n"
+        "port = sandbox.free_port_block(sandbox.PORTS_PER_CLUSTER)\n"
+        f"box = sandbox.up(['crash'], __import__('pathlib').Path({str(directory)!r}), port)\n"
+        "print(box['crash'].pid, flush=True)\n"
+        "sys.stdin.readline()\n"
+        "ctypes.string_at(0)  # a segfault\n"
+    )
+    run = subprocess.Popen(
+        [sys.executable, "-c", crashing],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    broker = int(run.stdout.readline())
+    try:
+        assert alive(broker)
+        run.stdin.write("\n")
+        run.stdin.flush()
+        assert run.wait(30) == -signal.SIGSEGV
+        wait_for(lambda: not alive(broker), 10, "the broker to die with its crashed caller", 0.2)
+    finally:
+        if alive(broker):
+            os.kill(broker, signal.SIGKILL)

@@ -33,15 +33,18 @@ from pathlib import Path
 PR_SET_PDEATHSIG = 1
 WATCH_INTERVAL_S = 0.2
 
+try:  # looked up here, not in a forked child (``preexec_fn``), where loading could deadlock
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):  # not Linux
+    _prctl = None
+
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
     """Have the kernel send ``sig`` to this process when its parent ends (Linux
-    ``prctl(PR_SET_PDEATHSIG)``; it survives ``exec``). A no-op where there is no prctl."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
+    ``prctl(PR_SET_PDEATHSIG)``; it survives ``exec``, and follows the parent *thread* that
+    started the process). A no-op where there is no prctl. Safe as a ``preexec_fn``."""
+    if _prctl is not None:
+        _prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
 
 
 def guarded(command: list[str], stop_file: Path | None = None, grace_s: float = 120.0) -> list[str]:
