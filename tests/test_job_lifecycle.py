@@ -282,3 +282,34 @@ def test_a_test_run_that_crashes_leaves_no_sandbox_broker_behind(tmp_path):
     finally:
         if alive(broker):
             os.kill(broker, signal.SIGKILL)
+
+
+def test_an_idle_flow_whose_target_goes_away_fails_after_the_retry_timeout(
+    sandbox, topic_name, tmp_path
+):
+    from mirrorflow.devtools import sandbox as sandbox_mod
+
+    primary = sandbox["primary"]
+    t = topic_name("gone")
+    create_topics(primary, t, partitions=1)
+    produce(primary, t, 1, 10)
+    config = flow_file(tmp_path, sandbox, t)
+    state, log = tmp_path / "state", tmp_path / "mirror.log"
+    job = mirror_cli(config, state, log, extra=("--retry-timeout", "30"))
+    try:
+        wait_for(lambda: progress(state).get("state") == "IDLE", 180, "the flow to copy and idle")
+        sandbox_mod.down(sandbox.directory, ["secondary"])
+        gone = time.monotonic()
+        code = job.wait(120)
+        failed_after = time.monotonic() - gone
+    finally:
+        kill_group(job)
+        sandbox_mod.up(["secondary"], sandbox.directory)
+    output = log.read_text(errors="replace")
+    assert code == 2, output[-3000:]
+    line = one_error_line(output)
+    assert "cluster secondary did not" in line and "gave up after" in line, line
+    assert "check secondary.bootstrap.servers" in line, line
+    print(f"the idle flow failed {failed_after:.0f}s after its target went away")
+    assert 30 <= failed_after < 30 + 40, failed_after
+    assert progress(state)["state"] == "FAILED"

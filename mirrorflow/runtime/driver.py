@@ -319,16 +319,21 @@ class MirrorJob:
     def _unanswered_s(self) -> float:
         return time.monotonic() - self._answered_at
 
-    def _check_tasks_answered(self) -> None:
+    def _tasks_unanswered(self) -> tuple[float, ClusterUnreachable] | None:
         """An idle flow copies nothing, but its heartbeats (and other periodic tasks) still
-        reach the target: one whose cluster has not answered for ``retry_timeout_s`` fails the
-        flow as a batch's would."""
+        reach the target: the failures of one whose cluster has not answered for
+        ``retry_timeout_s`` (since when, the last error), else None."""
         assert self.scheduler is not None
         unreachable, timeout = self.scheduler.unreachable(), self.spec.retry_timeout_s
-        if unreachable is None or timeout < 0:
-            return
-        since, error = unreachable
-        if time.monotonic() - since > timeout:
+        if unreachable is None or timeout < 0 or time.monotonic() - unreachable[0] <= timeout:
+            return None
+        return unreachable
+
+    def _check_tasks_answered(self) -> None:
+        """Fail the flow as a batch's error would when :meth:`_tasks_unanswered` says so."""
+        unanswered = self._tasks_unanswered()
+        if unanswered is not None:
+            since, error = unanswered
             self._answered_at = min(self._answered_at, since)
             raise error
 
@@ -517,6 +522,7 @@ class MirrorJob:
                 self.stopping()
                 or self.mapping is not mapping
                 or self.scheduler.error is not None
+                or self._tasks_unanswered() is not None
                 or time.monotonic() - since > IDLE_REPLAN_S
             ):
                 return
