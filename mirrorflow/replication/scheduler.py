@@ -116,11 +116,12 @@ class Scheduler:
             self._wake.wait(max(0.0, min(due - time.monotonic(), 1.0)))
             self._wake.clear()
 
-    def stop(self) -> None:
+    def stop(self, wait_s: float = 30.0) -> None:
+        """Stop the tasks; wait up to ``wait_s`` for a run in progress to end."""
         self._stopped.set()
         self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(30)
+            self._thread.join(wait_s)
 
     def unreachable(self) -> tuple[float, ClusterUnreachable] | None:
         """The longest run of failures because a cluster did not answer, among the tasks

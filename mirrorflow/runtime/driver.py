@@ -418,6 +418,7 @@ class MirrorJob:
         self.doorbell = Doorbell(spec.source_consumer_client, spec.flow)
         if once:
             self._once_ends = self._ends(self._partitions())
+        outage = False  # leaving because a cluster did not answer
         try:
             caught_up = False  # the last batch copied every partition to its planned end
             while not self.stopping():
@@ -438,12 +439,15 @@ class MirrorJob:
                     if self.state != "IDLE":
                         self.record_state("IDLE")
                     self._wait_for_records()
+        except ClusterUnreachable:
+            outage = True  # whatever waits for that cluster would only wait the timeouts out
+            raise
         finally:
-            self.scheduler.stop()
+            self.scheduler.stop(wait_s=1.0 if outage else 30.0)
             self.doorbell.close()
             for alias, producer in self.producers.items():
                 try:
-                    producer.flush(10)
+                    producer.flush(1.0 if outage else 10.0)
                 except KafkaException as exc:  # the batch's own error, if any, says more
                     log.warning("%s: the producer of %s failed: %s", spec.flow, alias, exc)
 
