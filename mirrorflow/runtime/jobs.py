@@ -271,11 +271,11 @@ def _busy(flow: str, path: Path) -> FlowBusy:
     )
 
 
-def hold_leases(state_dir: Path, flows: Sequence[str]) -> list[int]:
+def hold_leases(state_dir: Path, flows: Sequence[str], record: bool = True) -> list[int]:
     """Take the lease of each flow (``S-T/lease``: an exclusive ``flock``, released by the
-    kernel when this process ends, however it ends) and write this process's id in it; a flow
-    whose lease another job holds raises :class:`FlowBusy` naming it. Returns the open file
-    descriptors: the leases last as long as they stay open."""
+    kernel when this process ends, however it ends) and, with ``record``, write this process's
+    id in it; a flow whose lease another job holds raises :class:`FlowBusy` naming it. Returns
+    the open file descriptors: the leases last as long as they stay open."""
     files = JobFiles.for_flows(flows, state_dir)
     held: list[int] = []
     try:
@@ -289,6 +289,8 @@ def hold_leases(state_dir: Path, flows: Sequence[str]) -> list[int]:
                 os.close(fd)
                 raise _busy(flow, path) from None
             held.append(fd)
+            if not record:
+                continue
             since = datetime.now(UTC).isoformat(timespec="seconds")
             record = json.dumps({"pid": os.getpid(), "flows": list(files.flows), "since": since})
             os.ftruncate(fd, 0)
@@ -300,6 +302,7 @@ def hold_leases(state_dir: Path, flows: Sequence[str]) -> list[int]:
 
 
 def release_leases(held: Sequence[int]) -> None:
+    """Give up leases taken by :func:`hold_leases`."""
     for fd in held:
         with contextlib.suppress(OSError):
             os.close(fd)
@@ -312,7 +315,7 @@ def check_leases(state_dir: Path, flows: Sequence[str], wait_s: float = 0.0) -> 
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            release_leases(hold_leases(state_dir, flows))
+            release_leases(hold_leases(state_dir, flows, record=False))
             return
         except FlowBusy:
             if time.monotonic() >= deadline:
