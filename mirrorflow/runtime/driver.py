@@ -115,6 +115,7 @@ class MirrorJob:
         self._stop_file: Path | None = None
         self._answered_at = time.monotonic()  # when both clusters last answered
         self._attempt_started = self._answered_at  # the current try of the batch loop
+        self._copied_at = 0.0  # when a batch was last copied (both clusters answered)
         self.admins = {
             alias: ClusterAdmin(alias, conf)
             for alias, conf in ((spec.source, spec.source_admin), (spec.target, spec.target_admin))
@@ -326,6 +327,8 @@ class MirrorJob:
         assert self.scheduler is not None
         unreachable, timeout = self.scheduler.unreachable(), self.spec.retry_timeout_s
         if unreachable is None or timeout < 0 or time.monotonic() - unreachable[0] <= timeout:
+            return None
+        if self._copied_at > unreachable[0]:  # batches are copied: both clusters answer
             return None
         return unreachable
 
@@ -704,6 +707,7 @@ class MirrorJob:
             elapsed,
         )
         self._last_batch_s = elapsed
+        self._copied_at = time.monotonic()
         self.record_state("RUNNING")
 
     def record_state(self, state: str, error: str | None = None) -> None:
