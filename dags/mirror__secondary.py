@@ -75,4 +75,5 @@ with DAG(
         flow_files=FLOW_FILES,
         conn_id="spark_default",
         stop_grace_period=datetime.timedelta(seconds=60),
+        retry_timeout=datetime.timedelta(seconds=600),
     )

@@ -3,12 +3,15 @@
     spark-submit [--master local[*]|spark://host:7077] spark_jobs/mirror.py \\
         --config mm2.properties --flow primary->secondary [--flow ...] [--once] [--stop-file PATH]
         [--max-records-per-batch N] [--local-batch-max-records N] [--metrics-port PORT]
+        [--retry-timeout SECONDS]
 
 One application runs every flow it is given, as MirrorMaker 2 runs a site's flows in one process
 (:mod:`mirrorflow.runtime.application`). Credentials stay in the flow definition (or the secret
 references it names) and never appear on this command line. The logic lives in
 :mod:`mirrorflow.runtime.driver`; the flows' positions live in ``mm2-offsets.<source>.internal``
-on their targets, as MirrorMaker 2's do.
+on their targets, as MirrorMaker 2's do. The driver dies with the JVM that started it, and holds
+each flow's lease while it runs (:func:`mirrorflow.runtime.jobs.hold_leases`): a second job of a
+flow ends at start in one line naming the one running it.
 """
 
 from __future__ import annotations
@@ -78,10 +81,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="serve metrics for Prometheus at http://127.0.0.1:PORT/metrics; 0: none "
         "(default: $MIRRORFLOW_METRICS_PORT, else none)",
     )
+    parser.add_argument(
+        "--retry-timeout",
+        type=float,
+        default=None,
+        help="how long a flow retries a cluster that does not answer before it fails, in "
+        "seconds; -1: forever (default 600)",
+    )
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
+    from mirrorflow.runtime.guard import die_with_parent
+
+    die_with_parent()  # the JVM that runs this driver is its Spark: without it, nothing to do
     args = parse_args(sys.argv[1:] if argv is None else argv)
     faulthandler.register(signal.SIGUSR2, all_threads=True)  # kill -USR2: where is it stuck?
     logging.basicConfig(
@@ -94,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
 
         spark_session.prefer_installed_pyspark()
         from mirrorflow.replication.spec import spec_for_flow
+        from mirrorflow.runtime import jobs
         from mirrorflow.runtime.application import Application
         from mirrorflow.runtime.metrics import port_from
 
@@ -107,7 +121,10 @@ def main(argv: list[str] | None = None) -> int:
                 spec.max_records_per_batch = args.max_records_per_batch
             if args.local_batch_max_records is not None:
                 spec.local_batch_max_records = args.local_batch_max_records
+            if args.retry_timeout is not None:
+                spec.retry_timeout_s = args.retry_timeout
             specs.append(spec)
+        _leases = jobs.hold_leases(state_dir, [s.flow for s in specs])  # held until exit
         spark = spark_session.build_session(f"mirrorflow {', '.join(s.flow for s in specs)}")
         spark.sparkContext.setLogLevel("WARN")
         application = Application(

@@ -46,6 +46,8 @@ from confluent_kafka.admin import (  # noqa: E402
 
 from mirrorflow.devtools import sandbox as sandbox_mod  # noqa: E402
 
+sandbox_mod.DIE_WITH_CALLER = True  # a crashed test run leaves no broker behind
+
 SANDBOX_CLUSTERS = ("primary", "secondary", "tertiary")
 
 

@@ -15,7 +15,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 from mirrorflow.devtools import sandbox as sandbox_mod
 from mirrorflow.mm2.formats import OffsetSync
 from mirrorflow.paths import write_private
-from mirrorflow.runtime import jobs, launch
+from mirrorflow.runtime import guard, jobs, launch
 from tests.conftest import create_topics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -151,7 +151,7 @@ def mirror_command(
 def run_mirror_once(config: Path, flow: str, state: Path, timeout: float = 240) -> str:
     """Run a flow until it has copied everything available; return its output."""
     result = subprocess.run(
-        mirror_command(config, flow, state, "--once"),
+        guard.guarded(mirror_command(config, flow, state, "--once")),  # ends if pytest dies
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -170,10 +170,11 @@ def start_mirror(
     *extra: str,
     conf: dict | None = None,
 ) -> subprocess.Popen:
-    """Start a long-running flow (or flows) in the background (its output goes to ``log``)."""
+    """Start a long-running flow (or flows) in the background (its output goes to ``log``),
+    under the job's guard: the job ends if this test process dies."""
     handle = open(log, "ab")  # noqa: SIM115 (closed when the process is waited for)
     return subprocess.Popen(
-        mirror_command(config, flow, state, *extra, conf=conf),
+        guard.guarded(mirror_command(config, flow, state, *extra, conf=conf)),
         stdout=handle,
         stderr=subprocess.STDOUT,
         env=launch.job_environment(),

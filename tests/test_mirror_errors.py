@@ -60,3 +60,38 @@ def test_other_failures_stop_the_flow_with_their_cause_in_one_line(reason, expec
     error = batch_error(SPEC, wrapped(reason))
     assert type(error) is MirrorflowError
     assert expected in error.message and "\n" not in error.message
+
+
+@pytest.mark.parametrize(
+    "reason",
+    [
+        "org.apache.kafka.common.errors.TopicAuthorizationException: Not authorized to access "
+        "topics: [dc1.t] (after a TimeoutException)",
+        f"{ERROR_PREFIX}committing the copies of t-0 to dc1.t on dc2 failed: Broker: Topic "
+        "authorization failed (Local: Timed out)",
+        "org.apache.kafka.common.errors.SslAuthenticationException: SSL handshake failed "
+        "(NetworkException)",
+        "org.apache.kafka.common.config.ConfigException: Invalid value x for configuration "
+        "request.timeout.ms (TimeoutException)",
+    ],
+)
+def test_a_refusal_or_a_bad_setting_is_never_retried_even_beside_a_timeout(reason):
+    error = batch_error(SPEC, wrapped(reason))
+    assert type(error) is MirrorflowError, error
+    assert "\n" not in error.message
+
+
+@pytest.mark.parametrize(
+    "code", ["_AUTHENTICATION", "SASL_AUTHENTICATION_FAILED", "_SSL", "TOPIC_AUTHORIZATION_FAILED"]
+)
+def test_an_admin_call_refused_or_failing_its_tls_handshake_is_not_retried(code):
+    from confluent_kafka import KafkaError, KafkaException
+
+    from mirrorflow.replication.topics import cluster_error
+
+    admin = SimpleNamespace(alias="dc2", principal="bob")
+    exc = KafkaException(KafkaError(getattr(KafkaError, code), "refused"))
+    error = cluster_error(admin, "listing topics", exc)
+    assert type(error) is MirrorflowError and "dc2" in error.message, error
+    unreachable = cluster_error(admin, "listing topics", KafkaException(KafkaError(-195, "down")))
+    assert isinstance(unreachable, ClusterUnreachable)  # _TRANSPORT: worth trying again

@@ -286,3 +286,75 @@ def test_a_flow_held_by_a_failover_stays_paused_though_its_dag_is_unpaused(opera
     assert jobs.release(held) and jobs.held(held) is None
     watcher.sync_flow_pauses()
     assert not (held / jobs.PAUSED_FILE).exists()
+
+
+def task_running_a_job(tmp_path, stop_file, grace: float) -> tuple[subprocess.Popen, int]:
+    """A stand-in Airflow task that started a stand-in job (which never stops by itself) under
+    the job's guard, as the operator does; returns the task and the job's process id."""
+    pid_file = tmp_path / "job.pid"
+    job = "import os, pathlib, sys, time; pathlib.Path(sys.argv[1]).write_text(str(os.getpid()))"
+    job += "; time.sleep(600)"
+    task = (
+        "import subprocess, sys, time\n"
+        "from mirrorflow.runtime import guard\n"
+        f"command = [sys.executable, '-c', {job!r}, {str(pid_file)!r}]\n"
+        f"subprocess.Popen(guard.guarded(command, {str(stop_file)!r}, {grace}),"
+        " start_new_session=True)\n"
+        "time.sleep(600)\n"
+    )
+    process = subprocess.Popen([sys.executable, "-c", task], start_new_session=True)
+    deadline = time.monotonic() + 20
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline, "the stand-in job did not start"
+        time.sleep(0.05)
+    return process, int(pid_file.read_text())
+
+
+def test_a_job_whose_task_is_killed_ends_at_once_unless_it_was_asked_to_stop(tmp_path):
+    stop_file = tmp_path / "stop"
+    task, job = task_running_a_job(tmp_path, stop_file, grace=60)
+    os.killpg(task.pid, 9)  # the task's process group: the job, in its own, is not hit
+    task.wait(5)
+    started = time.monotonic()
+    assert jobs.wait_for_exit(job, 5), "the job outlived its task"
+    assert time.monotonic() - started < 2
+
+
+def test_a_job_asked_to_stop_gets_its_grace_period_after_its_task_is_killed(tmp_path):
+    stop_file = tmp_path / "stop"
+    task, job = task_running_a_job(tmp_path, stop_file, grace=4)
+    stop_file.touch()  # on_kill asked the job to stop; Airflow kills the task 5 s later
+    os.killpg(task.pid, 9)
+    task.wait(5)
+    assert not jobs.wait_for_exit(job, 2), "the job was killed before its grace period ended"
+    assert jobs.wait_for_exit(job, 6), "the job outlived its grace period"
+
+
+def test_a_flows_lease_is_held_by_one_process_and_freed_when_it_dies_however(tmp_path):
+    state = tmp_path / "flows"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from mirrorflow.runtime import jobs\n"
+            f"jobs.hold_leases({str(state)!r}, ['a->t', 'b->t'])\n"
+            "print('held', flush=True)\n"
+            "time.sleep(600)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(jobs.FlowBusy) as busy:
+            jobs.check_leases(state, ["b->t"])
+        assert f"flow b->t is already running in another mirror job (pid {holder.pid}," in str(
+            busy.value
+        )
+        assert f"`kill {holder.pid}` stops it after its batch" in str(busy.value)
+        jobs.check_leases(state, ["c->t"])  # per flow: another flow into t is free
+    finally:
+        holder.kill()  # SIGKILL: no clean-up of its own
+        holder.wait()
+    jobs.check_leases(state, ["a->t", "b->t"], wait_s=2)

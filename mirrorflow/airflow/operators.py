@@ -22,8 +22,15 @@ and runs it through :class:`~mirrorflow.airflow.hooks.MirrorJobHook`:
   running application (its ``S-T/paused`` file), and unpausing it resumes the flow.
 * **Restarts without loss**: a job that dies fails the task; the DAG's retries start it again
   and it resumes from its positions (in the target's ``mm2-offsets.<source>.internal``). A job
-  left over from an earlier try (its task killed) is stopped before a new one starts, so two
-  never copy the same flows at once.
+  left over from an earlier try (its task killed while the job finished its batch) is stopped
+  before a new one starts; a flow that another job runs (its lease, ``S-T/lease``, is held: a
+  ``mirrorflow mirror`` of it, say) fails the task in one line naming that job, so two never
+  copy the same flow at once.
+* **No orphans**: the job runs under :mod:`mirrorflow.runtime.guard`, which ends it when the
+  task's process dies (at once, or after the grace period if a stop was asked).
+* **Bounded retries**: a cluster that does not answer is retried for ``retry_timeout``
+  (default 10 minutes), then the job fails the task, naming the cluster: the DAG's retries
+  and alerts take over.
 
 ``SyncOperator`` and ``GroupSyncOperator`` are the tasks of a site's sync DAG: the topic-config,
 partition and ACL sync, and the consumer-group checkpoints and offset sync, of its flows.
@@ -50,7 +57,7 @@ from airflow.sdk.exceptions import AirflowException
 from mirrorflow.airflow.hooks import DEFAULT_CONN_ID, MirrorJobHook
 from mirrorflow.errors import MirrorflowError
 from mirrorflow.paths import project_root
-from mirrorflow.runtime import jobs, launch
+from mirrorflow.runtime import guard, jobs, launch
 
 STARTING_OFFSETS = ("default", "earliest", "latest", "timestamp")
 
@@ -71,6 +78,8 @@ class MirrorFlowOperator(BaseOperator):
     :param driver_memory: the Spark driver's memory
     :param metrics_port: the job serves Prometheus metrics on 127.0.0.1 at this port (0: off;
         None: as ``$MIRRORFLOW_METRICS_PORT`` of the task's environment says)
+    :param retry_timeout: how long a flow retries a cluster that does not answer before it
+        fails the job (and the task); None: the job's default (10 minutes), -1: forever
     :param conf: Spark settings added to (or overriding) the mirror job's own; no secret (it
         would be on the command line): a ``spark://`` master's secret comes from the properties
         file of ``$MIRRORFLOW_SPARK_PROPERTIES`` (see :mod:`mirrorflow.runtime.spark_security`)
@@ -92,6 +101,7 @@ class MirrorFlowOperator(BaseOperator):
         driver_memory: str = "1g",
         conf: dict[str, str] | None = None,
         metrics_port: int | None = None,
+        retry_timeout: timedelta | float | None = None,
         **kwargs: Any,
     ) -> None:
         names = list(flows or ()) + ([flow] if flow else [])
@@ -114,6 +124,8 @@ class MirrorFlowOperator(BaseOperator):
         self.pause_check_interval = pause_check_interval
         self.conn_id, self.driver_memory, self.conf = conn_id, driver_memory, dict(conf or {})
         self.metrics_port = metrics_port
+        timeout = retry_timeout
+        self.retry_timeout = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
         self._job_files: jobs.JobFiles | None = None
         self._hook: MirrorJobHook | None = None
 
@@ -135,6 +147,10 @@ class MirrorFlowOperator(BaseOperator):
                 leftover,
             )
             jobs.stop_job(files, leftover, self.stop_grace_period, self.log.warning)
+        try:
+            jobs.check_leases(files.state_dir, self.flows, wait_s=5.0 if leftover else 0.0)
+        except MirrorflowError as exc:  # another job (e.g. `mirrorflow mirror`) runs a flow
+            raise AirflowException(f"the mirror job of {self.label} cannot start: {exc}") from None
         files.clear_stop_request()
         self._hook = hook = MirrorJobHook(self.conn_id)
         master = hook.master()
@@ -148,6 +164,7 @@ class MirrorFlowOperator(BaseOperator):
                 state_dir=files.state_dir,
                 stop_file=files.stop_file,
                 metrics_port=self.metrics_port,
+                retry_timeout=self.retry_timeout,
             )
         except MirrorflowError as exc:  # e.g. a spark:// master without its secret
             raise AirflowException(f"the mirror job of {self.label} cannot start: {exc}") from None
@@ -156,7 +173,11 @@ class MirrorFlowOperator(BaseOperator):
         self.log.info("running %s on Spark master %s", self.label, master)
         watcher.start()
         try:
-            code = hook.submit(command, cwd=project_root(), env=launch.job_environment())
+            code = hook.submit(
+                guard.guarded(command, files.stop_file, self.stop_grace_period),
+                cwd=project_root(),
+                env=launch.job_environment(),
+            )
         finally:
             watcher.stop()
             if hook.process is not None:
@@ -183,9 +204,9 @@ class MirrorFlowOperator(BaseOperator):
             self.label,
             self.stop_grace_period,
         )
+        # If this task is killed before the grace period ends (Airflow sends SIGKILL 5 s after
+        # SIGTERM), the job's guard still ends the job when the grace period is over.
         files.request_stop()
-        # If this task is killed before the grace period ends, the reaper still ends the job.
-        jobs.spawn_reaper(files, process.pid, self.stop_grace_period)
         if jobs.wait_for_exit(process.pid, self.stop_grace_period):
             self.log.info("the mirror job of %s stopped cleanly", self.label)
         jobs.kill_job(files, process.pid, self.log.warning)

@@ -180,6 +180,9 @@ class RenderOptions:
     # 0: off. Else the site jobs serve Prometheus metrics on 127.0.0.1, the mirror DAG of the
     # i-th target (in name order) on metrics_port + i.
     metrics_port: int = 0
+    # How long the job retries a cluster that does not answer before it fails the task (then
+    # the retries above take over); -1: forever, as MirrorMaker 2 (Kafka Connect) does.
+    retry_timeout_seconds: int = 600
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9_.\-]+", self.spark_conn_id):
@@ -191,6 +194,8 @@ class RenderOptions:
             raise MirrorflowError("the stop grace period must be at least 1 second")
         if not 0 <= self.metrics_port <= 65535:
             raise MirrorflowError(f"--metrics-port {self.metrics_port} is not a port number")
+        if self.retry_timeout_seconds < -1:
+            raise MirrorflowError("the retry timeout must be -1 (forever) or at least 0 seconds")
 
     def cli_args(self) -> list[str]:
         """The ``render`` options that differ from the defaults (for the re-render hint)."""
@@ -202,6 +207,7 @@ class RenderOptions:
             "max_retry_delay_seconds": "--max-retry-delay",
             "stop_grace_seconds": "--stop-grace",
             "metrics_port": "--metrics-port",
+            "retry_timeout_seconds": "--retry-timeout",
         }
         args: list[str] = []
         for name, flag in flags.items():

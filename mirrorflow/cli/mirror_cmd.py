@@ -10,7 +10,7 @@ from mirrorflow import paths
 from mirrorflow.config import validation
 from mirrorflow.config.topology import load_topology
 from mirrorflow.errors import MirrorflowError
-from mirrorflow.runtime import launch
+from mirrorflow.runtime import jobs, launch
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -51,6 +51,14 @@ def register(commands: argparse._SubParsersAction) -> None:
         "(default: $MIRRORFLOW_METRICS_PORT, else none)",
     )
     parser.add_argument(
+        "--retry-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="how long a flow retries a cluster that does not answer (backoff 2 s doubling to "
+        "2 min) before it fails and the job exits; -1: forever (default 600)",
+    )
+    parser.add_argument(
         "--grace",
         type=float,
         default=120.0,
@@ -68,6 +76,7 @@ def _mirror(args: argparse.Namespace) -> int:
             raise MirrorflowError(f"flow {name} is not enabled", f"set {name}.enabled = true")
     validation.require_valid(topology, "so no mirror job starts")
     state_dir = args.state_dir or paths.state_dir() / "flows"
+    jobs.check_leases(state_dir, flows)  # another job runs one of them: say so before Spark
     stop_file = launch.stop_file_for(state_dir, flows)
     command = launch.mirror_command(
         args.files,
@@ -80,5 +89,6 @@ def _mirror(args: argparse.Namespace) -> int:
         max_records_per_batch=args.max_records_per_batch,
         local_batch_max_records=args.local_batch_max_records,
         metrics_port=args.metrics_port,
+        retry_timeout=args.retry_timeout,
     )
     return launch.supervise(command, stop_file, grace_s=args.grace)

@@ -76,6 +76,14 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="the site jobs serve Prometheus metrics on 127.0.0.1: the first mirror DAG (in "
         "target order) on PORT, the next on PORT+1, ... (default 0: off)",
     )
+    parser.add_argument(
+        "--retry-timeout",
+        type=int,
+        default=defaults.retry_timeout_seconds,
+        metavar="SECONDS",
+        help="how long the mirror job retries a cluster that does not answer before it fails "
+        f"the task; -1: forever (default {defaults.retry_timeout_seconds})",
+    )
     parser.set_defaults(handler=_render)
 
 
@@ -87,6 +95,7 @@ def _render(args: argparse.Namespace) -> int:
         max_retry_delay_seconds=args.max_retry_delay,
         stop_grace_seconds=args.stop_grace,
         metrics_port=args.metrics_port,
+        retry_timeout_seconds=args.retry_timeout,
     )
     result = rendering.render(args.files, options)
     for finding in result.warnings:

@@ -21,6 +21,7 @@ import secrets
 import signal
 import socket
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Iterable
@@ -30,7 +31,12 @@ from pathlib import Path
 from mirrorflow.devtools import certificates
 from mirrorflow.errors import MirrorflowError
 from mirrorflow.paths import private_dir, write_private
-from mirrorflow.runtime import jvm
+from mirrorflow.runtime import guard, jvm
+
+DIE_WITH_CALLER = False
+"""Brokers started (from the main thread) while this is true die with the process that started
+them, even if it is killed or crashes: the test session sets it, so a crashed test run leaves
+no broker behind. ``mirrorflow sandbox up`` leaves it false: its brokers outlive the command."""
 
 DEFAULT_BASE_PORT = 19092
 PORTS_PER_CLUSTER = 10
@@ -455,6 +461,9 @@ def _launch(java: str, classpath: str, cluster: Cluster, heap: str) -> subproces
         "kafka.Kafka",
         str(cluster.properties_file),
     ]
+    # The kernel's parent-death signal follows the thread that starts the broker: only the
+    # main thread's outlives what it starts.
+    bound = DIE_WITH_CALLER and threading.current_thread() is threading.main_thread()
     with open(cluster.log_file, "ab") as log:
         proc = subprocess.Popen(
             cmd,
@@ -462,6 +471,7 @@ def _launch(java: str, classpath: str, cluster: Cluster, heap: str) -> subproces
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            preexec_fn=guard.die_with_parent if bound else None,
         )
     return proc
 

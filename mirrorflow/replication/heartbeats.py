@@ -57,7 +57,7 @@ class HeartbeatEmitter:
                 )
             except KafkaException as exc:  # refused at once: the topic failed before
                 failed.append((alias, exc.args[0]))
-        unsent = sum(producer.flush(timeout_s) for producer in self.producers.values())
+        unsent = [alias for alias, producer in self.producers.items() if producer.flush(timeout_s)]
         for alias, err in failed:
             if unauthorized(err):
                 principal = self.principals.get(alias, "(unknown principal)")
@@ -65,6 +65,9 @@ class HeartbeatEmitter:
                 error = refusal(alias, principal, action, err.str(), f"WRITE on topic {self.topic}")
                 raise TaskFailed(str(error))
         if failed or unsent:
-            alias, err = failed[0] if failed else ("", None)
-            cause = f"{alias}: {err}" if failed else f"not acknowledged within {timeout_s:.0f}s"
-            raise ClusterUnreachable(f"heartbeat to {self.topic} failed: {cause}")
+            alias, err = failed[0] if failed else (unsent[0], None)
+            cause = str(err) if failed else f"not acknowledged within {timeout_s:.0f}s"
+            raise ClusterUnreachable(
+                f"cluster {alias} did not take a heartbeat to {self.topic}: {cause}",
+                f"check {alias}.bootstrap.servers and that the cluster is up",
+            )

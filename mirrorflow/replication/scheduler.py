@@ -40,6 +40,10 @@ class PeriodicTask:
     last_run_at: float | None = None  # Unix time when the last run ended
     last_success_at: float | None = None  # Unix time when the last successful run ended
     next_due: float = field(default=0.0, repr=False)
+    # Since when (monotonic) every run failed because a cluster did not answer, and the last
+    # such error; None once a run succeeds or fails otherwise.
+    unreachable_since: float | None = field(default=None, repr=False)
+    unreachable: ClusterUnreachable | None = field(default=None, repr=False)
 
 
 class Scheduler:
@@ -69,11 +73,16 @@ class Scheduler:
     def run_now(self, task: PeriodicTask) -> None:
         """Run ``task`` on the calling thread, counted and timed like a scheduled run."""
         started = time.monotonic()
+        unreachable = False
         try:
             task.run()
             task.last_error = None
             task.last_success_at = time.time()
         except ClusterUnreachable as exc:
+            unreachable = True
+            if task.unreachable_since is None:
+                task.unreachable_since = started
+            task.unreachable = exc
             self._failed(task, exc)
         except MirrorflowError as exc:
             self._failed(task, exc)
@@ -81,6 +90,8 @@ class Scheduler:
         except Exception as exc:  # a periodic task must never kill the thread silently
             self._failed(task, exc)
         finally:
+            if not unreachable:
+                task.unreachable_since, task.unreachable = None, None
             task.runs += 1
             task.last_run_at = time.time()
             task.last_duration_s = time.monotonic() - started
@@ -109,11 +120,22 @@ class Scheduler:
             self._wake.wait(max(0.0, min(due - time.monotonic(), 1.0)))
             self._wake.clear()
 
-    def stop(self) -> None:
+    def stop(self, wait_s: float = 30.0) -> None:
+        """Stop the tasks; wait up to ``wait_s`` for a run in progress to end."""
         self._stopped.set()
         self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(30)
+            self._thread.join(wait_s)
+
+    def unreachable(self) -> tuple[float, ClusterUnreachable] | None:
+        """The longest run of failures because a cluster did not answer, among the tasks
+        failing so now: since when (monotonic), and its last error; None if no task is."""
+        failing = [t for t in self.tasks if t.unreachable_since is not None and t.unreachable]
+        if not failing:
+            return None
+        task = min(failing, key=lambda t: t.unreachable_since or 0.0)
+        assert task.unreachable_since is not None and task.unreachable is not None
+        return task.unreachable_since, task.unreachable
 
     def stats(self) -> dict[str, dict[str, object]]:
         """Per task: runs, failures, the last run's duration and error, and when the last run

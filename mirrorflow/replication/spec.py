@@ -63,6 +63,9 @@ class MirrorSpec:
     starting_offsets: str = "earliest"  # earliest | latest | epoch milliseconds
     retry_backoff_s: float = 2.0  # first wait after a cluster did not answer, doubling
     retry_backoff_max_s: float = 120.0
+    # How long a cluster that does not answer is retried before the flow fails (-1: forever);
+    # ``--retry-timeout``. After it, the job exits and its launcher (Airflow) takes over.
+    retry_timeout_s: float = 600.0
     max_records_per_batch: int = 500_000
     # An at-least-once batch of at most this many records is copied in the driver's JVM, without
     # a Spark job (0: every batch is a Spark job); ``--local-batch-max-records``.

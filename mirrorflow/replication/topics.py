@@ -66,9 +66,10 @@ _AUTHORIZATION_ERRORS = (
     KafkaError.GROUP_AUTHORIZATION_FAILED,
     KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
 )
-_AUTH_ERRORS = (
+_AUTH_ERRORS = (  # never retried: trying again does not mend them
     KafkaError._AUTHENTICATION,
     KafkaError.SASL_AUTHENTICATION_FAILED,
+    KafkaError._SSL,  # a TLS handshake refused: a certificate, a truststore
     *_AUTHORIZATION_ERRORS,
 )
 

@@ -114,6 +114,9 @@ class MirrorJob:
         self._stop_logged = False
         self._parent = os.getppid()
         self._stop_file: Path | None = None
+        self._answered_at = time.monotonic()  # when both clusters last answered
+        self._attempt_started = self._answered_at  # the current try of the batch loop
+        self._copied_at = 0.0  # when a batch was last copied (both clusters answered)
         self.admins = {
             alias: ClusterAdmin(alias, conf)
             for alias, conf in ((spec.source, spec.source_admin), (spec.target, spec.target_admin))
@@ -290,13 +293,17 @@ class MirrorJob:
 
         A stop request lets the batch in progress finish, then ends the job. A cluster that
         does not answer (at start or mid-run) is retried with exponential backoff, each retry
-        logged; the flow then resumes from its positions. Other errors end the run.
+        logged; the flow then resumes from its positions. Once it has not answered for
+        ``retry_timeout_s`` (``--retry-timeout``; -1: retry forever) the flow fails, in one line
+        naming the cluster and what to check. Other errors end the run at once.
         """
         import tenacity
 
         self._stop_file = stop_file
+        self._answered_at = time.monotonic()
         retrying = tenacity.Retrying(
             retry=tenacity.retry_if_exception_type(ClusterUnreachable),
+            stop=self._give_up,
             wait=tenacity.wait_exponential_jitter(
                 initial=self.spec.retry_backoff_s, max=self.spec.retry_backoff_max_s
             ),
@@ -304,7 +311,51 @@ class MirrorJob:
             before_sleep=self._log_retry,
             reraise=True,
         )
-        retrying(self._run_batches, once)
+        try:
+            retrying(self._run_batches, once)
+        except ClusterUnreachable as exc:  # retried up to the bound: now it is the launcher's
+            raise MirrorflowError(
+                f"{exc.message}; gave up after {self._unanswered_s():.0f}s of retries "
+                f"(--retry-timeout {self.spec.retry_timeout_s:g})",
+                exc.hint,
+            ) from None
+
+    def _answered(self) -> None:
+        """Both clusters answered just now: an outage, if any, is over."""
+        self._answered_at = time.monotonic()
+
+    def _unanswered_s(self) -> float:
+        return time.monotonic() - self._answered_at
+
+    def _tasks_unanswered(self) -> tuple[float, ClusterUnreachable] | None:
+        """An idle flow copies nothing, but its heartbeats (and other periodic tasks) still
+        reach the target: the failures of one whose cluster has not answered for
+        ``retry_timeout_s`` (since when, the last error), else None."""
+        assert self.scheduler is not None
+        unreachable, timeout = self.scheduler.unreachable(), self.spec.retry_timeout_s
+        if unreachable is None or timeout < 0 or time.monotonic() - unreachable[0] <= timeout:
+            return None
+        if self._copied_at > unreachable[0]:  # batches are copied: both clusters answer
+            return None
+        return unreachable
+
+    def _check_tasks_answered(self) -> None:
+        """Fail the flow as a batch's error would when :meth:`_tasks_unanswered` says so."""
+        unanswered = self._tasks_unanswered()
+        if unanswered is not None:
+            since, error = unanswered
+            self._answered_at = min(self._answered_at, since)
+            raise error
+
+    def _give_up(self, state) -> bool:
+        """Whether to stop retrying: another wait and attempt (as long as the failed part of
+        the last one) would end past ``retry_timeout_s`` without an answer, so the flow fails
+        within its bound rather than after it."""
+        timeout = self.spec.retry_timeout_s
+        if timeout < 0:
+            return False
+        failing = time.monotonic() - max(self._attempt_started, self._answered_at)
+        return self._unanswered_s() + state.upcoming_sleep + failing > timeout
 
     def request_stop(self) -> None:
         """Ask the job to end once its batch in progress is copied (any thread)."""
@@ -330,9 +381,11 @@ class MirrorJob:
     def _run_batches(self, once: bool) -> None:
         from confluent_kafka import KafkaException
 
+        self._attempt_started = time.monotonic()
         if self.stopping():
             return
         self.prepare()
+        self._answered()
         self._ship_library()
         spec = self.spec
         self.scheduler = Scheduler(spec.flow)
@@ -377,14 +430,17 @@ class MirrorJob:
         self.doorbell = Doorbell(spec.source_consumer_client, spec.flow)
         if once:
             self._once_ends = self._ends(self._partitions())
+        outage = False  # leaving because a cluster did not answer
         try:
             caught_up = False  # the last batch copied every partition to its planned end
             while not self.stopping():
                 if self.scheduler.error is not None:
                     raise self.scheduler.error
+                self._check_tasks_answered()
                 # Caught up, the doorbell (assigned at the new positions) rings at once for any
                 # record that arrived meanwhile: no need to list the partitions' ends again.
                 ranges = [] if caught_up else self._plan()
+                self._answered()
                 if ranges:
                     self._copy(ranges)
                     caught_up = not once and not self._capped
@@ -395,12 +451,15 @@ class MirrorJob:
                     if self.state != "IDLE":
                         self.record_state("IDLE")
                     self._wait_for_records()
+        except ClusterUnreachable:
+            outage = True  # whatever waits for that cluster would only wait the timeouts out
+            raise
         finally:
-            self.scheduler.stop()
+            self.scheduler.stop(wait_s=1.0 if outage else 30.0)
             self.doorbell.close()
             for alias, producer in self.producers.items():
                 try:
-                    producer.flush(10)
+                    producer.flush(1.0 if outage else 10.0)
                 except KafkaException as exc:  # the batch's own error, if any, says more
                     log.warning("%s: the producer of %s failed: %s", spec.flow, alias, exc)
 
@@ -477,6 +536,7 @@ class MirrorJob:
                 self.stopping()
                 or self.mapping is not mapping
                 or self.scheduler.error is not None
+                or self._tasks_unanswered() is not None
                 or time.monotonic() - since > IDLE_REPLAN_S
             ):
                 return
@@ -487,12 +547,16 @@ class MirrorJob:
             time.sleep(0.2)
 
     def _log_retry(self, state) -> None:
+        timeout = self.spec.retry_timeout_s
         log.warning(
-            "%s: %s; retrying in %.0f s (attempt %d)",
+            "%s: %s; retrying in %.0f s (attempt %d, %s)",
             self.spec.flow,
             state.outcome.exception(),
             state.next_action.sleep,
             state.attempt_number,
+            f"no answer for {self._unanswered_s():.0f}s, the flow fails by {timeout:g}s"
+            if timeout >= 0
+            else "retrying forever",
         )
 
     def _ship_library(self) -> None:
@@ -650,6 +714,7 @@ class MirrorJob:
             elapsed,
         )
         self._last_batch_s, self._last_batch_at = elapsed, time.time()
+        self._copied_at = time.monotonic()
         if not self._capped:  # everything on the source at the plan is copied
             self._caught_up_at = self._plan_at
         self.record_state("RUNNING")
@@ -955,13 +1020,23 @@ _UNREACHABLE = re.compile(
 )
 
 
+_PERMANENT = re.compile(
+    r"AuthenticationException|AuthorizationException|[Aa]uthori[sz]ation failed|"
+    r"[Aa]uthentication failed|SSL handshake failed|certificate verify failed|ConfigException|"
+    r"InvalidConfigurationException|refused principal"
+)
+"""Errors that trying again does not mend (a refused principal, a wrong password or certificate, a
+bad setting), even when a timeout is mentioned beside them: never retried."""
+
+
 _KAFKA_CAUSE = re.compile(r"org\.apache\.kafka\.common\.errors\.\w+: .*")
 _DRIVER_ERROR = re.compile(r"mirrorflow\.errors\.(MirrorflowError|ClusterUnreachable): (.*)")
 
 
 def batch_error(spec: MirrorSpec, exc) -> MirrorflowError:
     """The first line a user needs from a failed batch (a copy error names the record); a
-    cluster that did not answer gives :class:`ClusterUnreachable`, which is retried."""
+    cluster that did not answer gives :class:`ClusterUnreachable`, which is retried, unless the
+    error is one retrying does not mend (:data:`_PERMANENT`)."""
     text = str(exc)
     driver = _DRIVER_ERROR.search(text)  # raised by mirrorflow's code on an executor
     if driver:
@@ -970,14 +1045,14 @@ def batch_error(spec: MirrorSpec, exc) -> MirrorflowError:
     match = re.search(re.escape(mirror_writer.ERROR_PREFIX) + r"(.*)", text)
     if match:
         message = f"flow {spec.flow} stopped: {match.group(1).strip()}"
-        if _UNREACHABLE.search(match.group(1)):
+        if _UNREACHABLE.search(match.group(1)) and not _PERMANENT.search(match.group(1)):
             return ClusterUnreachable(message)
         return MirrorflowError(message)
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     # Kafka's own exception says more than Spark's wrappers around it.
     causes = [m[0] for ln in lines if (m := _KAFKA_CAUSE.search(ln))]
     first = causes[0] if causes else lines[0] if lines else text
-    if _UNREACHABLE.search(text) and "AuthenticationException" not in text:
+    if _UNREACHABLE.search(text) and not _PERMANENT.search(text):
         cause = next((ln for ln in text.splitlines() if _UNREACHABLE.search(ln)), first)
         return ClusterUnreachable(
             f"flow {spec.flow}: a cluster did not answer: {cause.strip()[:300]}",

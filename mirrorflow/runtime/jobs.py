@@ -10,6 +10,8 @@ job's own default)::
     S-T/paused        the flow is paused (its DAG is): it does not run while the file exists
     S-T/hold          a failover stopped the flow: it stays paused, its DAG unpaused or not,
                       until the hold is released (failback)
+    S-T/lease         the flow's lease: the running job that holds it (an exclusive ``flock``
+                      held by the job's driver for its lifetime) and its process id
 
 Per job, in the directory of its stop file (``S-T`` for a job of one flow, ``to-T`` for a job
 running every flow into ``T``, as the generated site DAGs run them)::
@@ -19,22 +21,24 @@ running every flow into ``T``, as the generated site DAGs run them)::
 
 The job runs in a process group of its own, so a signal meant for the Airflow task (SIGTERM
 when a task is marked failed, then SIGKILL 5 seconds later) never cuts a batch short: the task
-asks the job to stop through the stop file, and a detached reaper enforces the grace period
-even if the task itself is killed. No Airflow import here: ``mirrorflow demo down`` uses it too.
+asks the job to stop through the stop file, and the job's guard (:mod:`mirrorflow.runtime.guard`)
+enforces the grace period even if the task itself is killed, and ends the job at once if its
+launcher dies without asking it to stop. One flow runs in one job at a time: each job's driver
+holds its flows' leases (:func:`hold_leases`) while it runs, and a second job of a flow ends at
+start, naming the one that holds it. No Airflow import here: ``mirrorflow demo down`` uses it too.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
+import fcntl
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from mirrorflow import paths
@@ -46,6 +50,7 @@ PROGRESS_FILE = "progress.json"  # as the driver writes it
 RESTART_FILE = "restart"  # as the driver reads it
 PAUSED_FILE = "paused"  # as the application reads it
 HOLD_FILE = "hold"  # a failover's hold: the flow stays paused whatever its DAG says
+LEASE_FILE = "lease"  # held (flock) by the driver of the job running the flow
 KILL_WAIT = 10.0  # seconds between SIGTERM and SIGKILL to a job that outlived its grace period
 
 Log = Callable[[str], None]
@@ -317,20 +322,79 @@ def stop_job(files: JobFiles, pid: int, grace: float, log: Log = print) -> bool:
     return False
 
 
-def spawn_reaper(files: JobFiles, pid: int, grace: float) -> None:
-    """A detached process that kills the job if it is still running after ``grace`` seconds
-    (in case whoever asked it to stop is killed before it can check)."""
-    command = [sys.executable, "-m", "mirrorflow.runtime.jobs", "reap"]
-    command += [arg for flow in files.flows for arg in ("--flow", flow)]
-    command += ["--state-dir", str(files.state_dir), "--pid", str(pid), "--grace", str(grace)]
-    subprocess.Popen(
-        command,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-        env={**os.environ, "PYTHONPATH": str(paths.PROJECT_ROOT)},
+class FlowBusy(MirrorflowError):
+    """A flow's lease is held: another mirror job runs the flow."""
+
+
+def _holder(path: Path) -> str:
+    """Who holds a lease, as its file says: ``pid N since T``."""
+    try:
+        held = json.loads(path.read_text())
+        return f"pid {int(held['pid'])}, since {held.get('since', '?')}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "pid unknown"
+
+
+def _busy(flow: str, path: Path) -> FlowBusy:
+    holder = _holder(path)
+    pid = holder.split(",")[0].removeprefix("pid ")
+    stop = f"`kill {pid}` stops it after its batch" if pid.isdigit() else "stop it"
+    return FlowBusy(
+        f"flow {flow} is already running in another mirror job ({holder}; lease {path})",
+        f"{stop}, or pause the DAG that runs it; one flow runs in one job at a time",
     )
+
+
+def hold_leases(state_dir: Path, flows: Sequence[str], record: bool = True) -> list[int]:
+    """Take the lease of each flow (``S-T/lease``: an exclusive ``flock``, released by the
+    kernel when this process ends, however it ends) and, with ``record``, write this process's
+    id in it; a flow whose lease another job holds raises :class:`FlowBusy` naming it. Returns
+    the open file descriptors: the leases last as long as they stay open."""
+    files = JobFiles.for_flows(flows, state_dir)
+    held: list[int] = []
+    try:
+        for flow in files.flows:
+            path = files.flow_dir(flow) / LEASE_FILE
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise _busy(flow, path) from None
+            held.append(fd)
+            if not record:
+                continue
+            since = datetime.now(UTC).isoformat(timespec="seconds")
+            record = json.dumps({"pid": os.getpid(), "flows": list(files.flows), "since": since})
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (record + "\n").encode(), 0)
+    except BaseException:
+        release_leases(held)
+        raise
+    return held
+
+
+def release_leases(held: Sequence[int]) -> None:
+    """Give up leases taken by :func:`hold_leases`."""
+    for fd in held:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def check_leases(state_dir: Path, flows: Sequence[str], wait_s: float = 0.0) -> None:
+    """Fail (:class:`FlowBusy`) if another job holds a lease of ``flows``, after waiting up to
+    ``wait_s`` for it to go (a job that was just stopped: its driver ends after its JVM). What a
+    launcher checks before it starts a job; the job's driver takes the leases itself."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            release_leases(hold_leases(state_dir, flows, record=False))
+            return
+        except FlowBusy:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
 
 
 def stop_all(state_dir: Path, grace: float, log: Log = print) -> list[str]:
@@ -351,22 +415,3 @@ def stop_all(state_dir: Path, grace: float, log: Log = print) -> list[str]:
         files.forget(pid)
         stopped.extend(files.flows)
     return stopped
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mirrorflow.runtime.jobs")
-    commands = parser.add_subparsers(dest="command", required=True)
-    reap = commands.add_parser("reap", help="kill a job still running after its grace period")
-    reap.add_argument("--flow", required=True, action="append")
-    reap.add_argument("--state-dir", required=True, type=Path)
-    reap.add_argument("--pid", required=True, type=int)
-    reap.add_argument("--grace", required=True, type=float)
-    args = parser.parse_args(argv)
-    files = JobFiles.for_flows(args.flow, args.state_dir)
-    if not wait_for_exit(args.pid, args.grace):
-        kill_job(files, args.pid, log=lambda _line: None)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from mirrorflow.paths import resource
-from mirrorflow.runtime import driver_archive, spark_security
+from mirrorflow.runtime import driver_archive, guard, spark_security
 from mirrorflow.runtime.submit import job_environment, spark_submit
 from mirrorflow.runtime.submit import spark_conf as base_spark_conf
 
@@ -45,6 +45,7 @@ def job_args(
     max_records_per_batch: int | None = None,
     local_batch_max_records: int | None = None,
     metrics_port: int | None = None,
+    retry_timeout: float | None = None,
 ) -> list[str]:
     """The mirror job's own arguments."""
     args = [arg for config in configs for arg in ("--config", str(Path(config).resolve()))]
@@ -64,6 +65,8 @@ def job_args(
         args += ["--local-batch-max-records", str(local_batch_max_records)]
     if metrics_port is not None:  # 0 means something: no endpoint, whatever the environment
         args += ["--metrics-port", str(metrics_port)]
+    if retry_timeout is not None:
+        args += ["--retry-timeout", f"{retry_timeout:g}"]
     return args
 
 
@@ -112,7 +115,9 @@ def supervise(command: list[str], stop_file: Path, grace_s: float = 120.0) -> in
     current batch (through ``stop_file``), and end it only if it has not within ``grace_s``.
 
     spark-submit's JVM is the parent of the Python driver, so a signal sent to it ends the
-    job mid-batch; this is how a caller gets a clean stop instead.
+    job mid-batch; this is how a caller gets a clean stop instead. The job runs under
+    :mod:`mirrorflow.runtime.guard`, in a process group of its own: should this process be
+    killed (SIGKILL, a crash), the job ends with it.
     """
     import signal
     import subprocess
@@ -128,7 +133,9 @@ def supervise(command: list[str], stop_file: Path, grace_s: float = 120.0) -> in
             stop_file.touch()
 
     previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
-    job = subprocess.Popen(command, env=job_environment(), start_new_session=True)
+    job = subprocess.Popen(
+        guard.guarded(command, stop_file, grace_s), env=job_environment(), start_new_session=True
+    )
     try:
         while job.poll() is None:
             if requested and time.monotonic() - requested[0] > grace_s:

@@ -1,0 +1,315 @@
+"""A mirror job's life: it dies with its launcher, one flow runs in one job at a time, and a
+cluster that stays away fails the flow after a bound (real Spark jobs, sandbox clusters)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mirrorflow.runtime import jobs, launch
+from tests.conftest import create_topics
+from tests.mirror_harness import (
+    ROOT,
+    flow_file,
+    mirror_command,
+    produce,
+    progress,
+    site_flow_file,
+    stop_job,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.kafka, pytest.mark.spark]
+
+CLI = (sys.executable, "-m", "mirrorflow.cli", "mirror")
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """Every process below ``pid`` (children, grandchildren…): pid -> its command, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(parent, []).append(int(entry.name))
+    found, todo = {}, list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        try:
+            argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        found[child] = " ".join(a.decode(errors="replace") for a in argv[:3])
+        todo += children.get(child, [])
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def mirror_cli(config: Path, state: Path, log: Path, *flows: str, extra=()) -> subprocess.Popen:
+    """``mirrorflow mirror`` as a shell starts a job: in a process group of its own."""
+    command = [*CLI, str(config)]
+    for flow in flows or ("primary->secondary",):
+        command += ["--flow", flow]
+    command += ["--state-dir", str(state), "--master", "local[2]", *extra]
+    return subprocess.Popen(
+        command,
+        stdout=open(log, "ab"),
+        stderr=subprocess.STDOUT,
+        env=launch.job_environment(),
+        cwd=ROOT,
+        start_new_session=True,
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def kill_group(job: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(job.pid, signal.SIGKILL)
+    job.wait(30)
+
+
+EXACTLY_ONCE = (
+    "secondary.exactly.once.source.support = enabled",
+    "primary.consumer.isolation.level = read_committed",
+)
+
+
+@pytest.mark.parametrize("mode", ["at-least-once", "exactly-once"])
+def test_killing_the_launchers_process_group_leaves_no_process_of_the_job_running(
+    mode, sandbox, topic_name, tmp_path
+):
+    primary = sandbox["primary"]
+    t = topic_name("orphan")
+    create_topics(primary, t, partitions=2)
+    produce(primary, t, 2, 20_000)
+    config = flow_file(tmp_path, sandbox, t, *(EXACTLY_ONCE if mode == "exactly-once" else ()))
+    state, log = tmp_path / "state", tmp_path / "mirror.log"
+    small = ("--max-records-per-batch", "100", "--local-batch-max-records", "0")
+    job = mirror_cli(config, state, log, extra=small)
+    tree: dict[int, str] = {}
+    try:
+        wait_for(lambda: progress(state).get("batches", 0) >= 2, 180, "the first batches")
+        tree = descendants(job.pid)
+        print(f"the job's processes ({mode}):", *tree.values(), sep="\n  ")
+        assert any("java" in command for command in tree.values()), tree
+        assert any("mirror.py" in command for command in tree.values()), tree
+        os.killpg(job.pid, signal.SIGKILL)  # as a shell or a supervisor kills a job
+        job.wait(30)
+        killed = time.monotonic()
+        wait_for(
+            lambda: not [pid for pid in tree if alive(pid)],
+            20,
+            "every process of the job to end with its launcher",
+            interval=0.2,
+        )
+        print(
+            f"every process of the job ended {time.monotonic() - killed:.1f} s after its launcher"
+        )
+        batches = progress(state).get("batches", 0)
+        time.sleep(3)
+        assert progress(state).get("batches", 0) == batches, "batches went on after the kill"
+    finally:
+        kill_group(job)
+        for pid in tree:  # what outlived its launcher, should this test fail
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    # The flow is free again: a new job of it starts (and would resume from its positions).
+    jobs.check_leases(state, ["primary->secondary"])
+
+
+def one_error_line(output: str) -> str:
+    lines = [line for line in output.splitlines() if line.startswith("mirrorflow: error:")]
+    assert len(lines) == 1, output[-3000:]
+    return lines[0]
+
+
+@pytest.mark.airflow
+def test_a_flow_runs_in_one_job_at_a_time_however_the_second_is_started(
+    sandbox, topic_name, tmp_path
+):
+    from airflow.sdk.exceptions import AirflowException
+
+    from mirrorflow.airflow.operators import MirrorFlowOperator
+
+    flows = {"primary->secondary": topic_name("a"), "tertiary->secondary": topic_name("b")}
+    config = site_flow_file(tmp_path, sandbox, flows, 10_000)
+    state, log = tmp_path / "state", tmp_path / "site.log"
+    small = ("--max-records-per-batch", "100", "--local-batch-max-records", "0")
+    site = mirror_cli(config, state, log, *flows, extra=small)
+    try:
+        wait_for(
+            lambda: all(progress(state, f.replace("->", "-")).get("batches", 0) for f in flows),
+            180,
+            "both flows of the site job to copy",
+        )
+        # A second `mirrorflow mirror` of one of its flows: one line, before any Spark starts.
+        started = time.monotonic()
+        second = subprocess.run(
+            [*CLI, str(config), "--flow", "tertiary->secondary", "--state-dir", str(state)],
+            capture_output=True,
+            text=True,
+            env=launch.job_environment(),
+            cwd=ROOT,
+            timeout=60,
+        )
+        assert second.returncode == 2
+        line = one_error_line(second.stderr)
+        assert "flow tertiary->secondary is already running in another mirror job" in line
+        pid = line.split("(pid ", 1)[1].split(",")[0]
+        assert f"what to do: `kill {pid}` stops it after its batch" in second.stderr, second.stderr
+        assert time.monotonic() - started < 15
+        # The same job started any other way (spark-submit, a benchmark): its driver refuses.
+        direct = subprocess.run(
+            mirror_command(config, "tertiary->secondary", state),
+            capture_output=True,
+            text=True,
+            env=launch.job_environment(),
+            cwd=ROOT,
+            timeout=240,
+        )
+        assert direct.returncode == 2
+        line = one_error_line(direct.stdout + direct.stderr)  # the driver's stderr: stdout
+        assert "flow tertiary->secondary is already running" in line, line
+        # A DAG run of it: the task fails with the one line.
+        operator = MirrorFlowOperator(
+            task_id="mirror",
+            flows=["primary->secondary"],
+            flow_files=[str(config)],
+            state_dir=str(state),
+        )
+        with pytest.raises(AirflowException, match="already running in another") as failed:
+            operator.execute({})
+        assert "\n" not in str(failed.value)
+        holder = str(failed.value).split("(pid ", 1)[1].split(",")[0]
+        assert holder.isdigit() and alive(int(holder))
+        assert "mirror.py" in descendants(site.pid).get(int(holder), ""), "not the site's driver"
+        # The site job went on all along.
+        before = progress(state).get("batches", 0)
+        wait_for(lambda: progress(state).get("batches", 0) > before, 60, "the site job to go on")
+        assert site.poll() is None
+    finally:
+        stop_job(site)
+
+
+def test_a_cluster_that_stays_unreachable_fails_the_job_in_one_line_after_the_retry_timeout(
+    sandbox, topic_name, tmp_path
+):
+    primary = sandbox["primary"]
+    t = topic_name("away")
+    create_topics(primary, t, partitions=1)
+    produce(primary, t, 1, 10)
+    config = flow_file(tmp_path, sandbox, t)
+    away = f"127.0.0.1:{free_port()}"  # nothing listens there
+    text = re.sub(
+        r"(?m)^secondary\.bootstrap\.servers = .*$",
+        f"secondary.bootstrap.servers = {away}",
+        config.read_text(),
+    )
+    config.write_text(text)
+    log = tmp_path / "mirror.log"
+    started = time.monotonic()
+    job = mirror_cli(config, tmp_path / "state", log, extra=("--retry-timeout", "75"))
+    try:
+        code = job.wait(200)
+    finally:
+        kill_group(job)
+    elapsed = time.monotonic() - started
+    output = log.read_text(errors="replace")
+    assert code == 2, output[-3000:]
+    line = one_error_line(output)
+    assert "cluster secondary did not answer" in line, line
+    assert "gave up after" in line and "--retry-timeout 75" in line, line
+    assert "secondary.bootstrap.servers" in line, line
+    retries = [ln for ln in output.splitlines() if "retrying in" in ln]
+    assert retries and "the flow fails by 75s" in retries[0], output[-3000:]
+    # Within the bound (each try waits up to 30 s for the target: two tries fit in 75 s),
+    # plus the JVM's start.
+    print(f"the job failed {elapsed:.0f}s after its start, after {len(retries)} retries")
+    assert elapsed < 75 + 30, elapsed
+
+
+def test_a_test_run_that_crashes_leaves_no_sandbox_broker_behind(tmp_path):
+    directory = tmp_path / "sandbox"
+    crashing = (
+        "import ctypes, sys\n"
+        "from mirrorflow.devtools import sandbox\n"
+        "sandbox.DIE_WITH_CALLER = True  # as tests/conftest.py sets it\n"
+        "port = sandbox.free_port_block(sandbox.PORTS_PER_CLUSTER)\n"
+        f"box = sandbox.up(['crash'], __import__('pathlib').Path({str(directory)!r}), port)\n"
+        "print(box['crash'].pid, flush=True)\n"
+        "sys.stdin.readline()\n"
+        "ctypes.string_at(0)  # a segfault\n"
+    )
+    run = subprocess.Popen(
+        [sys.executable, "-c", crashing],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    broker = int(run.stdout.readline())
+    try:
+        assert alive(broker)
+        run.stdin.write("\n")
+        run.stdin.flush()
+        assert run.wait(30) == -signal.SIGSEGV
+        wait_for(lambda: not alive(broker), 10, "the broker to die with its crashed caller", 0.2)
+    finally:
+        if alive(broker):
+            os.kill(broker, signal.SIGKILL)
+
+
+def test_an_idle_flow_whose_target_goes_away_fails_after_the_retry_timeout(
+    sandbox, topic_name, tmp_path
+):
+    from mirrorflow.devtools import sandbox as sandbox_mod
+
+    primary = sandbox["primary"]
+    t = topic_name("gone")
+    create_topics(primary, t, partitions=1)
+    produce(primary, t, 1, 10)
+    config = flow_file(tmp_path, sandbox, t)
+    state, log = tmp_path / "state", tmp_path / "mirror.log"
+    job = mirror_cli(config, state, log, extra=("--retry-timeout", "30"))
+    try:
+        wait_for(lambda: progress(state).get("state") == "IDLE", 180, "the flow to copy and idle")
+        sandbox_mod.down(sandbox.directory, ["secondary"])
+        gone = time.monotonic()
+        code = job.wait(120)
+        failed_after = time.monotonic() - gone
+    finally:
+        kill_group(job)
+        sandbox_mod.up(["secondary"], sandbox.directory)
+    output = log.read_text(errors="replace")
+    assert code == 2, output[-3000:]
+    line = one_error_line(output)
+    assert "cluster secondary did not" in line and "gave up after" in line, line
+    assert "check secondary.bootstrap.servers" in line, line
+    print(f"the idle flow failed {failed_after:.0f}s after its target went away")
+    assert 30 <= failed_after < 30 + 40, failed_after
+    assert progress(state)["state"] == "FAILED"
