@@ -623,7 +623,11 @@ def reverse_copy(request: FailbackRequest, log: Log = print) -> dict:
                     writer.write({(c["topic"], c["partition"]): c["end"] for c in copies})
                 finally:
                     writer.close()
-        after = _end_offsets(source, sorted({(c["to"], c["partition"]) for c in copies}))
+        after = (
+            {}
+            if request.dry_run  # the topics may not exist yet
+            else _end_offsets(source, sorted({(c["to"], c["partition"]) for c in copies}))
+        )
         resume_at = {}
         if pre.get("identity"):
             cut = _flat(pre.get("positions_at_cut", {}))
