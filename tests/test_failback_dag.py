@@ -189,7 +189,7 @@ def test_an_identity_failback_sets_aside_the_records_the_dr_cluster_never_had(
     sandbox, airflow_home, topic_name, tmp_path, monkeypatch
 ):
     primary, secondary = sandbox["primary"], sandbox["secondary"]
-    t, group = topic_name("orders"), topic_name("billing")
+    t, group, audit = topic_name("orders"), topic_name("billing"), topic_name("audit")
     create_topics(primary, t, partitions=2)
     keys = produce_keys(primary, t, 2, range(40))
     config = flow_file(
@@ -197,13 +197,14 @@ def test_an_identity_failback_sets_aside_the_records_the_dr_cluster_never_had(
         sandbox,
         t,
         IDENTITY,
-        f"{FLOW}.groups = {group}",
+        f"{FLOW}.groups = {group}, {audit}",
         f"{FLOW}.sync.topic.acls.enabled = false",
     )
     state = tmp_path / "state"
     flows = state / "flows"
     run_mirror_once(config, FLOW, flows)
     consume_and_commit(primary, t, group, {0: 20, 1: 20})
+    consume_and_commit(primary, t, audit, {0: 20, 1: 20})  # reads nothing on the DR cluster
     fail_over(config, state, monkeypatch)
 
     # After the cut: 5 records on the primary never reach the DR cluster, 8 are written on the
@@ -244,8 +245,10 @@ def test_an_identity_failback_sets_aside_the_records_the_dr_cluster_never_had(
     assert len(on_primary) == len(set(on_primary)) == 53
     assert set(on_primary) == keys | diverged | written
 
-    # The group resumes on the primary after what it read on the DR cluster.
+    # The groups resume on the primary after what they read on the DR cluster, past the
+    # records set aside.
     assert sorted(read_as_group(primary, t, group)) == sorted(written - consumed)
+    assert sorted(read_as_group(primary, t, audit)) == sorted(written)
 
     # The flow resumes past the diverged records and the copies: nothing goes round.
     run_mirror_once(config, FLOW, flows)

@@ -659,7 +659,7 @@ def reverse_copy(request: FailbackRequest, log: Log = print) -> dict:
 
 def _via_runs(runs: list[list[int]], offset: int, end: int, after: int | None) -> int | None:
     """Where a group at ``offset`` of the copied range resumes on ``S``: the copy of the first
-    record at or past it; past the last copy, right after it."""
+    record at or past it; past the last copy, right after it; nothing copied, ``after``."""
     for upstream, downstream, count in runs:
         if offset < upstream + count:
             return downstream + max(0, offset - upstream)
@@ -688,6 +688,7 @@ def group_sync(request: FailbackRequest, log: Log = print) -> dict:
         source = ClusterAdmin(spec.source, spec.source_admin)
         forward = read_offset_map(spec)
         copies = {(c["topic"], c["partition"]): c for c in copy.get("copies", [])}
+        resumes = _flat(copy.get("resume_positions", {}))  # identity: S's ends after the copy
         remote: dict[Partition, Partition] = {}  # T's copy of S's partition -> S's partition
         for topic, p in forward.partitions:
             remote[(spec.remote_topic(topic), p)] = (topic, p)
@@ -702,12 +703,14 @@ def group_sync(request: FailbackRequest, log: Log = print) -> dict:
             rows = []
             for (topic, p), (offset, _meta) in sorted(offsets.items()):
                 c = copies.get((topic, p))
-                in_copy = c is not None and (not identity or offset > c["start"])
+                # Identity: a group at or past the forward flow's last copy has read nothing
+                # the failback sets aside: it resumes at the copies, after those records.
+                in_copy = c is not None and (not identity or offset >= c["start"])
                 if in_copy:
                     if "runs" not in c:  # a dry run: where the copies land is not known
                         at, how = None, "copy (dry run: known after the copy)"
                     else:
-                        at = _via_runs(c.get("runs", []), offset, c["end"], None)
+                        at = _via_runs(c["runs"], offset, c["end"], resumes.get((topic, p)))
                         how = "copy"
                     where = c["to"]
                 elif (topic, p) in remote:
