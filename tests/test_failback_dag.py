@@ -150,11 +150,14 @@ def test_a_failback_brings_back_what_was_written_on_the_dr_cluster_and_nothing_e
     assert data["dry_run"] is True and data["written_on_target"] == 30 and data["copied"] == 0
     assert [c for c in data["changes"] if not c.startswith("would")] == []
 
-    # The failback.
+    # The failback, with bob fenced on the DR cluster.
     log = tmp_path / "run.log"
-    result = run_dag(dag_file, state, log, {})
+    result = run_dag(dag_file, state, log, {"fence_principals": ["bob"]})
     output = log.read_text()
-    assert result == {"state": "success", "tasks": tasks}, output
+    assert result == {"state": "success", "tasks": {**tasks, "fence-producers": ["success", 1]}}, (
+        output
+    )
+    assert deny_acls(secondary, t) == [("User:bob", "WRITE")]
     data = the_report(state)
     assert data["written_on_target"] == 30 and data["copied"] == 30, data["markdown"]
     assert "| copied back | **30 record(s)** |" in data["markdown"]
