@@ -581,3 +581,70 @@ class FailoverStepOperator(BaseOperator):
                 f"report: {result['markdown']}"
             )
         return result
+
+
+class FailbackStepOperator(BaseOperator):
+    """One step of a flow's failback DAG (``failback__<source>__<target>``): runs
+    :data:`mirrorflow.dr.failback.STEP_FUNCTIONS` ``[step]`` with the run's Params, as
+    :class:`FailoverStepOperator` does for a failover (a step that does not apply is skipped;
+    ``report`` fails the run when an earlier step failed, after writing the report).
+
+    Params read: ``group_pattern``, ``fence_principals`` (on the DR cluster), ``dry_run``,
+    ``failover_run_id`` (empty: the latest failover that held the flow).
+    """
+
+    ui_color = "#e0f0e8"
+
+    def __init__(
+        self,
+        *,
+        step: str,
+        flow: str,
+        flow_files: Sequence[str],
+        state_dir: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        from mirrorflow.dr.failback import STEPS
+
+        if step not in STEPS:
+            raise ValueError(f"unknown failback step {step!r}: one of {', '.join(STEPS)}")
+        jobs.split_flow(flow)
+        if not flow_files:
+            raise ValueError(f"flow {flow}: no flow files given")
+        super().__init__(**kwargs)
+        self.step, self.flow, self.flow_files = step, flow, list(flow_files)
+        self.state_dir = state_dir
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        from mirrorflow.dr.failback import STEP_FUNCTIONS, FailbackRequest
+        from mirrorflow.dr.failover import StepSkipped
+
+        params = context.get("params") or {}
+        paths = flow_file_paths(self.flow_files, self.flow)
+        principals = params.get("fence_principals") or []
+        if isinstance(principals, str):
+            principals = [p for p in principals.replace(",", "\n").split() if p]
+        try:
+            request = FailbackRequest(
+                flow=self.flow,
+                flow_files=tuple(str(p) for p in paths),
+                run_id=str(context.get("run_id") or "manual"),
+                group_pattern=str(params.get("group_pattern") or ".*"),
+                fence_principals=tuple(str(p) for p in principals),
+                dry_run=bool(params.get("dry_run")),
+                failover_run_id=str(params.get("failover_run_id") or ""),
+                state_dir=self.state_dir,
+            )
+            result = STEP_FUNCTIONS[self.step](request, log=lambda line: self.log.info("%s", line))
+        except StepSkipped as skipped:
+            raise AirflowSkipException(str(skipped)) from None
+        except MirrorflowError as exc:
+            raise AirflowException(f"failback of {self.flow}, step {self.step}: {exc}") from None
+        if self.step == "report" and result.get("failed_steps"):
+            raise AirflowException(
+                f"failback of {self.flow} failed at step {result['failed_steps'][0]}; "
+                f"report: {result['markdown']}"
+            )
+        return result

@@ -11,6 +11,8 @@ then renders each DAG kind's Jinja2 template (``templates/<kind>_dag.py.j2``):
   restarts the flow at a chosen position and reports its progress;
 * ``failover__<source>__<target>`` (scope *flow*): the consumer failover to the target, one
   task per step (:mod:`mirrorflow.dr.failover`), triggered by hand with typed Params;
+* ``failback__<source>__<target>`` (scope *flow*): back to the source after a failover
+  (:mod:`mirrorflow.dr.failback`), triggered by hand;
 * ``sync__<target>`` (scope *site*): topic-config, partition and ACL sync (task ``sync``) and
   consumer-group checkpoints and group offset sync (task ``groups``) of the flows into
   ``<target>`` on a schedule (:func:`sync_interval`), each run's diff or translation table in
@@ -165,7 +167,12 @@ FAILOVER_KIND = DagKind(
     "failover_dag.py.j2",
     "consumer failover to the target, step by step (manual)",
 )
-DAG_KINDS: tuple[DagKind, ...] = (MIRROR_KIND, FLOW_KIND, SYNC_KIND, FAILOVER_KIND)
+FAILBACK_KIND = DagKind(
+    "failback",
+    "failback_dag.py.j2",
+    "back to the source after a failover (manual)",
+)
+DAG_KINDS: tuple[DagKind, ...] = (MIRROR_KIND, FLOW_KIND, SYNC_KIND, FAILOVER_KIND, FAILBACK_KIND)
 
 
 @dataclass(frozen=True)

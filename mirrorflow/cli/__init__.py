@@ -17,6 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     from mirrorflow.cli import (
         checkpoints_cmd,
         demo_cmd,
+        failback_cmd,
         failover_cmd,
         flows_cmd,
         mirror_cmd,
@@ -39,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
         sync_cmd,
         checkpoints_cmd,
         failover_cmd,
+        failback_cmd,
         render_cmd,
         demo_cmd,
     ):

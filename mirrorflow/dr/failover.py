@@ -158,11 +158,14 @@ class StepRecord:
 class FailoverRun:
     """A run's record, ``run.json`` in its report directory: the request, the mode decided,
     each step's record. Every step reads it and adds its own, so steps run in separate
-    processes (Airflow tasks) share what they found."""
+    processes (Airflow tasks) share what they found. ``KIND`` names the report folder
+    (``reports/<KIND>/``; the failback's run record is a subclass)."""
+
+    KIND = "failover"
 
     def __init__(self, request: FailoverRequest) -> None:
         self.request = request
-        self.directory = reports_dir() / safe_run_id(request.run_id)
+        self.directory = reports_dir().parent / self.KIND / safe_run_id(request.run_id)
         self.file = self.directory / "run.json"
         try:
             data = json.loads(self.file.read_text())

@@ -85,11 +85,13 @@ def report_context(run: FailoverRun) -> dict:
     }
 
 
-def write_report(run: FailoverRun) -> dict[str, str]:
-    """Render and write ``report.md``, ``report.html`` and ``report.json``; their paths."""
+def write_report(run: FailoverRun, context: dict | None = None) -> dict[str, str]:
+    """Render and write ``report.md``, ``report.html`` and ``report.json``; their paths. The
+    templates are ``<run.KIND>_report.{md,html}.j2`` (failover, failback); ``context`` defaults
+    to :func:`report_context`."""
     import jinja2
 
-    context = report_context(run)
+    context = report_context(run) if context is None else context
     environment = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(resource("templates"))),
         undefined=jinja2.StrictUndefined,
@@ -101,8 +103,8 @@ def write_report(run: FailoverRun) -> dict[str, str]:
     directory: Path = run.directory
     written = {}
     for template, name, key in (
-        ("failover_report.md.j2", "report.md", "markdown"),
-        ("failover_report.html.j2", "report.html", "html"),
+        (f"{run.KIND}_report.md.j2", "report.md", "markdown"),
+        (f"{run.KIND}_report.html.j2", "report.html", "html"),
     ):
         text = environment.get_template(template).render(**context)
         written[key] = str(write_private(directory / name, text))
