@@ -11,6 +11,8 @@ then renders each DAG kind's Jinja2 template (``templates/<kind>_dag.py.j2``):
   restarts the flow at a chosen position and reports its progress;
 * ``failover__<source>__<target>`` (scope *flow*): the consumer failover to the target, one
   task per step (:mod:`mirrorflow.dr.failover`), triggered by hand with typed Params;
+* ``drill__<source>__<target>`` (scope *flow*): a DR drill (:mod:`mirrorflow.dr.drill`),
+  non-destructive (canaries, a shadow group) or destructive (sandbox), triggered by hand;
 * ``sync__<target>`` (scope *site*): topic-config, partition and ACL sync (task ``sync``) and
   consumer-group checkpoints and group offset sync (task ``groups``) of the flows into
   ``<target>`` on a schedule (:func:`sync_interval`), each run's diff or translation table in
@@ -165,7 +167,12 @@ FAILOVER_KIND = DagKind(
     "failover_dag.py.j2",
     "consumer failover to the target, step by step (manual)",
 )
-DAG_KINDS: tuple[DagKind, ...] = (MIRROR_KIND, FLOW_KIND, SYNC_KIND, FAILOVER_KIND)
+DRILL_KIND = DagKind(
+    "drill",
+    "drill_dag.py.j2",
+    "DR drill: a group failed over on purpose, RPO and RTO measured (manual)",
+)
+DAG_KINDS: tuple[DagKind, ...] = (MIRROR_KIND, FLOW_KIND, SYNC_KIND, FAILOVER_KIND, DRILL_KIND)
 
 
 @dataclass(frozen=True)
@@ -324,6 +331,7 @@ def _render_topology(topology: Topology, flow_files: list[str], options: RenderO
                 offset_sync_flows=[f for f in flows if syncs_group_offsets(f)],
                 flow_files=flow_files,
                 remote_topic=flows[0].remote_topic("<topic>"),
+                drill_remote_topic=flows[0].remote_topic("mirrorflow-drill-canary"),
                 group_pattern="|".join(flows[0].setting("groups")),
                 options=options,
                 metrics_port=options.metrics_port + index if options.metrics_port else 0,
