@@ -23,9 +23,11 @@ DOC_MD = """
 ### DR drill primary → secondary
 
 Fails a consumer group of its own over from **primary** to **secondary** on
-purpose, verifies end-to-end message flow there (`primary.mirrorflow-drill-canary`), and measures the
-RPO, the RTO and, per group, records lost and repeated. The flow must replicate the topic
-`mirrorflow-drill-canary` and checkpoint the groups `mirrorflow-drill-.*` (the group prefix).
+purpose, verifies end-to-end message flow there, on
+`primary.mirrorflow-drill-canary`,
+and measures the RPO, the RTO and, per group, records lost and repeated.
+The flow must replicate the topic `mirrorflow-drill-canary` and checkpoint the groups
+`mirrorflow-drill-.*` (the group prefix).
 
 * **non-destructive** (production): canary records on primary, a shadow group reads
   half there, is failed over (checkpointed, committed on secondary) and reads the other
@@ -44,7 +46,7 @@ change the flow files and render again.
 
 with DAG(
     dag_id="drill__primary__secondary",
-    description="Flow primary->secondary: DR drill: a group failed over on purpose, RPO and RTO measured (manual)",
+    description="Flow primary->secondary: DR drill of a group, RPO and RTO measured (manual)",
     schedule=None,
     start_date=datetime.datetime(2024, 1, 1, tzinfo=datetime.UTC),
     catchup=False,

@@ -170,7 +170,7 @@ FAILOVER_KIND = DagKind(
 DRILL_KIND = DagKind(
     "drill",
     "drill_dag.py.j2",
-    "DR drill: a group failed over on purpose, RPO and RTO measured (manual)",
+    "DR drill of a group, RPO and RTO measured (manual)",
 )
 DAG_KINDS: tuple[DagKind, ...] = (MIRROR_KIND, FLOW_KIND, SYNC_KIND, FAILOVER_KIND, DRILL_KIND)
 

@@ -329,8 +329,12 @@ def preflight(request: DrillRequest, log: Log = print) -> dict:
             details["sandbox"] = {"directory": str(directory), "cluster": name}
         source = ClusterAdmin(spec.source, spec.source_admin)
         target = ClusterAdmin(spec.target, spec.target_admin)
-        details["real_groups_before"] = _real_group_offsets(spec, target, request)
-        details["real_source_groups_before"] = _real_group_offsets(spec, source, request)
+        details["real_groups_before"] = _real_group_offsets(
+            spec, target, spec.target_admin, request
+        )
+        details["real_source_groups_before"] = _real_group_offsets(
+            spec, source, spec.source_admin, request
+        )
         if not request.dry_run:
             _ensure_topic(source)
         record.details = details
@@ -361,24 +365,30 @@ def _ensure_topic(admin: ClusterAdmin) -> None:
 
 
 def _real_group_offsets(
-    spec: MirrorSpec, admin: ClusterAdmin, request: DrillRequest
+    spec: MirrorSpec, admin: ClusterAdmin, config: dict[str, str], request: DrillRequest
 ) -> dict[str, dict[str, int]]:
-    """The committed offsets of the groups the flow checkpoints (not the drill's) on a
-    cluster: group -> ``topic-partition`` -> offset."""
-    from confluent_kafka import ConsumerGroupTopicPartitions
+    """The committed offsets of the groups the flow checkpoints (not the drill's) on one of its
+    clusters, on the replicated topics (the source's names, or their copies' on the target):
+    group -> ``topic-partition`` -> offset. Read by consumers of the groups (the admin API's
+    offset listing can crash the process: see GroupOffsetsClient)."""
+    from mirrorflow.replication.checkpoints import GroupOffsetsClient
 
-    listed = admin.client.list_consumer_groups(request_timeout=30).result()
-    groups = sorted(
-        g.group_id
-        for g in listed.valid
-        if spec.should_replicate_group(g.group_id)
-        and not g.group_id.startswith(request.group_prefix)
-    )
+    source = ClusterAdmin(spec.source, spec.source_admin)
+    partitions = list(failover._replicated_partitions(spec, source))
+    if admin.alias == spec.target:
+        partitions = [(spec.remote_topic(t), p) for t, p in partitions]
+    try:
+        listed = admin.client.list_consumer_groups(request_timeout=30).result()
+    except Exception as exc:
+        raise cluster_error(
+            admin, "listing consumer groups", exc, "DESCRIBE on the groups"
+        ) from None
+    client = GroupOffsetsClient(admin, config)
     offsets: dict[str, dict[str, int]] = {}
-    for group in groups:
-        futures = admin.client.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])
-        result = futures[group].result(timeout=30)
-        offsets[group] = {f"{tp.topic}-{tp.partition}": tp.offset for tp in result.topic_partitions}
+    for group in sorted(g.group_id for g in listed.valid):
+        if spec.should_replicate_group(group) and not group.startswith(request.group_prefix):
+            found = client.committed(group, partitions)
+            offsets[group] = {failover._key(tp): o for tp, (o, _m) in sorted(found.items())}
     return offsets
 
 
@@ -449,7 +459,7 @@ class _GroupReader:
     """The drill group reading on one cluster: each record read is committed (synchronously)
     before it counts as read, so what it read is what its group has committed."""
 
-    def __init__(self, config: dict[str, str], group: str, tag: str) -> None:
+    def __init__(self, config: dict[str, str], group: str, tag: str, topic: str) -> None:
         from confluent_kafka import Consumer
 
         self.consumer = Consumer(
@@ -463,14 +473,15 @@ class _GroupReader:
                 },
             )
         )
+        self.consumer.subscribe([topic])
         self.tag = tag
         self.read: list[str] = []  # seqs, in order read
         self.first_read: float | None = None
 
-    def poll(self, timeout: float = 0.5) -> int:
+    def poll(self, timeout: float = 0.5, most: int = 500) -> int:
         from confluent_kafka import KafkaException
 
-        messages = self.consumer.consume(500, timeout)
+        messages = self.consumer.consume(most, timeout)
         got = [m for m in messages if m.error() is None]
         if not got:
             return 0
@@ -503,7 +514,7 @@ def traffic(request: DrillRequest, log: Log = print) -> dict:
         start = _end_offsets(spec.source_admin, DRILL_TOPIC, DRILL_PARTITIONS)
         _commit(spec.source_admin, request.group, start)
         producer = _Producer(spec.source_admin, tag)
-        reader = _GroupReader(spec.source_admin, request.group, tag)
+        reader = _GroupReader(spec.source_admin, request.group, tag, DRILL_TOPIC)
         run.event("traffic started")
         try:
             if request.mode == "non-destructive":
@@ -555,8 +566,7 @@ def _canaries(
     half = len(producer.acked) // 2
     deadline = time.monotonic() + request.timeout_s
     while len(reader.read) < half and time.monotonic() < deadline:
-        reader.poll()
-        # the first half exactly: stop reading once there (a batch may overshoot a little)
+        reader.poll(most=half - len(reader.read))  # the first half exactly
     run.event(f"shadow group read {len(reader.read)} canaries on {spec.source}")
     log(f"shadow group {request.group} read and committed {len(reader.read)} on {spec.source}")
     copied_at = _wait_copied(spec, producer.acked, request.timeout_s)
@@ -766,8 +776,7 @@ def verify(request: DrillRequest, log: Log = print) -> dict:
         copied = {s for s, (p, o) in acked.items() if o < positions.get(p, 0)}
         read_on_source = set(sent["read_on_source"])
         expected = copied - read_on_source
-        reader = _GroupReader(spec.target_admin, request.group, safe_run_id(request.run_id))
-        reader.consumer.subscribe([remote])
+        reader = _GroupReader(spec.target_admin, request.group, safe_run_id(request.run_id), remote)
         ends = _end_offsets(spec.target_admin, remote, DRILL_PARTITIONS)
         deadline = time.monotonic() + request.timeout_s
         try:
@@ -810,8 +819,8 @@ def verify(request: DrillRequest, log: Log = print) -> dict:
         if request.mode == "non-destructive":
             target = ClusterAdmin(spec.target, spec.target_admin)
             source = ClusterAdmin(spec.source, spec.source_admin)
-            after = _real_group_offsets(spec, target, request)
-            after_source = _real_group_offsets(spec, source, request)
+            after = _real_group_offsets(spec, target, spec.target_admin, request)
+            after_source = _real_group_offsets(spec, source, spec.source_admin, request)
             details["real_groups_unchanged"] = (
                 after == pre["real_groups_before"]
                 and after_source == pre["real_source_groups_before"]
