@@ -673,7 +673,10 @@ def _wait_positions(spec: MirrorSpec, wanted: dict[Partition, int], timeout: flo
     """Wait until the flow's positions reach ``wanted``; when they did (epoch seconds)."""
     deadline = time.monotonic() + timeout
     while True:
-        positions = flow_positions(spec)
+        try:
+            positions = flow_positions(spec)
+        except ClusterUnreachable:  # its offsets topic just created, a leader moving
+            positions = {}
         if all(positions.get(tp, 0) >= o for tp, o in wanted.items()):
             return time.time()
         if time.monotonic() > deadline:
