@@ -890,11 +890,13 @@ def _records_on_target(spec: MirrorSpec, remote: str, run: DrillRun, tag: str) -
             for m in consumer.consume(1000, 1.0):
                 if m.error() is not None:
                     continue
-                if m.offset() + 1 >= ends[m.partition()]:
-                    done.add(m.partition())
                 t, _, seq = (m.value() or b"").decode().rpartition(":")
                 if t == tag:
                     counts[seq] = counts.get(seq, 0) + 1
+            # positions, not offsets read: an exactly-once copy ends with a commit marker
+            for tp in consumer.position([TopicPartition(remote, p) for p in ends]):
+                if tp.offset >= ends[tp.partition]:
+                    done.add(tp.partition)
     finally:
         consumer.close()
     return {
@@ -924,7 +926,17 @@ def restore(request: DrillRequest, log: Log = print) -> dict:
             jobs.set_paused(request.flow_dir(), False)
             log(f"{request.flow}: hold released, the flow resumes")
             acked = run.step("traffic").get("acked", {})
-            caught = _wait_copied(spec, acked, request.timeout_s)
+            state_dir = Path(request.state_dir) if request.state_dir else jobs.default_state_dir()
+            running = jobs.mirror_processes(state_dir, request.flow) or jobs.running_jobs(
+                state_dir, request.flow
+            )
+            if not running:  # e.g. it gave up during the outage: its DAG's retries restart it
+                log(
+                    f"no mirror job runs {request.flow} now: it resumes when the mirror DAG "
+                    "starts its job again"
+                )
+            caught = _wait_copied(spec, acked, request.timeout_s) if running else None
+            details["mirror_job_running"] = bool(running)
             details["flow_caught_up"] = caught is not None
             if caught is not None:
                 run.event(
