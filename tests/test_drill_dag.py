@@ -153,6 +153,10 @@ def test_drills_non_destructive_then_destructive_with_the_source_broker_killed_m
             "repeated": 0,
         }
         assert figures["rpo_records"] == 0 and figures["rto_s"] is not None
+        print(
+            f"non-destructive drill: RPO 0, RTO {figures['rto_s']} s, replication latency "
+            f"{figures['replication_latency_s']} s"
+        )
         assert figures["on_target"] == {"once": 60, "missing": 0, "duplicated": 0}
         assert figures["real_groups_unchanged"] is True and group in figures["real_groups"]
         assert target_group_offsets(secondary, group, remote) == real_on_target
