@@ -210,3 +210,26 @@ def test_drills_non_destructive_then_destructive_with_the_source_broker_killed_m
         stop_job(job)
         if not sandbox_mod.load(sandbox.directory)["primary"].is_running():
             sandbox_mod.up(["primary"], sandbox.directory)
+
+
+@pytest.mark.kafka
+def test_a_destructive_drill_refuses_a_source_that_is_not_a_sandbox_cluster(
+    sandbox, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("MIRRORFLOW_STATE", str(tmp_path / "state"))
+    config = flow_file(tmp_path, sandbox, drill.DRILL_TOPIC, f"{FLOW}.groups = mirrorflow-drill-.*")
+    request = drill.DrillRequest(
+        FLOW, (str(config),), "refused", mode="destructive", sandbox_dir=str(tmp_path / "other")
+    )
+    with pytest.raises(MirrorflowError) as refused:
+        drill.preflight(request, log=lambda _line: None)
+    assert str(refused.value).startswith(
+        "a destructive drill kills primary's broker, and primary is not a mirrorflow sandbox "
+        f"cluster (none in {tmp_path / 'other'} listens at its bootstrap servers)"
+    )
+    # The flow must checkpoint the drill's groups: said in one line naming the setting.
+    config = flow_file(tmp_path, sandbox, drill.DRILL_TOPIC, f"{FLOW}.groups = billing")
+    request = drill.DrillRequest(FLOW, (str(config),), "refused-2")
+    with pytest.raises(MirrorflowError, match="does not checkpoint the drill group") as refused:
+        drill.preflight(request, log=lambda _line: None)
+    assert f"add mirrorflow-drill-.* to {FLOW}.groups" in refused.value.hint
