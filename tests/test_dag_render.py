@@ -18,9 +18,11 @@ SEEDS = ROOT / "tests" / "data" / "seeds"
 
 # Flow files and the DAGs they must give: the examples, and the seeds' active/passive ("a first
 # example", seed 000) and active/active (seed 002) configurations as their sources wrote them:
-# a mirror and a sync DAG per target cluster, a flow, a failover and a failback DAG per flow.
+# a mirror and a sync DAG per target cluster, a flow, a failover, a failback and a drill DAG
+# per flow.
 RENDERED_UNSORTED = {
     "examples/active-passive.properties": [
+        "drill__primary__secondary",
         "failover__primary__secondary",
         "failback__primary__secondary",
         "flow__primary__secondary",
@@ -28,6 +30,7 @@ RENDERED_UNSORTED = {
         "sync__secondary",
     ],
     "examples/active-passive.yaml": [
+        "drill__primary__secondary",
         "failover__primary__secondary",
         "failback__primary__secondary",
         "flow__primary__secondary",
@@ -35,9 +38,11 @@ RENDERED_UNSORTED = {
         "sync__secondary",
     ],
     "examples/active-active.properties": [
+        "drill__primary__secondary",
         "failover__primary__secondary",
         "failback__primary__secondary",
         "flow__primary__secondary",
+        "drill__secondary__primary",
         "failover__secondary__primary",
         "failback__secondary__primary",
         "flow__secondary__primary",
@@ -47,6 +52,7 @@ RENDERED_UNSORTED = {
         "sync__secondary",
     ],
     "tests/data/seeds/000-first-example.properties": [
+        "drill__primary__secondary",
         "failover__primary__secondary",
         "failback__primary__secondary",
         "flow__primary__secondary",
@@ -54,9 +60,11 @@ RENDERED_UNSORTED = {
         "sync__secondary",
     ],
     "tests/data/seeds/002-active-active.properties": [
+        "drill__dc1__dc2",
         "failover__dc1__dc2",
         "failback__dc1__dc2",
         "flow__dc1__dc2",
+        "drill__dc2__dc1",
         "failover__dc2__dc1",
         "failback__dc2__dc1",
         "flow__dc2__dc1",
@@ -100,7 +108,7 @@ def test_rendering_is_byte_identical_whatever_the_folder_or_working_directory(
     assert render_cli(source, "--out", tmp_path / "b") == 0  # a second render changes nothing
     first = {p.name: p.read_bytes() for p in sorted((tmp_path / "a").iterdir())}
     second = {p.name: p.read_bytes() for p in sorted((tmp_path / "b").iterdir())}
-    assert first == second and len(first) == 10
+    assert first == second and len(first) == 12
     again = rendering.render([source])
     assert [d.text.encode() for d in again.dags] == list(first.values())
 
@@ -112,7 +120,7 @@ def test_the_committed_dags_are_the_fresh_rendering_of_the_active_passive_exampl
     assert render_cli("examples/active-passive.properties", "--out", "dags", "--check") == 0, (
         capsys.readouterr().out
     )
-    assert capsys.readouterr().out == "dags: 5 DAG file(s) up to date\n"
+    assert capsys.readouterr().out == "dags: 6 DAG file(s) up to date\n"
 
 
 def test_check_lists_stale_missing_and_extra_files_and_render_repairs_only_generated_ones(
@@ -212,14 +220,21 @@ def test_generated_dags_hold_no_secrets_only_flow_names_and_paths(tmp_path):
         "primary->backup.topics = payments.*\n"
     )
     result = rendering.render([flow_file])
-    ids = ["failover__primary__backup", "flow__primary__backup", "mirror__backup", "sync__backup"]
+    ids = [
+        "drill__primary__backup",
+        "failover__primary__backup",
+        "flow__primary__backup",
+        "mirror__backup",
+        "sync__backup",
+    ]
     assert [d.dag_id for d in result.dags if d.kind != "failback"] == ids
     for dag in result.dags:
         for secret in (password, host, "backup-host", "alice", "jaas", "SASL", "truststore"):
             assert secret not in dag.text
-    failover_dag, flow_dag, mirror_dag, _sync_dag = (
+    drill_dag, failover_dag, flow_dag, mirror_dag, _sync_dag = (
         d.text for d in result.dags if d.kind != "failback"
     )
+    assert str(flow_file) in drill_dag and 'FLOW = "primary->backup"' in drill_dag
     assert str(flow_file) in failover_dag and 'FLOW = "primary->backup"' in failover_dag
     assert str(flow_file) in mirror_dag  # outside the project: the absolute path
     # Every string literal in the files is a name, a path or fixed text from the template.
@@ -307,6 +322,31 @@ def test_generated_dags_import_into_airflow_without_errors(tmp_path, record_prop
                 }
                 for task in tasks.values():
                     assert type(task).__name__ == "FailbackStepOperator" and task.flow == flow
+                assert tasks["report"].trigger_rule == "all_done"
+                continue
+            if kind == "drill":  # the DR drill, one task per step, triggered by hand
+                flow = "{}->{}".format(*names)
+                assert dag.schedule is None and dag.max_active_runs == 1
+                assert [t.task_id for t in dag.topological_sort()] == [
+                    "preflight",
+                    "traffic",
+                    "failover",
+                    "verify",
+                    "restore",
+                    "report",
+                ]
+                assert set(dag.params) == {
+                    "mode",
+                    "canaries",
+                    "group_prefix",
+                    "dry_run",
+                    "traffic_seconds",
+                    "rate",
+                }
+                assert dag.params["mode"] == "non-destructive"
+                for task in tasks.values():
+                    assert type(task).__name__ == "DrillStepOperator" and task.flow == flow
+                assert tasks["restore"].trigger_rule == "all_done"
                 assert tasks["report"].trigger_rule == "all_done"
                 continue
             (task,) = dag.tasks

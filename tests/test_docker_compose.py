@@ -186,6 +186,8 @@ def test_the_deployments_flow_file_validates_renders_and_names_its_clusters(comp
     flow_file.write_text(spec["configs"]["flows"]["content"])
     result = rendering.render([flow_file])
     ids = [
+        "drill__primary__secondary",
+        "failback__primary__secondary",
         "failover__primary__secondary",
         "flow__primary__secondary",
         "mirror__secondary",

@@ -125,6 +125,7 @@ def test_the_installed_wheel_validates_renders_and_mirrors_outside_the_checkout(
     _run([mirrorflow, "render", "mm2.properties", "--out", "dags"], cwd=outside, env=env)
     rendered = sorted(p.name for p in (outside / "dags").glob("*.py"))
     assert rendered == [
+        "drill__primary__secondary.py",
         "failback__primary__secondary.py",
         "failover__primary__secondary.py",
         "flow__primary__secondary.py",

@@ -648,3 +648,73 @@ class FailbackStepOperator(BaseOperator):
                 f"report: {result['markdown']}"
             )
         return result
+
+
+class DrillStepOperator(BaseOperator):
+    """One step of a flow's DR drill DAG (``drill__<source>__<target>``): runs
+    :data:`mirrorflow.dr.drill.STEP_FUNCTIONS` ``[step]`` with the run's Params and returns what
+    it found (XCom); the logic lives in :mod:`mirrorflow.dr.drill`.
+
+    Params read: ``mode`` (non-destructive, destructive), ``canaries``, ``group_prefix``,
+    ``dry_run``, ``traffic_seconds``, ``rate``. The ``report`` step fails when an earlier step
+    failed, so a failed drill fails its run, report written.
+    """
+
+    ui_color = "#e8f0f8"
+
+    def __init__(
+        self,
+        *,
+        step: str,
+        flow: str,
+        flow_files: Sequence[str],
+        state_dir: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        from mirrorflow.dr.drill import STEPS
+
+        if step not in STEPS:
+            raise ValueError(f"unknown drill step {step!r}: one of {', '.join(STEPS)}")
+        jobs.split_flow(flow)
+        if not flow_files:
+            raise ValueError(f"flow {flow}: no flow files given")
+        super().__init__(**kwargs)
+        self.step, self.flow, self.flow_files, self.state_dir = (
+            step,
+            flow,
+            list(flow_files),
+            state_dir,
+        )
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        from mirrorflow.dr.drill import STEP_FUNCTIONS, DrillRequest
+        from mirrorflow.dr.failover import StepSkipped
+
+        params = context.get("params") or {}
+        paths = flow_file_paths(self.flow_files, self.flow)
+        try:
+            request = DrillRequest(
+                flow=self.flow,
+                flow_files=tuple(str(p) for p in paths),
+                run_id=str(context.get("run_id") or "manual"),
+                mode=str(params.get("mode") or "non-destructive"),
+                canaries=int(params.get("canaries") or 100),
+                group_prefix=str(params.get("group_prefix") or "mirrorflow-drill-"),
+                dry_run=bool(params.get("dry_run")),
+                traffic_seconds=float(params.get("traffic_seconds") or 12),
+                rate=int(params.get("rate") or 200),
+                state_dir=self.state_dir,
+            )
+            result = STEP_FUNCTIONS[self.step](request, log=lambda line: self.log.info("%s", line))
+        except StepSkipped as skipped:
+            raise AirflowSkipException(str(skipped)) from None
+        except MirrorflowError as exc:
+            raise AirflowException(f"drill of {self.flow}, step {self.step}: {exc}") from None
+        if self.step == "report" and result.get("failed_steps"):
+            raise AirflowException(
+                f"drill of {self.flow} failed at step {result['failed_steps'][0]}; "
+                f"report: {result['markdown']}"
+            )
+        return result

@@ -13,6 +13,8 @@ then renders each DAG kind's Jinja2 template (``templates/<kind>_dag.py.j2``):
   task per step (:mod:`mirrorflow.dr.failover`), triggered by hand with typed Params;
 * ``failback__<source>__<target>`` (scope *flow*): back to the source after a failover
   (:mod:`mirrorflow.dr.failback`), triggered by hand;
+* ``drill__<source>__<target>`` (scope *flow*): a DR drill (:mod:`mirrorflow.dr.drill`),
+  non-destructive (canaries, a shadow group) or destructive (sandbox), triggered by hand;
 * ``sync__<target>`` (scope *site*): topic-config, partition and ACL sync (task ``sync``) and
   consumer-group checkpoints and group offset sync (task ``groups``) of the flows into
   ``<target>`` on a schedule (:func:`sync_interval`), each run's diff or translation table in
@@ -172,7 +174,14 @@ FAILBACK_KIND = DagKind(
     "failback_dag.py.j2",
     "back to the source after a failover (manual)",
 )
-DAG_KINDS: tuple[DagKind, ...] = (MIRROR_KIND, FLOW_KIND, SYNC_KIND, FAILOVER_KIND, FAILBACK_KIND)
+DRILL_KIND = DagKind(
+    "drill",
+    "drill_dag.py.j2",
+    "DR drill of a group, RPO and RTO measured (manual)",
+)
+DAG_KINDS: tuple[DagKind, ...] = (
+    MIRROR_KIND, FLOW_KIND, SYNC_KIND, FAILOVER_KIND, FAILBACK_KIND, DRILL_KIND,
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -337,6 +346,7 @@ def _render_topology(topology: Topology, flow_files: list[str], options: RenderO
                 offset_sync_flows=[f for f in flows if syncs_group_offsets(f)],
                 flow_files=flow_files,
                 remote_topic=flows[0].remote_topic("<topic>"),
+                drill_remote_topic=flows[0].remote_topic("mirrorflow-drill-canary"),
                 group_pattern="|".join(flows[0].setting("groups")),
                 options=options,
                 metrics_port=options.metrics_port + index if options.metrics_port else 0,

@@ -1,4 +1,4 @@
-"""``mirrorflow sandbox up|status|down``: local Kafka clusters on loopback."""
+"""``mirrorflow sandbox up|status|down|kill``: local Kafka clusters on loopback."""
 
 from __future__ import annotations
 
@@ -31,7 +31,13 @@ def register(commands: argparse._SubParsersAction) -> None:
     status = actions.add_parser("status", help="show each cluster and whether it runs")
     status.set_defaults(handler=_status)
     down = actions.add_parser("down", help="stop the clusters that 'up' started")
+    down.add_argument(
+        "--clusters", default="", help="comma-separated cluster names (default: all of them)"
+    )
     down.set_defaults(handler=_down)
+    kill = actions.add_parser("kill", help="SIGKILL clusters' brokers (a crash, for DR drills)")
+    kill.add_argument("--clusters", required=True, help="comma-separated cluster names")
+    kill.set_defaults(handler=_kill)
 
 
 def _dir(args: argparse.Namespace) -> Path:
@@ -56,9 +62,19 @@ def _status(args: argparse.Namespace) -> int:
     return 0 if all(c.is_running() for c in box.clusters.values()) else 1
 
 
+def _names(text: str) -> list[str]:
+    return [n.strip() for n in text.split(",") if n.strip()]
+
+
 def _down(args: argparse.Namespace) -> int:
-    stopped = sandbox.down(_dir(args))
+    stopped = sandbox.down(_dir(args), _names(args.clusters) or None)
     print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+    return 0
+
+
+def _kill(args: argparse.Namespace) -> int:
+    killed = sandbox.kill(_dir(args), _names(args.clusters))
+    print("killed: " + (", ".join(killed) if killed else "nothing was running"))
     return 0
 
 

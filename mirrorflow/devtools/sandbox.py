@@ -266,6 +266,28 @@ def down(directory: Path, names: Iterable[str] | None = None) -> list[str]:
     return stopped
 
 
+def kill(directory: Path, names: Iterable[str]) -> list[str]:
+    """SIGKILL the named clusters' brokers (a crash, for DR drills: no clean shutdown); return
+    the names killed. A later ``up`` restarts them with their data."""
+    sandbox = load(directory)
+    killed = []
+    for name in names:
+        cluster = sandbox[name]
+        if cluster.is_running():
+            assert cluster.pid is not None
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(cluster.pid, signal.SIGKILL)
+            deadline = time.monotonic() + 30
+            while cluster.is_running() and time.monotonic() < deadline:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(cluster.pid, os.WNOHANG)
+                time.sleep(0.05)
+            killed.append(name)
+        cluster.pid = None
+    sandbox.save()
+    return killed
+
+
 def _new_cluster_id() -> str:
     """A KRaft cluster id like Kafka's ``Uuid.randomUuid()``: never starting with '-', which
     the storage tool would read as an option."""

@@ -1,0 +1,1073 @@
+"""DR drills of one flow ``S->T``: fail a consumer group over to the DR cluster on purpose,
+verify end-to-end message flow there, and measure RPO and RTO, so the runbook is known to work
+before it is needed (seed 003). The drill DAG's tasks run :data:`STEPS` in order, sharing a run
+record on disk, as the failover's do.
+
+Both modes write only to the drill's own topic, :data:`DRILL_TOPIC` (``mirrorflow-drill-canary``
+on the source; the flow's ``topics`` must replicate it, else the drill refuses in one line), and
+use only their own consumer group (the *group prefix* and the run id, e.g.
+``mirrorflow-drill-manual__2026-…``; the flow's ``groups`` must checkpoint it). No user topic is
+written and no real group is moved.
+
+``non-destructive`` (any cluster, production included)
+    ``traffic``: N canary records on the source; the drill's *shadow group* reads and commits
+    the first half there. The flow copies them (the drill waits, bounded). ``failover``: the
+    shadow group checkpointed now (exact translation) and its offsets committed on the target,
+    as a planned failover does for real groups, and nothing else. ``verify``: the shadow group
+    reads on the target (the remote topic under the flow's policy) from where it was committed:
+    it must read the other half, each canary once; every canary must be on the target once.
+    The real groups' committed offsets on the target are compared before and after.
+``destructive`` (sandbox clusters only)
+    ``traffic``: a producer writes continuously (idempotent, ``acks=all``; it knows each record's
+    acknowledged offset); the drill group reads and commits on the source during the first half,
+    its commit is checkpointed once the flow copied it, then, mid-traffic, the source broker is
+    killed (SIGKILL, ``mirrorflow sandbox kill``): the cut. ``failover``: the emergency failover's
+    own steps (:mod:`mirrorflow.dr.failover`: preflight, the flow held paused, the last
+    checkpoints committed on the target). ``verify``: the group reads on the target until it has
+    everything the flow copied. ``restore``: the broker restarted (``mirrorflow sandbox up``),
+    the hold released (the flow resumes; the drill waits for it to copy the rest, bounded).
+
+    Destructive drills run only when the flow's source is a **mirrorflow sandbox cluster**: its
+    bootstrap servers are a loopback port of a cluster recorded in the sandbox directory
+    (``$MIRRORFLOW_SANDBOX``, else ``$MIRRORFLOW_STATE/sandbox``). There is no override: the
+    sandbox is the only cluster mirrorflow knows how to crash and restart.
+
+Measured per run (``verify``):
+
+* **RPO**: records acknowledged by the source and not on the target at the cut (the producer's
+  acknowledged offsets at or after the flow's positions then). Non-destructive, the cut is the
+  shadow group's failover, after the flow copied the canaries (or timed out waiting).
+* **RTO**: from the trigger (destructive: the source broker's kill; non-destructive: the start
+  of the failover step) to the first record the failed-over group reads on the target.
+* Per group: **lost** (records acknowledged before the cut, copied by the flow, after the
+  group's committed position on the source, that the group did not read on the target) and
+  **repeated** (records it read on both clusters, or twice on the target).
+
+``report``: Markdown and HTML from ``templates/drill_report.{md,html}.j2`` and JSON in
+``$MIRRORFLOW_STATE/reports/drill/<run id>/`` (mode 0600), with the timeline. ``restore`` and
+``report`` run however the steps before ended; ``restore`` also deletes the drill group on both
+clusters. A dry run checks that the drill can run (``preflight``) and changes nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from mirrorflow import paths
+from mirrorflow.dr import failover
+from mirrorflow.dr.failover import StepRecord, StepSkipped, safe_run_id
+from mirrorflow.errors import ClusterUnreachable, MirrorflowError
+from mirrorflow.replication.checkpoints import flow_positions
+from mirrorflow.replication.spec import MirrorSpec
+from mirrorflow.replication.topics import ClusterAdmin, cluster_error
+from mirrorflow.runtime import jobs
+
+DRILL_TOPIC = "mirrorflow-drill-canary"
+DRILL_PARTITIONS = 2
+MODES = ("non-destructive", "destructive")
+STEPS = ("preflight", "traffic", "failover", "verify", "restore", "report")
+Log = Callable[[str], None]
+Partition = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class DrillRequest:
+    """What a drill run was asked to do (a DAG run's Params)."""
+
+    flow: str
+    flow_files: tuple[str, ...]
+    run_id: str
+    mode: str = "non-destructive"
+    canaries: int = 100  # non-destructive: canary records
+    group_prefix: str = "mirrorflow-drill-"
+    dry_run: bool = False
+    traffic_seconds: float = 12.0  # destructive: how long the producer writes before the cut
+    rate: int = 200  # destructive: records per second
+    timeout_s: float = 120.0  # each wait (the flow copying, the group reading)
+    sandbox_dir: str | None = None
+    state_dir: str | None = None  # the flows' state directory (default $MIRRORFLOW_STATE/flows)
+
+    def __post_init__(self) -> None:
+        jobs.split_flow(self.flow)
+        if self.mode not in MODES:
+            raise MirrorflowError(
+                f"drill mode {self.mode!r} is not one of {', '.join(MODES)}",
+                "choose non-destructive (canaries, a shadow group) or destructive (sandbox)",
+            )
+        if not re.fullmatch(r"[A-Za-z0-9._\-]{1,100}", self.group_prefix):
+            raise MirrorflowError(
+                f"drill group prefix {self.group_prefix!r} is not a group name prefix",
+                "use letters, digits, '.', '_' and '-' (e.g. mirrorflow-drill-)",
+            )
+        for name, value, low in (
+            ("canary count", self.canaries, 2),
+            ("traffic seconds", self.traffic_seconds, 2),
+            ("rate", self.rate, 1),
+        ):
+            if value < low:
+                raise MirrorflowError(f"drill {name} {value} is below {low}")
+
+    @property
+    def source(self) -> str:
+        return jobs.split_flow(self.flow)[0]
+
+    @property
+    def target(self) -> str:
+        return jobs.split_flow(self.flow)[1]
+
+    @property
+    def group(self) -> str:
+        """The drill's own consumer group (its shadow group, non-destructive)."""
+        return self.group_prefix + safe_run_id(self.run_id)
+
+    def flow_dir(self) -> Path:
+        return jobs.JobFiles.for_flow(self.flow, self.state_dir).flow_dir(self.flow)
+
+    def failover_request(self) -> failover.FailoverRequest:
+        """The emergency failover of the drill group (destructive), recorded under
+        ``reports/failover/drill__<run id>/``."""
+        return failover.FailoverRequest(
+            flow=self.flow,
+            flow_files=self.flow_files,
+            run_id="drill__" + safe_run_id(self.run_id),
+            mode="emergency",
+            group_pattern=re.escape(self.group),
+            reachability_timeout_s=3.0,
+            state_dir=self.state_dir,
+        )
+
+
+def reports_dir() -> Path:
+    """Where drill runs keep their record and report: ``$MIRRORFLOW_STATE/reports/drill``."""
+    return paths.state_dir() / "reports" / "drill"
+
+
+def sandbox_dir(request: DrillRequest) -> Path:
+    """The sandbox directory a destructive drill looks its source cluster up in."""
+    if request.sandbox_dir:
+        return Path(request.sandbox_dir)
+    if os.environ.get("MIRRORFLOW_SANDBOX"):
+        return Path(os.environ["MIRRORFLOW_SANDBOX"])
+    return paths.state_dir() / "sandbox"
+
+
+PORTS_PER_SANDBOX_CLUSTER = 10  # as mirrorflow.devtools.sandbox lays out its listeners
+
+
+def sandbox_cluster(bootstrap_servers: str, directory: Path) -> str | None:
+    """The name of the sandbox cluster (recorded in ``directory/clusters.json``) that
+    ``bootstrap_servers`` point at, None when they are not all loopback ports of one."""
+    try:
+        clusters = json.loads((directory / "clusters.json").read_text())["clusters"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    found = set()
+    for server in filter(None, (s.strip() for s in bootstrap_servers.split(","))):
+        address = urlsplit("//" + server.split("://")[-1])
+        if address.hostname not in ("127.0.0.1", "localhost", "::1") or address.port is None:
+            return None
+        names = [
+            name
+            for name, c in clusters.items()
+            if int(c["broker_port"]) <= address.port < int(c["broker_port"]) + 10
+        ]
+        if len(names) != 1:
+            return None
+        found.add(names[0])
+    return found.pop() if len(found) == 1 else None
+
+
+class DrillRun:
+    """A drill run's record, ``run.json`` in its report directory (as a failover's)."""
+
+    def __init__(self, request: DrillRequest) -> None:
+        self.request = request
+        self.directory = reports_dir() / safe_run_id(request.run_id)
+        self.file = self.directory / "run.json"
+        try:
+            data = json.loads(self.file.read_text())
+        except (OSError, ValueError):
+            data = {}
+        self.data: dict = data or {
+            "flow": request.flow,
+            "run_id": request.run_id,
+            "request": {
+                "mode": request.mode,
+                "canaries": request.canaries,
+                "group": request.group,
+                "dry_run": request.dry_run,
+                "traffic_seconds": request.traffic_seconds,
+                "rate": request.rate,
+                "flow_files": list(request.flow_files),
+            },
+            "started": _now(),
+            "steps": [],
+            "timeline": [],
+        }
+
+    @property
+    def steps(self) -> list[dict]:
+        return self.data["steps"]
+
+    def step(self, name: str) -> dict:
+        found = [s for s in self.steps if s["step"] == name]
+        return found[-1].get("details", {}) if found else {}
+
+    def event(self, what: str, at: float | None = None) -> float:
+        """Add a moment to the timeline (epoch seconds); returns it."""
+        at = time.time() if at is None else at
+        self.data["timeline"].append({"at": _iso(at), "epoch": at, "event": what})
+        return at
+
+    def save(self) -> None:
+        paths.write_private(self.file, json.dumps(self.data, indent=1, sort_keys=True) + "\n")
+
+    @contextlib.contextmanager
+    def recording(self, name: str) -> Iterator[StepRecord]:
+        record = StepRecord(name, _now())
+        try:
+            yield record
+            record.status = "success"
+        except StepSkipped as skipped:
+            record.status, record.summary = "skipped", str(skipped)
+            raise
+        except Exception as exc:
+            record.status, record.summary = "failed", str(exc)
+            raise
+        finally:
+            record.ended = _now()
+            self.steps.append(asdict(record))
+            self.save()
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+def _iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds")
+
+
+def _spec(request: DrillRequest) -> MirrorSpec:
+    return failover._spec(
+        failover.FailoverRequest(request.flow, request.flow_files, request.run_id)
+    )
+
+
+def _client(config: dict[str, str], **extra: object) -> dict:
+    return {**config, **extra}
+
+
+def _skip_when_dry(request: DrillRequest) -> None:
+    if request.dry_run:
+        raise StepSkipped("dry run: preflight checked the drill; nothing is written or moved")
+
+
+# -- preflight -----------------------------------------------------------------------------
+
+
+def preflight(request: DrillRequest, log: Log = print) -> dict:
+    """Both clusters answer; the flow replicates the drill topic and checkpoints the drill
+    group; destructive: the source is a sandbox cluster. Creates the drill topic (not in a dry
+    run) and notes where the target's copy ends and the real groups' offsets there."""
+    run = DrillRun(request)
+    with run.recording("preflight") as record:
+        spec = _spec(request)
+        for alias, config in ((spec.target, spec.target_admin), (spec.source, spec.source_admin)):
+            down = failover.reachable(alias, config, 15.0)
+            if down:
+                raise ClusterUnreachable(
+                    f"a drill needs both clusters; {alias} is unreachable: {down}",
+                    f"check {alias}.bootstrap.servers, or run the failover DAG if it is down",
+                )
+        if not spec.should_replicate(DRILL_TOPIC):
+            raise MirrorflowError(
+                f"flow {request.flow} does not replicate the drill topic {DRILL_TOPIC}",
+                f"add {DRILL_TOPIC} to {request.flow}.topics and render again",
+            )
+        if not spec.should_replicate_group(request.group):
+            raise MirrorflowError(
+                f"flow {request.flow} does not checkpoint the drill group {request.group}",
+                f"add {request.group_prefix}.* to {request.flow}.groups and render again",
+            )
+        if request.mode == "destructive" and spec.emit_checkpoints_enabled is False:
+            raise MirrorflowError(
+                f"flow {request.flow} emits no checkpoints: nothing to fail a group over with",
+                f"set {request.flow}.emit.checkpoints.enabled = true",
+            )
+        details: dict = {
+            "source": spec.source,
+            "target": spec.target,
+            "topic": DRILL_TOPIC,
+            "remote_topic": spec.remote_topic(DRILL_TOPIC),
+            "group": request.group,
+            "exactly_once": spec.exactly_once,
+        }
+        if request.mode == "destructive":
+            directory = sandbox_dir(request)
+            name = sandbox_cluster(spec.source_admin.get("bootstrap.servers", ""), directory)
+            if name is None:
+                raise MirrorflowError(
+                    f"a destructive drill kills {spec.source}'s broker, and {spec.source} is not "
+                    f"a mirrorflow sandbox cluster (none in {directory} listens at its "
+                    "bootstrap servers)",
+                    "run the non-destructive drill on this flow, or point MIRRORFLOW_SANDBOX "
+                    "at the sandbox that runs it",
+                )
+            details["sandbox"] = {"directory": str(directory), "cluster": name}
+        source = ClusterAdmin(spec.source, spec.source_admin)
+        target = ClusterAdmin(spec.target, spec.target_admin)
+        details["real_groups_before"] = _real_group_offsets(
+            spec, target, spec.target_admin, request
+        )
+        details["real_source_groups_before"] = _real_group_offsets(
+            spec, source, spec.source_admin, request
+        )
+        if not request.dry_run:
+            _ensure_topic(source)
+        record.details = details
+        record.summary = (
+            f"{request.mode} drill of {request.flow}: both clusters answer; topic {DRILL_TOPIC} "
+            f"(on {spec.target}: {details['remote_topic']}), group {request.group}"
+            + (f", sandbox cluster {details['sandbox']['cluster']}" if "sandbox" in details else "")
+            + (" (dry run: nothing will be written or moved)" if request.dry_run else "")
+        )
+        log(record.summary)
+    return {"step": "preflight", **record.details, "summary": record.summary}
+
+
+def _ensure_topic(admin: ClusterAdmin) -> None:
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import NewTopic
+
+    if DRILL_TOPIC in admin.metadata().topics:
+        return
+    futures = admin.client.create_topics([NewTopic(DRILL_TOPIC, DRILL_PARTITIONS)])
+    try:
+        futures[DRILL_TOPIC].result(timeout=30)
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise cluster_error(
+                admin, f"creating {DRILL_TOPIC}", exc, "CREATE on the topic"
+            ) from None
+
+
+def _real_group_offsets(
+    spec: MirrorSpec, admin: ClusterAdmin, config: dict[str, str], request: DrillRequest
+) -> dict[str, dict[str, int]]:
+    """The committed offsets of the groups the flow checkpoints (not the drill's) on one of its
+    clusters, on the replicated topics (the source's names, or their copies' on the target):
+    group -> ``topic-partition`` -> offset. Read by consumers of the groups (the admin API's
+    offset listing can crash the process: see GroupOffsetsClient)."""
+    from mirrorflow.replication.checkpoints import GroupOffsetsClient
+
+    source = ClusterAdmin(spec.source, spec.source_admin)
+    partitions = list(failover._replicated_partitions(spec, source))
+    if admin.alias == spec.target:
+        partitions = [(spec.remote_topic(t), p) for t, p in partitions]
+    try:
+        listed = admin.client.list_consumer_groups(request_timeout=30).result()
+    except Exception as exc:
+        raise cluster_error(
+            admin, "listing consumer groups", exc, "DESCRIBE on the groups"
+        ) from None
+    client = GroupOffsetsClient(admin, config)
+    offsets: dict[str, dict[str, int]] = {}
+    for group in sorted(g.group_id for g in listed.valid):
+        if spec.should_replicate_group(group) and not group.startswith(request.group_prefix):
+            found = client.committed(group, partitions)
+            offsets[group] = {failover._key(tp): o for tp, (o, _m) in sorted(found.items())}
+    return offsets
+
+
+# -- traffic -------------------------------------------------------------------------------
+
+
+class _Producer:
+    """Writes drill records (value ``<run>:<seq>``) and keeps each acknowledged offset."""
+
+    def __init__(self, config: dict[str, str], tag: str) -> None:
+        from confluent_kafka import Producer
+
+        self.producer = Producer(
+            _client(
+                config,
+                **{
+                    "enable.idempotence": True,
+                    "acks": "all",
+                    "linger.ms": 5,
+                    "message.timeout.ms": 5000,
+                },
+            )
+        )
+        self.tag = tag
+        self.sent = 0
+        self.acked: dict[str, list[int]] = {}  # seq -> [partition, offset]
+        self.failed = 0
+        self.last_ack = 0.0
+
+    def _delivered(self, err, msg) -> None:
+        if err is None:
+            seq = msg.value().decode().rsplit(":", 1)[1]
+            self.acked[seq] = [msg.partition(), msg.offset()]
+            self.last_ack = time.time()
+        else:
+            self.failed += 1
+
+    def produce(self) -> None:
+        seq = self.sent
+        self.producer.produce(
+            DRILL_TOPIC,
+            key=str(seq).encode(),
+            value=f"{self.tag}:{seq}".encode(),
+            partition=seq % DRILL_PARTITIONS,
+            on_delivery=self._delivered,
+        )
+        self.sent += 1
+        self.producer.poll(0)
+
+    def flush(self, timeout: float) -> None:
+        self.producer.flush(timeout)
+
+
+def _end_offsets(config: dict[str, str], topic: str, partitions: int) -> dict[int, int]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(_client(config, **{"group.id": "mirrorflow-drill-probe"}))
+    try:
+        return {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
+            for p in range(partitions)
+        }
+    finally:
+        consumer.close()
+
+
+class _GroupReader:
+    """The drill group reading on one cluster: each record read is committed (synchronously)
+    before it counts as read, so what it read is what its group has committed."""
+
+    def __init__(self, config: dict[str, str], group: str, tag: str, topic: str) -> None:
+        from confluent_kafka import Consumer
+
+        self.consumer = Consumer(
+            _client(
+                config,
+                **{
+                    "group.id": group,
+                    "enable.auto.commit": False,
+                    "auto.offset.reset": "earliest",
+                    "isolation.level": "read_committed",
+                },
+            )
+        )
+        self.consumer.subscribe([topic])
+        self.tag = tag
+        self.read: list[str] = []  # seqs, in order read
+        self.first_read: float | None = None
+
+    def poll(self, timeout: float = 0.5, most: int = 500) -> int:
+        from confluent_kafka import KafkaException
+
+        messages = self.consumer.consume(most, timeout)
+        got = [m for m in messages if m.error() is None]
+        if not got:
+            return 0
+        try:
+            self.consumer.commit(asynchronous=False)
+        except KafkaException:
+            return 0  # not committed: not counted as read (it will be read again)
+        if self.first_read is None:
+            self.first_read = time.time()
+        for m in got:
+            tag, _, seq = (m.value() or b"").decode().rpartition(":")
+            if tag == self.tag:
+                self.read.append(seq)
+        return len(got)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.consumer.close()
+
+
+def traffic(request: DrillRequest, log: Log = print) -> dict:
+    """Non-destructive: canaries, half of them read by the shadow group on the source.
+    Destructive: continuous writes, the drill group reading the first half, then the kill."""
+    run = DrillRun(request)
+    with run.recording("traffic") as record:
+        _skip_when_dry(request)
+        spec = _spec(request)
+        tag = safe_run_id(request.run_id)
+        # The drill group starts at the topic's end: earlier runs' records are not its own.
+        start = _end_offsets(spec.source_admin, DRILL_TOPIC, DRILL_PARTITIONS)
+        _commit(spec.source_admin, request.group, start)
+        producer = _Producer(spec.source_admin, tag)
+        reader = _GroupReader(spec.source_admin, request.group, tag, DRILL_TOPIC)
+        run.event("traffic started")
+        try:
+            if request.mode == "non-destructive":
+                details = _canaries(request, spec, run, producer, reader, log)
+            else:
+                details = _continuous_then_kill(request, spec, run, producer, reader, log)
+        finally:
+            reader.close()
+        details["acked"] = producer.acked
+        details["failed_deliveries"] = producer.failed
+        details["read_on_source"] = reader.read
+        details["source_start"] = {str(p): o for p, o in start.items()}
+        record.details = details
+        record.summary = (
+            f"{producer.sent} record(s) written to {DRILL_TOPIC} on {spec.source}, "
+            f"{len(producer.acked)} acknowledged; group {request.group} read "
+            f"{len(reader.read)} there"
+            + (f"; {spec.source} killed at {_iso(details['cut'])}" if "cut" in details else "")
+        )
+        log(record.summary)
+    return {"step": "traffic", "summary": record.summary}
+
+
+def _commit(config: dict[str, str], group: str, offsets: dict[int, int]) -> None:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(_client(config, **{"group.id": group, "enable.auto.commit": False}))
+    try:
+        consumer.commit(
+            offsets=[TopicPartition(DRILL_TOPIC, p, o) for p, o in offsets.items()],
+            asynchronous=False,
+        )
+    finally:
+        consumer.close()
+
+
+def _canaries(
+    request: DrillRequest,
+    spec: MirrorSpec,
+    run: DrillRun,
+    producer: _Producer,
+    reader: _GroupReader,
+    log: Log,
+) -> dict:
+    for _ in range(request.canaries):
+        producer.produce()
+    producer.flush(30)
+    run.event(f"{len(producer.acked)} canaries acknowledged by {spec.source}")
+    half = len(producer.acked) // 2
+    deadline = time.monotonic() + request.timeout_s
+    while len(reader.read) < half and time.monotonic() < deadline:
+        reader.poll(most=half - len(reader.read))  # the first half exactly
+    run.event(f"shadow group read {len(reader.read)} canaries on {spec.source}")
+    log(f"shadow group {request.group} read and committed {len(reader.read)} on {spec.source}")
+    copied_at = _wait_copied(spec, producer.acked, request.timeout_s)
+    if copied_at is not None:
+        run.event(f"the flow copied every canary to {spec.target}", copied_at)
+    return {
+        "replication_latency_s": None
+        if copied_at is None
+        else round(max(0.0, copied_at - producer.last_ack), 3)
+    }
+
+
+def _continuous_then_kill(
+    request: DrillRequest,
+    spec: MirrorSpec,
+    run: DrillRun,
+    producer: _Producer,
+    reader: _GroupReader,
+    log: Log,
+) -> dict:
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            interval = 1.0 / request.rate
+            following = time.monotonic()
+            while not stop.is_set():
+                producer.produce()
+                following += interval
+                time.sleep(max(0.0, following - time.monotonic()))
+        except BaseException as exc:  # BufferError once the broker is gone a while
+            errors.append(exc)
+
+    writer = threading.Thread(target=write, name="drill-producer", daemon=True)
+    writer.start()
+    started = time.monotonic()
+    try:
+        while time.monotonic() - started < request.traffic_seconds / 2:
+            reader.poll(0.2)
+        reader.close()
+        run.event(f"group {request.group} stopped reading on {spec.source} ({len(reader.read)})")
+        # Its commit checkpointed as the job does every emit.checkpoints.interval.seconds,
+        # once the flow has copied what it read (exact translation needs the copies).
+        committed = _committed(spec.source_admin, request.group)
+        _wait_positions(spec, committed, request.timeout_s)
+        from mirrorflow.replication.checkpoints import run_group_sync
+
+        run_group_sync(spec, {request.group}, sync_offsets=False)
+        run.event(f"group {request.group}'s commit checkpointed on {spec.target}")
+        log(f"group {request.group} read {len(reader.read)} on {spec.source}; checkpointed")
+        while time.monotonic() - started < request.traffic_seconds:
+            time.sleep(0.1)
+        sandbox = run.step("preflight")["sandbox"]
+        cut = _sandbox("kill", sandbox)
+        run.event(f"{spec.source} broker killed (SIGKILL): the cut", cut)
+        log(f"{spec.source}'s broker ({sandbox['cluster']}) killed mid-traffic at {_iso(cut)}")
+        time.sleep(1.0)  # writes keep coming, now failing
+    finally:
+        stop.set()
+        writer.join(10)
+    producer.flush(15)  # what was in flight: acknowledged before the kill, or failed
+    return {"cut": cut, "producer_error": str(errors[0]) if errors else None}
+
+
+def _sandbox(action: str, sandbox: dict) -> float:
+    """Kill (``kill``) or restart (``up``) the sandbox cluster with ``mirrorflow sandbox``;
+    returns when it was done (epoch seconds, for a kill the moment before the signal)."""
+    at = time.time()
+    command = [
+        sys.executable,
+        "-m",
+        "mirrorflow.cli",
+        "sandbox",
+        "--dir",
+        sandbox["directory"],
+        action,
+        "--clusters",
+        sandbox["cluster"],
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=180)
+    if result.returncode != 0:
+        raise MirrorflowError(
+            f"mirrorflow sandbox {action} {sandbox['cluster']} failed: "
+            + (result.stderr.strip().splitlines() or ["no output"])[-1]
+        )
+    return at if action == "kill" else time.time()
+
+
+def _committed(config: dict[str, str], group: str) -> dict[Partition, int]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(_client(config, **{"group.id": group, "enable.auto.commit": False}))
+    try:
+        found = consumer.committed(
+            [TopicPartition(DRILL_TOPIC, p) for p in range(DRILL_PARTITIONS)], timeout=30
+        )
+        return {(tp.topic, tp.partition): tp.offset for tp in found if tp.offset >= 0}
+    finally:
+        consumer.close()
+
+
+def _wait_positions(spec: MirrorSpec, wanted: dict[Partition, int], timeout: float) -> float:
+    """Wait until the flow's positions reach ``wanted``; when they did (epoch seconds)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            positions = flow_positions(spec)
+        except ClusterUnreachable:  # its offsets topic just created, a leader moving
+            positions = {}
+        if all(positions.get(tp, 0) >= o for tp, o in wanted.items()):
+            return time.time()
+        if time.monotonic() > deadline:
+            behind = {failover._key(tp): o - positions.get(tp, 0) for tp, o in wanted.items()}
+            raise MirrorflowError(
+                f"{spec.flow} did not copy the drill's records within {timeout:.0f}s "
+                f"(behind: {behind})",
+                "check that the mirror job runs the flow (mirror DAG, progress.json)",
+            )
+        time.sleep(0.5)
+
+
+def _wait_copied(spec: MirrorSpec, acked: dict[str, list[int]], timeout: float) -> float | None:
+    wanted: dict[Partition, int] = {}
+    for partition, offset in acked.values():
+        tp = (DRILL_TOPIC, partition)
+        wanted[tp] = max(wanted.get(tp, 0), offset + 1)
+    try:
+        return _wait_positions(spec, wanted, timeout)
+    except MirrorflowError:
+        return None  # verify counts what is missing
+
+
+# -- failover ------------------------------------------------------------------------------
+
+
+def failover_step(request: DrillRequest, log: Log = print) -> dict:
+    """Non-destructive: the shadow group checkpointed now and committed on the target, nothing
+    else. Destructive: the emergency failover's steps for the drill group."""
+    run = DrillRun(request)
+    with run.recording("failover") as record:
+        _skip_when_dry(request)
+        spec = _spec(request)
+        trigger = run.event("failover triggered")
+        if request.mode == "non-destructive":
+            from mirrorflow.replication.checkpoints import run_group_sync
+
+            result = run_group_sync(spec, {request.group}, sync_offsets=True)
+            for line in result.lines():
+                log(line)
+            written = result.report.written if result.report else {}
+            details = {
+                "committed": {
+                    g: {failover._key(tp): o for tp, o in tps.items()} for g, tps in written.items()
+                },
+                "positions_at_cut": {
+                    failover._key(tp): o
+                    for tp, o in flow_positions(spec).items()
+                    if tp[0] == DRILL_TOPIC
+                },
+            }
+        else:
+            inner = request.failover_request()
+            failover.preflight(inner, log=log)
+            jobs.hold(request.flow_dir(), f"drill {request.run_id}")
+            log(f"{request.flow} held paused for the drill ({request.flow_dir() / jobs.HOLD_FILE})")
+            final = failover.final_sync(inner, log=log)
+            failover.report(inner, log=log)
+            details = {
+                "committed": final["committed"],
+                "targets": final["targets"],
+                "failover_estimate": final["rpo"]["summary_short"],
+                "failover_report": str(failover.FailoverRun(inner).directory / "report.md"),
+                "held": True,
+                "positions_at_cut": {
+                    failover._key((t, int(p))): o
+                    for t, parts in final["rpo"]["positions_at_cut"].items()
+                    for p, o in parts.items()
+                    if t == DRILL_TOPIC
+                },
+            }
+        details["trigger"] = trigger
+        record.details = details
+        offsets = details["committed"].get(request.group, {})
+        record.summary = f"group {request.group} failed over to {spec.target}: " + (
+            ", ".join(f"{k}@{v}" for k, v in offsets.items()) or "no offset committed"
+        )
+        log(record.summary)
+    return {"step": "failover", "summary": record.summary}
+
+
+# -- verify --------------------------------------------------------------------------------
+
+
+def verify(request: DrillRequest, log: Log = print) -> dict:
+    """The group reads on the target; RPO, RTO, lost and repeated."""
+    run = DrillRun(request)
+    with run.recording("verify") as record:
+        _skip_when_dry(request)
+        spec = _spec(request)
+        pre, sent, over = run.step("preflight"), run.step("traffic"), run.step("failover")
+        if not sent or not over:
+            raise MirrorflowError("the traffic or failover step did not run: nothing to verify")
+        remote = pre["remote_topic"]
+        acked: dict[str, list[int]] = sent["acked"]
+        positions = {int(k.rsplit("-", 1)[1]): o for k, o in over["positions_at_cut"].items()}
+        if request.mode == "destructive":  # the source is still down: what its last reads
+            # before the cut brought (a batch in flight at the kill lands after it)
+            positions = {p: o for (t, p), o in flow_positions(spec).items() if t == DRILL_TOPIC}
+        copied = {s for s, (p, o) in acked.items() if o < positions.get(p, 0)}
+        read_on_source = set(sent["read_on_source"])
+        expected = copied - read_on_source
+        reader = _GroupReader(spec.target_admin, request.group, safe_run_id(request.run_id), remote)
+        ends = _end_offsets(spec.target_admin, remote, DRILL_PARTITIONS)
+        deadline = time.monotonic() + request.timeout_s
+        try:
+            while time.monotonic() < deadline:
+                reader.poll(0.5)
+                if reader.first_read is not None and _at_ends(reader, remote, ends):
+                    break
+        finally:
+            reader.close()
+        if reader.first_read is not None:
+            run.event(f"first record read by {request.group} on {spec.target}", reader.first_read)
+        read = reader.read
+        lost = sorted(expected - set(read), key=int)
+        repeated = len(read) - len(set(read)) + len(set(read) & read_on_source)
+        on_target = _records_on_target(spec, remote, run, safe_run_id(request.run_id))
+        trigger = sent.get("cut") or over["trigger"]
+        rto = None if reader.first_read is None else round(reader.first_read - trigger, 3)
+        rpo = len(acked) - len(copied)
+        details = {
+            "rpo_records": rpo,
+            "rto_s": rto,
+            "rto_basis": "the source broker's kill"
+            if request.mode == "destructive"
+            else "the start of the failover step",
+            "acked": len(acked),
+            "copied_at_cut": len(copied),
+            "groups": {
+                request.group: {
+                    "read_on_source": len(read_on_source),
+                    "expected_on_target": len(expected),
+                    "read_on_target": len(read),
+                    "lost": len(lost),
+                    "lost_examples": lost[:10],
+                    "repeated": repeated,
+                }
+            },
+            "on_target": on_target,
+            "replication_latency_s": sent.get("replication_latency_s"),
+        }
+        if request.mode == "non-destructive":
+            target = ClusterAdmin(spec.target, spec.target_admin)
+            source = ClusterAdmin(spec.source, spec.source_admin)
+            after = _real_group_offsets(spec, target, spec.target_admin, request)
+            after_source = _real_group_offsets(spec, source, spec.source_admin, request)
+            details["real_groups_unchanged"] = (
+                after == pre["real_groups_before"]
+                and after_source == pre["real_source_groups_before"]
+            )
+            details["real_groups"] = sorted(after)
+        record.details = details
+        record.summary = (
+            f"RPO {rpo} record(s) (acknowledged by {spec.source}, not on {spec.target} at the "
+            f"cut); RTO {'-' if rto is None else f'{rto:.1f}s'} (from {details['rto_basis']} "
+            f"to the first read on {spec.target}); group {request.group}: {len(read)} read on "
+            f"{spec.target}, {len(lost)} lost, {repeated} repeated"
+        )
+        log(record.summary)
+        if request.mode == "non-destructive":
+            log(
+                f"canaries on {spec.target}: {on_target['once']} once, {on_target['missing']} "
+                f"missing, {on_target['duplicated']} duplicated; real groups "
+                + ("unchanged" if details["real_groups_unchanged"] else "CHANGED")
+            )
+        problems = []
+        if reader.first_read is None:
+            problems.append(f"{request.group} read nothing on {spec.target}")
+        if lost or repeated:
+            problems.append(f"{len(lost)} lost, {repeated} repeated")
+        if request.mode == "non-destructive" and not details["real_groups_unchanged"]:
+            problems.append("the real groups' offsets changed")
+        if problems:
+            raise MirrorflowError(
+                f"drill of {request.flow} failed its verification: {'; '.join(problems)}",
+                "see the report for the timeline and per-group figures",
+            )
+    return {"step": "verify", **record.details, "summary": record.summary}
+
+
+def _at_ends(reader: _GroupReader, topic: str, ends: dict[int, int]) -> bool:
+    from confluent_kafka import TopicPartition
+
+    positions = reader.consumer.position([TopicPartition(topic, p) for p in ends])
+    return all(tp.offset >= ends[tp.partition] for tp in positions if ends[tp.partition] > 0)
+
+
+def _records_on_target(spec: MirrorSpec, remote: str, run: DrillRun, tag: str) -> dict:
+    """Each acknowledged record of this run found on the target's copy: once, missing, more."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    acked = run.step("traffic")["acked"]
+    consumer = Consumer(
+        _client(
+            spec.target_admin,
+            **{
+                "group.id": "mirrorflow-drill-probe",
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+            },
+        )
+    )
+    ends = _end_offsets(spec.target_admin, remote, DRILL_PARTITIONS)
+    counts: dict[str, int] = {}
+    try:
+        consumer.assign([TopicPartition(remote, p, 0) for p in ends])  # 0: from the start
+        deadline = time.monotonic() + 60
+        done: set[int] = {p for p, e in ends.items() if e == 0}
+        while len(done) < len(ends) and time.monotonic() < deadline:
+            for m in consumer.consume(1000, 1.0):
+                if m.error() is not None:
+                    continue
+                t, _, seq = (m.value() or b"").decode().rpartition(":")
+                if t == tag:
+                    counts[seq] = counts.get(seq, 0) + 1
+            # positions, not offsets read: an exactly-once copy ends with a commit marker
+            for tp in consumer.position([TopicPartition(remote, p) for p in ends]):
+                if tp.offset >= ends[tp.partition]:
+                    done.add(tp.partition)
+    finally:
+        consumer.close()
+    return {
+        "once": sum(1 for s in acked if counts.get(s) == 1),
+        "missing": sum(1 for s in acked if s not in counts),
+        "duplicated": sum(1 for n in counts.values() if n > 1),
+    }
+
+
+# -- restore -------------------------------------------------------------------------------
+
+
+def restore(request: DrillRequest, log: Log = print) -> dict:
+    """Destructive: the broker restarted, the hold released, the flow resumes. Both: the
+    drill group deleted on both clusters."""
+    run = DrillRun(request)
+    with run.recording("restore") as record:
+        _skip_when_dry(request)
+        spec = _spec(request)
+        details: dict = {}
+        pre = run.step("preflight")
+        if request.mode == "destructive" and pre.get("sandbox"):
+            _sandbox("up", pre["sandbox"])
+            run.event(f"{spec.source} broker restarted")
+            log(f"{spec.source}'s broker restarted")
+            details["released"] = jobs.release(request.flow_dir())
+            jobs.set_paused(request.flow_dir(), False)
+            log(f"{request.flow}: hold released, the flow resumes")
+            acked = run.step("traffic").get("acked", {})
+            state_dir = Path(request.state_dir) if request.state_dir else jobs.default_state_dir()
+            running = jobs.mirror_processes(state_dir, request.flow) or jobs.running_jobs(
+                state_dir, request.flow
+            )
+            if not running:  # e.g. it gave up during the outage: its DAG's retries restart it
+                log(
+                    f"no mirror job runs {request.flow} now: it resumes when the mirror DAG "
+                    "starts its job again"
+                )
+            caught = _wait_copied(spec, acked, request.timeout_s) if running else None
+            details["mirror_job_running"] = bool(running)
+            details["flow_caught_up"] = caught is not None
+            if caught is not None:
+                run.event(
+                    f"the flow copied the rest of the drill's records to {spec.target}", caught
+                )
+            log(
+                f"{request.flow} "
+                + ("copied the rest after the restore" if caught else "has not caught up yet")
+            )
+        details["deleted_groups"] = _delete_group(spec, request.group)
+        record.details = details
+        record.summary = (
+            ("broker restarted, flow resumed; " if "released" in details else "")
+            + f"group {request.group} deleted on "
+            + (", ".join(details["deleted_groups"]) or "no cluster")
+        )
+        log(record.summary)
+    return {"step": "restore", **record.details, "summary": record.summary}
+
+
+def _delete_group(spec: MirrorSpec, group: str) -> list[str]:
+    deleted = []
+    for alias, config in ((spec.source, spec.source_admin), (spec.target, spec.target_admin)):
+        admin = ClusterAdmin(alias, config)
+        try:
+            admin.client.delete_consumer_groups([group], request_timeout=30)[group].result(30)
+            deleted.append(alias)
+        except Exception:  # no such group there: nothing to delete
+            continue
+    return deleted
+
+
+# -- report --------------------------------------------------------------------------------
+
+TEMPLATES = (
+    ("drill_report.md.j2", "report.md", "markdown"),
+    ("drill_report.html.j2", "report.html", "html"),
+)
+
+
+def report_context(run: DrillRun) -> dict:
+    """What the templates show, from the run record (without the per-record lists)."""
+    data = run.data
+    steps = [
+        {
+            **{k: v for k, v in s.items() if k != "details"},
+            "seconds": _seconds(s.get("started"), s.get("ended")),
+        }
+        for s in data["steps"]
+    ]
+    failed = [s for s in steps if s["status"] == "failed"]
+    figures = run.step("verify")
+    over = run.step("failover")
+    return {
+        "flow": data["flow"],
+        "run_id": data["run_id"],
+        "request": data["request"],
+        "mode": data["request"]["mode"],
+        "dry_run": bool(data["request"]["dry_run"]),
+        "started": data.get("started"),
+        "status": "failed at " + failed[0]["step"] if failed else "success",
+        "steps": steps,
+        "timeline": sorted(
+            ({"at": e["at"], "event": e["event"]} for e in data["timeline"]),
+            key=lambda e: e["at"],
+        ),
+        "preflight": {k: v for k, v in run.step("preflight").items() if not k.startswith("real_")},
+        "figures": figures,
+        "committed": over.get("committed") or {},
+        "failover_report": over.get("failover_report"),
+        "restore": run.step("restore"),
+    }
+
+
+def _seconds(started: str | None, ended: str | None) -> float | None:
+    try:
+        return round(
+            (
+                datetime.fromisoformat(str(ended)) - datetime.fromisoformat(str(started))
+            ).total_seconds(),
+            3,
+        )
+    except ValueError:
+        return None
+
+
+def report(request: DrillRequest, log: Log = print) -> dict:
+    """Write the run's report (Markdown, HTML, JSON); log where and the figures."""
+    import jinja2
+
+    run = DrillRun(request)
+    with run.recording("report") as record:
+        record.summary = f"report written to {run.directory}"
+    context = report_context(run)
+    environment = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(paths.resource("templates"))),
+        undefined=jinja2.StrictUndefined,
+        autoescape=jinja2.select_autoescape(["html.j2"]),
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    written = {}
+    for template, name, key in TEMPLATES:
+        text = environment.get_template(template).render(**context)
+        written[key] = str(paths.write_private(run.directory / name, text))
+    written["json"] = str(
+        paths.write_private(
+            run.directory / "report.json", json.dumps(context, indent=1, sort_keys=True)
+        )
+    )
+    figures = context["figures"]
+    if figures:
+        log(
+            f"drill figures: RPO {figures['rpo_records']} record(s), RTO "
+            f"{figures['rto_s']}s, per group "
+            + ", ".join(
+                f"{g}: {r['lost']} lost, {r['repeated']} repeated"
+                for g, r in figures["groups"].items()
+            )
+        )
+    log(f"drill report: {written['markdown']} (and report.html, report.json)")
+    failed = [s["step"] for s in run.steps if s["status"] == "failed"]
+    return {"step": "report", **written, "failed_steps": failed}
+
+
+STEP_FUNCTIONS: dict[str, Callable[..., dict]] = {
+    "preflight": preflight,
+    "traffic": traffic,
+    "failover": failover_step,
+    "verify": verify,
+    "restore": restore,
+    "report": report,
+}
