@@ -208,13 +208,14 @@ def create_app() -> FastAPI:
 
     @app.exception_handler(HTTPException)
     async def refused(request: Request, exc: HTTPException) -> Response:
-        """401 on the page from a browser: to the login page, back here after it."""
+        """401 on a page from a browser: to the login page, back here after it."""
         wants_html = "text/html" in request.headers.get("accept", "")
-        page_path = request.scope.get("root_path", "").rstrip("/") + "/"
+        api_path = request.scope.get("root_path", "").rstrip("/") + "/api/"
         if (
             exc.status_code == 401
             and wants_html
-            and request.url.path in (page_path, page_path[:-1])
+            and request.method == "GET"
+            and not request.url.path.startswith(api_path)
         ):
             login = get_auth_manager().get_url_login(next_url=str(request.url))
             return RedirectResponse(login, status_code=303)
