@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 
 from mirrorflow.devtools.local_airflow import UI_USER, LocalAirflow
 from tests.conftest import create_topics
@@ -126,6 +127,37 @@ def failover_dry_run(config: Path, airflow: LocalAirflow) -> str:
     return "cli__ui-history"
 
 
+def commit_and_checkpoint(cluster, config: Path, topic: str, group: str, offsets: dict) -> None:
+    """``group`` commits ``offsets`` of ``topic`` on the source, and ``mirrorflow sync-groups
+    --checkpoints-only`` writes its checkpoints to the target."""
+    consumer = Consumer({**cluster.client_config(), "group.id": group})
+    try:
+        consumer.commit(
+            offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()],
+            asynchronous=False,
+        )
+    finally:
+        consumer.close()
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mirrorflow.cli",
+            "sync-groups",
+            str(config),
+            "--flow",
+            FLOW,
+            "--checkpoints-only",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
 def runs_of(airflow: LocalAirflow, token: str, dag_id: str) -> dict[str, dict]:
     status, reply = api_call(airflow, "GET", f"/api/v2/dags/{dag_id}/dagRuns", token)
     assert status == 200, reply
@@ -149,6 +181,8 @@ def test_history_and_trigger_buttons(airflow_dr: AirflowWithViewer, sandbox, top
     config = flow_file(tmp_path, sandbox, topic)
     render_dags(config, airflow)
     run_mirror_once(config, FLOW, airflow.state / "flows")
+    group = f"{topic}-readers"
+    commit_and_checkpoint(primary, config, topic, group, {0: 15, 1: 10})
     run = failover_dry_run(config, airflow)
     admin = token_of(airflow, UI_USER)
     viewer = token_of(airflow, VIEWER)
@@ -156,11 +190,19 @@ def test_history_and_trigger_buttons(airflow_dr: AirflowWithViewer, sandbox, top
     # Every route refuses anonymous and forged requests; reports only of runs that exist.
     base = f"http://127.0.0.1:{airflow.port}/mirrorflow"
     routes = [
-        r.replace("{kind}", "failover").replace("{run}", run)
+        r.replace("{kind}", "failover")
+        .replace("{run}", run)
+        .replace("{source}", "primary")
+        .replace("{target}", "secondary")
         for r in plugin_get_routes()
-        if "{" not in r or r == "/reports/{kind}/{run}"
     ]
-    assert set(routes) >= {"/history", "/api/history", f"/reports/failover/{run}"}, routes
+    assert set(routes) >= {
+        "/history",
+        "/api/history",
+        f"/reports/failover/{run}",
+        "/flows/primary/secondary",
+        "/api/flows/primary/secondary",
+    }, routes
     for route in routes:
         for headers in (
             {},
@@ -184,6 +226,8 @@ def test_history_and_trigger_buttons(airflow_dr: AirflowWithViewer, sandbox, top
         "/reports/..%2Fsecret.html/x",
         f"/reports/drill/{run}",
         "/reports/failover/%2E%2E",
+        "/flows/primary/tertiary",
+        "/api/flows/..%2F..%2Fsecret.html/x",
     ):
         status, body, _ = fetch(base + path, {"Authorization": f"Bearer {admin}"})
         assert status == 404 and "not a report" not in body, (path, status, body[:200])
@@ -198,6 +242,23 @@ def test_history_and_trigger_buttons(airflow_dr: AirflowWithViewer, sandbox, top
         "success",
     )
     assert entry["rpo"] == "0 record(s)" and entry["dry_run"] is True
+
+    # The flow's detail: lag per partition, topics, the group's last checkpoints on the target.
+    _, body, _ = fetch(f"{base}/api/flows/primary/secondary", {"Authorization": f"Bearer {admin}"})
+    detail = json.loads(body)
+    assert [(r["partition"], r["end"], r["position"], r["lag"]) for r in detail["partitions"]] == [
+        (0, 20, 20, 0),
+        (1, 20, 20, 0),
+    ], detail["partitions"]
+    assert detail["topics"] == [
+        {"topic": topic, "remote": f"primary.{topic}", "partitions": 2, "lag": 0}
+    ]
+    assert detail["note"] is None, detail["note"]
+    assert [(c["topic"], c["partition"], c["offset"]) for c in detail["groups"][group]] == [
+        (f"primary.{topic}", 0, 15),
+        (f"primary.{topic}", 1, 10),
+    ]
+    assert [r["run"] for r in detail["runs"]] == [run]
 
     airflow.wait_for_dags(airflow.api(), [FAILOVER_DAG])
     assert runs_of(airflow, admin, FAILOVER_DAG) == {}
@@ -235,6 +296,16 @@ def test_history_and_trigger_buttons(airflow_dr: AirflowWithViewer, sandbox, top
             page.wait_for_url(re.compile(rf".*/mirrorflow/reports/failover/{run}$"))
             assert page.locator("h1").first.inner_text().startswith(f"Failover of {FLOW}")
             page.screenshot(path=str(shots / "6-report.png"), full_page=True)
+
+            # The flow's page, from the health page's link.
+            page.goto(f"{ui}/mirrorflow/")
+            page.locator(f'tr[data-flow="{FLOW}"] a.flow').click()
+            page.wait_for_url(re.compile(r".*/mirrorflow/flows/primary/secondary$"))
+            assert page.locator("#partitions tbody tr").count() == 2
+            assert page.locator(f'#groups tr[data-group="{group}"]').count() == 2
+            assert page.locator(f'#history tr[data-run="{run}"]').count() == 1
+            assert page.locator(f'#actions tr[data-dag="{FAILOVER_DAG}"] button').count() == 2
+            page.screenshot(path=str(shots / "6b-flow.png"), full_page=True)
 
             # The buttons: a dry run at once, a real run only once confirmed.
             page.goto(f"{ui}/mirrorflow/history")

@@ -126,3 +126,44 @@ def test_a_report_is_found_only_among_the_runs_listed(tmp_path):
     assert find_report(state, "failover", "elsewhere", "secret.html") is None
     assert [r.run for r in history(state)] == ["cli__1"]
     assert history(tmp_path / "nothing") == []
+
+
+def test_a_flows_partitions_from_progress_and_an_unreachable_target_in_one_note(tmp_path):
+    import time
+
+    from mirrorflow.health.detail import flow_detail, partitions
+
+    progress = {
+        "source_end_offsets": {"t1": {"0": 10, "1": 5, "10": 3}},
+        "source_positions": {"t1": {"0": 7, "1": 5}, "t2": {"0": 4}},
+    }
+    assert partitions(progress) == [
+        {"topic": "t1", "partition": 0, "end": 10, "position": 7, "lag": 3},
+        {"topic": "t1", "partition": 1, "end": 5, "position": 5, "lag": 0},
+        {"topic": "t1", "partition": 10, "end": 3, "position": None, "lag": None},
+        {"topic": "t2", "partition": 0, "end": None, "position": 4, "lag": None},
+    ]
+    assert partitions({}) == []
+    flows = tmp_path / "flows"
+    (flows / "a-b").mkdir(parents=True)
+    (flows / "a-b" / "progress.json").write_text(json.dumps(progress))
+    config = tmp_path / "mm2.properties"
+    config.write_text(
+        "clusters = a, b\n"
+        "a.bootstrap.servers = 127.0.0.1:1\n"
+        "b.bootstrap.servers = 127.0.0.1:1\n"
+        "a->b.enabled = true\n"
+        "a->b.topics = t.*\n"
+    )
+    started = time.monotonic()
+    detail = flow_detail([config], "a->b", flows, timeout_s=2)
+    assert time.monotonic() - started < 6, "the page waited past its bound"
+    assert detail["groups"] == {} and detail["checkpoints_topic"] == "a.checkpoints.internal"
+    assert detail["note"].startswith("b did not answer within 2s"), detail["note"]
+    assert detail["topics"] == [
+        {"topic": "t1", "remote": "a.t1", "partitions": 3, "lag": 3},
+        {"topic": "t2", "remote": "a.t2", "partitions": 1, "lag": 0},
+    ]
+    # A flow that is not in the files: a note, the partitions still shown.
+    other = flow_detail([config], "b->a", flows)
+    assert other["note"] and other["partitions"] == []

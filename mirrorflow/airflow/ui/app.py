@@ -12,6 +12,10 @@ Routes (under the plugin's prefix, ``/mirrorflow``):
   REST API (``POST /api/v2/dags/{dag_id}/dagRuns``) from the browser, as the logged-in user (the
   UI's ``_token`` cookie): Airflow's own permission checks decide, not this app.
 - ``GET /api/history``: the history as JSON.
+- ``GET /flows/{source}/{target}``: one flow in detail (:mod:`mirrorflow.health.detail`): its
+  health, lag per partition, topics, groups with their last checkpoints (read from the target,
+  bounded in time; an unreachable cluster gives a note), and its DR runs.
+- ``GET /api/flows/{source}/{target}``: the same as JSON.
 - ``GET /reports/{kind}/{run}``: a run's ``report.html``; only runs that exist (the names are
   matched against the directories listed, never used as a path), 404 otherwise.
 
@@ -38,6 +42,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 
 from mirrorflow import paths
 from mirrorflow.airflow.ui.sites import dags_paused, site_dags
+from mirrorflow.health import detail as flow_details
 from mirrorflow.health import history as dr_history
 from mirrorflow.health.model import SiteDag
 from mirrorflow.health.status import topology_health
@@ -47,6 +52,7 @@ User = Annotated[BaseUser, Depends(get_user)]
 REFRESH_SECONDS = 5
 TEMPLATE = "ui/topology.html.j2"
 HISTORY_TEMPLATE = "ui/history.html.j2"
+FLOW_TEMPLATE = "ui/flow.html.j2"
 TRIGGER_KINDS = ("failover", "drill")  # the DR DAGs the page can trigger, when they exist
 # A run's report is the project's own HTML, but serve it locked down all the same.
 REPORT_HEADERS = {
@@ -135,6 +141,29 @@ def collect_history(user: BaseUser | None) -> dict[str, Any]:
     }
 
 
+def collect_flow(user: BaseUser | None, source: str, target: str) -> dict[str, Any]:
+    """One flow of the rendered mirror DAGs ``user`` may read, in detail (404 if none)."""
+    flow = f"{source}->{target}"
+    topology = collect(user)
+    found = [f for f in topology["flows"] if f["flow"] == flow]
+    sites = [
+        s
+        for s in site_dags(Path(conf.get("core", "dags_folder")))
+        if flow in s.flow_dags and (user is None or _may_read(user, s.dag_id))
+    ]
+    if not found or not sites:
+        raise HTTPException(404, f"no flow {flow} in the mirror DAGs you may read")
+    detail = flow_details.flow_detail(list(sites[0].flow_files), flow, jobs.default_state_dir())
+    history = collect_history(user)
+    return {
+        "generated_at": topology["generated_at"],
+        "flow": found[0],
+        **detail,
+        "runs": [r for r in history["runs"] if r["flow"] == flow],
+        "dags": [d for a in history["actions"] if a["flow"] == flow for d in a["dags"]],
+    }
+
+
 def _jinja():
     import jinja2
 
@@ -195,6 +224,14 @@ def create_app() -> FastAPI:
     @app.get("/api/history")
     def history_json(user: User) -> dict[str, Any]:
         return collect_history(user)
+
+    @app.get("/flows/{source}/{target}", response_class=HTMLResponse)
+    def flow_page(source: str, target: str, user: User) -> str:
+        return render_page(collect_flow(user, source, target), FLOW_TEMPLATE)
+
+    @app.get("/api/flows/{source}/{target}")
+    def flow_json(source: str, target: str, user: User) -> dict[str, Any]:
+        return collect_flow(user, source, target)
 
     @app.get("/reports/{kind}/{run}", response_class=HTMLResponse)
     def report(kind: str, run: str, user: User) -> Response:
