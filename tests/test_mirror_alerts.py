@@ -14,6 +14,7 @@ import signal
 import socket
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -80,6 +81,7 @@ def test_lagging_and_recovered_flows_are_alerted_once_each(tmp_path, caplog):
 DAG_FILE = """
 import json
 from datetime import datetime, timedelta
+from pathlib import Path
 
 from airflow.sdk import DAG
 
@@ -122,7 +124,8 @@ def test_a_frozen_job_is_alerted_stopped_and_started_again_by_its_task(
         tmp_path, sandbox, topic, f"{FLOW}.health.stall.timeout.seconds = {STALL_TIMEOUT_S}"
     )
     alerts = tmp_path / "alerts.jsonl"
-    dag_file = tmp_path / "mirror_alerts.py"
+    dag_file = Path(os.environ["AIRFLOW__CORE__DAGS_FOLDER"]) / "alerts" / "mirror_alerts.py"
+    dag_file.parent.mkdir(parents=True, exist_ok=True)  # dag.test() runs DAGs of the folder
     dag_file.write_text(
         textwrap.dedent(DAG_FILE).format(alerts=str(alerts), config=str(config), flow=FLOW)
     )
@@ -132,7 +135,13 @@ def test_a_frozen_job_is_alerted_stopped_and_started_again_by_its_task(
     run = start_dag_test(dag_file, state, log)
     frozen = None
     try:
-        wait_for(lambda: progress(flows).get("records", 0) >= 60, 180, "the first copy")
+
+        def copied(at_least: int, not_by: int | None = None) -> bool:
+            assert run.poll() is None, "dag.test() ended:\n" + log.read_text()[-3000:]
+            now = progress(flows)
+            return now.get("pid") != not_by and now.get("records", 0) >= at_least
+
+        wait_for(lambda: copied(60), 180, "the first copy")
         frozen, driver = files.running_pid(), progress(flows)["pid"]
         assert frozen is not None
         os.killpg(frozen, signal.SIGSTOP)  # the job hangs: no progress report, no heartbeat
