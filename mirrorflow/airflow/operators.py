@@ -31,6 +31,10 @@ and runs it through :class:`~mirrorflow.airflow.hooks.MirrorJobHook`:
 * **Bounded retries**: a cluster that does not answer is retried for ``retry_timeout``
   (default 10 minutes), then the job fails the task, naming the cluster: the DAG's retries
   and alerts take over.
+* **Alerts**: every ``pause_check_interval`` the task also derives each flow's health; a flow
+  that turns STALLED, LAGGING or FAILED is logged at ERROR and given to ``on_alert``, and a
+  STALLED one fails the task (``fail_on_stall``) after stopping the job, so Airflow's failure
+  callbacks and retries apply (:mod:`mirrorflow.airflow.alerts`).
 
 ``SyncOperator`` and ``GroupSyncOperator`` are the tasks of a site's sync DAG: the topic-config,
 partition and ACL sync, and the consumer-group checkpoints and offset sync, of its flows.
@@ -54,6 +58,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
+from mirrorflow.airflow.alerts import HealthAlerts, OnAlert
 from mirrorflow.airflow.hooks import DEFAULT_CONN_ID, MirrorJobHook
 from mirrorflow.errors import MirrorflowError
 from mirrorflow.paths import project_root
@@ -83,6 +88,11 @@ class MirrorFlowOperator(BaseOperator):
     :param conf: Spark settings added to (or overriding) the mirror job's own; no secret (it
         would be on the command line): a ``spark://`` master's secret comes from the properties
         file of ``$MIRRORFLOW_SPARK_PROPERTIES`` (see :mod:`mirrorflow.runtime.spark_security`)
+    :param on_alert: called as ``on_alert(context, alert)`` when a flow turns STALLED, LAGGING
+        or FAILED, or RUNNING again (``alert``: flow, state, previous, reason, lag_records,
+        lag_seconds, dag_id, at, recovered); see :mod:`mirrorflow.airflow.alerts`
+    :param fail_on_stall: a STALLED flow stops the job and fails the task (so its failure
+        callbacks and retries apply)
     """
 
     ui_color = "#e0f0ff"
@@ -102,6 +112,8 @@ class MirrorFlowOperator(BaseOperator):
         conf: dict[str, str] | None = None,
         metrics_port: int | None = None,
         retry_timeout: timedelta | float | None = None,
+        on_alert: OnAlert | None = None,
+        fail_on_stall: bool = True,
         **kwargs: Any,
     ) -> None:
         names = list(flows or ()) + ([flow] if flow else [])
@@ -126,6 +138,7 @@ class MirrorFlowOperator(BaseOperator):
         self.metrics_port = metrics_port
         timeout = retry_timeout
         self.retry_timeout = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+        self.on_alert, self.fail_on_stall = on_alert, fail_on_stall
         self._job_files: jobs.JobFiles | None = None
         self._hook: MirrorJobHook | None = None
 
@@ -169,6 +182,15 @@ class MirrorFlowOperator(BaseOperator):
         except MirrorflowError as exc:  # e.g. a spark:// master without its secret
             raise AirflowException(f"the mirror job of {self.label} cannot start: {exc}") from None
         watcher = _JobWatcher(self, hook, files, context)
+        watcher.alerts = HealthAlerts(
+            self.flows,
+            flow_files,
+            files.state_dir,
+            log=self.log,
+            on_alert=self.on_alert,
+            context=context,
+            dag_id=watcher.dag_id,
+        )
         watcher.sync_flow_pauses()  # a flow whose DAG is paused does not start at all
         self.log.info("running %s on Spark master %s", self.label, master)
         watcher.start()
@@ -182,6 +204,11 @@ class MirrorFlowOperator(BaseOperator):
             watcher.stop()
             if hook.process is not None:
                 files.forget(hook.process.pid)
+        if watcher.stalled is not None:
+            raise AirflowException(
+                f"the mirror job of {self.label} stalled, so it was stopped: flow "
+                f"{watcher.stalled['flow']}: {watcher.stalled['reason']}"
+            )
         if code != 0 and not (watcher.paused or files.stop_file.exists()):
             reason = hook.error_line or f"exit code {code}; see the log above"
             raise AirflowException(f"the mirror job of {self.label} failed: {reason}")
@@ -236,6 +263,8 @@ class _JobWatcher:
         self.dag_id = getattr(self.ti, "dag_id", None)
         self.flow_dags = dict(operator.flow_dags) if self.ti is not None else {}
         self.paused = False
+        self.alerts: HealthAlerts | None = None
+        self.stalled: dict[str, Any] | None = None  # the alert that stopped the job
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="mirrorflow-watcher", daemon=True)
 
@@ -293,7 +322,22 @@ class _JobWatcher:
                         self.dag_id,
                     )
                     self.files.request_stop()
+                self._check_health()
             clock.wait(0.5)
+
+    def _check_health(self) -> None:
+        stalled = self.alerts.check() if self.alerts is not None else None
+        if stalled is None or not self.operator.fail_on_stall or self.stalled is not None:
+            return
+        self.stalled = stalled
+        self.operator.log.error(
+            "stopping the mirror job of %s: flow %s is STALLED",
+            self.operator.label,
+            stalled["flow"],
+        )
+        pid = self.files.running_pid()
+        if pid is not None:
+            jobs.kill_job(self.files, pid, self.operator.log.warning)
 
     def _dag_paused(self, dag_id: str) -> bool | None:
         try:

@@ -753,6 +753,7 @@ class MirrorJob:
             host=socket.gethostname(),
             tasks=self.scheduler.stats() if self.scheduler else {},
             **self.observed_ends(),
+            source_positions=_by_topic(positions),
         )
 
     def observed_ends(self) -> dict[str, object]:
@@ -1012,6 +1013,14 @@ def record_state(
 
 def _rounded(at: float | None) -> float | None:
     return None if at is None else round(at, 3)
+
+
+def _by_topic(offsets: dict[Partition, int]) -> dict[str, dict[str, int]]:
+    """Offsets as progress.json keeps them: topic -> partition -> offset."""
+    nested: dict[str, dict[str, int]] = {}
+    for (topic, partition), offset in sorted(offsets.items()):
+        nested.setdefault(topic, {})[str(partition)] = offset
+    return nested
 
 
 _UNREACHABLE = re.compile(

@@ -6,6 +6,18 @@ Routes (under the plugin's prefix, ``/mirrorflow``):
   clusters, and every flow of the rendered mirror DAGs with its health, reason, lag, last
   heartbeat, checkpoint and batch; it reloads itself every few seconds.
 - ``GET /api/health``: the same as JSON.
+- ``GET /history``: the history of failovers, drills and failbacks, newest first, from their
+  reports (:mod:`mirrorflow.health.history`), each linking to its HTML report; and, per flow
+  whose failover or drill DAG Airflow knows, buttons that trigger that DAG through Airflow's own
+  REST API (``POST /api/v2/dags/{dag_id}/dagRuns``) from the browser, as the logged-in user (the
+  UI's ``_token`` cookie): Airflow's own permission checks decide, not this app.
+- ``GET /api/history``: the history as JSON.
+- ``GET /flows/{source}/{target}``: one flow in detail (:mod:`mirrorflow.health.detail`): its
+  health, lag per partition, topics, groups with their last checkpoints (read from the target,
+  bounded in time; an unreachable cluster gives a note), and its DR runs.
+- ``GET /api/flows/{source}/{target}``: the same as JSON.
+- ``GET /reports/{kind}/{run}``: a run's ``report.html``; only runs that exist (the names are
+  matched against the directories listed, never used as a path), 404 otherwise.
 
 Airflow mounts a plugin's app without any of its own authentication, so this app adds it: every
 route depends on :func:`requires_access_dag` ``("GET")`` (a logged-in user who may read DAGs;
@@ -30,6 +42,8 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 
 from mirrorflow import paths
 from mirrorflow.airflow.ui.sites import dags_paused, site_dags
+from mirrorflow.health import detail as flow_details
+from mirrorflow.health import history as dr_history
 from mirrorflow.health.model import SiteDag
 from mirrorflow.health.status import topology_health
 from mirrorflow.runtime import jobs
@@ -37,6 +51,14 @@ from mirrorflow.runtime import jobs
 User = Annotated[BaseUser, Depends(get_user)]
 REFRESH_SECONDS = 5
 TEMPLATE = "ui/topology.html.j2"
+HISTORY_TEMPLATE = "ui/history.html.j2"
+FLOW_TEMPLATE = "ui/flow.html.j2"
+TRIGGER_KINDS = ("failover", "drill")  # the DR DAGs the page can trigger, when they exist
+# A run's report is the project's own HTML, but serve it locked down all the same.
+REPORT_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src data:",
+    "X-Content-Type-Options": "nosniff",
+}
 
 
 def collect(user: BaseUser | None, now: float | None = None) -> dict[str, Any]:
@@ -76,10 +98,70 @@ def collect(user: BaseUser | None, now: float | None = None) -> dict[str, Any]:
     }
 
 
-def _may_read(user: BaseUser, dag_id: str) -> bool:
+def _may_read(user: BaseUser, dag_id: str | None) -> bool:
     return get_auth_manager().is_authorized_dag(
-        method="GET", details=DagDetails(id=dag_id), user=user
+        method="GET", details=DagDetails(id=dag_id) if dag_id else None, user=user
     )
+
+
+def dr_dag_id(kind: str, flow: str | None) -> str | None:
+    """The DAG of a DR run of ``kind`` for ``flow`` (``failover__S__T``), None without a flow."""
+    source, arrow, target = (flow or "").partition("->")
+    return f"{kind}__{source}__{target}" if arrow and source and target else None
+
+
+def collect_history(user: BaseUser | None) -> dict[str, Any]:
+    """The DR runs' reports ``user`` may see (their kind's DAG for the flow is readable), and
+    per flow of the rendered mirror DAGs, the failover and drill DAGs Airflow knows."""
+    state = paths.state_dir()
+    runs = [
+        r.as_dict()
+        for r in dr_history.history(state)
+        if user is None or _may_read(user, dr_dag_id(r.kind, r.flow))
+    ]
+    topology = collect(user)
+    wanted = {
+        flow["flow"]: [dr_dag_id(kind, flow["flow"]) for kind in TRIGGER_KINDS]
+        for flow in topology["flows"]
+    }
+    known = dags_paused([d for ids in wanted.values() for d in ids if d])
+    actions = []
+    for flow, dag_ids in wanted.items():
+        dags = [
+            {"kind": kind, "dag_id": dag_id, "paused": known[dag_id]}
+            for kind, dag_id in zip(TRIGGER_KINDS, dag_ids, strict=True)
+            if dag_id in known and (user is None or _may_read(user, dag_id))
+        ]
+        actions.append({"flow": flow, "dags": dags})
+    return {
+        "generated_at": time.time(),
+        "reports_dir": str(dr_history.reports_root(state)),
+        "runs": runs,
+        "actions": actions,
+    }
+
+
+def collect_flow(user: BaseUser | None, source: str, target: str) -> dict[str, Any]:
+    """One flow of the rendered mirror DAGs ``user`` may read, in detail (404 if none)."""
+    flow = f"{source}->{target}"
+    topology = collect(user)
+    found = [f for f in topology["flows"] if f["flow"] == flow]
+    sites = [
+        s
+        for s in site_dags(Path(conf.get("core", "dags_folder")))
+        if flow in s.flow_dags and (user is None or _may_read(user, s.dag_id))
+    ]
+    if not found or not sites:
+        raise HTTPException(404, f"no flow {flow} in the mirror DAGs you may read")
+    detail = flow_details.flow_detail(list(sites[0].flow_files), flow, jobs.default_state_dir())
+    history = collect_history(user)
+    return {
+        "generated_at": topology["generated_at"],
+        "flow": found[0],
+        **detail,
+        "runs": [r for r in history["runs"] if r["flow"] == flow],
+        "dags": [d for a in history["actions"] if a["flow"] == flow for d in a["dags"]],
+    }
 
 
 def _jinja():
@@ -112,8 +194,8 @@ def _utc(at: float | None) -> str:
     return "" if at is None else datetime.fromtimestamp(at, UTC).isoformat(timespec="seconds")
 
 
-def render_page(data: dict[str, Any]) -> str:
-    return _jinja().get_template(TEMPLATE).render(refresh=REFRESH_SECONDS, **data)
+def render_page(data: dict[str, Any], template: str = TEMPLATE) -> str:
+    return _jinja().get_template(template).render(refresh=REFRESH_SECONDS, **data)
 
 
 def create_app() -> FastAPI:
@@ -135,15 +217,42 @@ def create_app() -> FastAPI:
     def health(user: User) -> dict[str, Any]:
         return collect(user)
 
+    @app.get("/history", response_class=HTMLResponse)
+    def history_page(user: User) -> str:
+        return render_page(collect_history(user), HISTORY_TEMPLATE)
+
+    @app.get("/api/history")
+    def history_json(user: User) -> dict[str, Any]:
+        return collect_history(user)
+
+    @app.get("/flows/{source}/{target}", response_class=HTMLResponse)
+    def flow_page(source: str, target: str, user: User) -> str:
+        return render_page(collect_flow(user, source, target), FLOW_TEMPLATE)
+
+    @app.get("/api/flows/{source}/{target}")
+    def flow_json(source: str, target: str, user: User) -> dict[str, Any]:
+        return collect_flow(user, source, target)
+
+    @app.get("/reports/{kind}/{run}", response_class=HTMLResponse)
+    def report(kind: str, run: str, user: User) -> Response:
+        file = dr_history.find_report(paths.state_dir(), kind, run)
+        if file is None:
+            raise HTTPException(404, f"no {kind} report {run!r}")
+        flow = dr_history.read_report(kind, file.parent).flow
+        if not _may_read(user, dr_dag_id(kind, flow)):
+            raise HTTPException(403, "you may not read this run's DAG")
+        return HTMLResponse(file.read_text(encoding="utf-8"), headers=REPORT_HEADERS)
+
     @app.exception_handler(HTTPException)
     async def refused(request: Request, exc: HTTPException) -> Response:
-        """401 on the page from a browser: to the login page, back here after it."""
+        """401 on a page from a browser: to the login page, back here after it."""
         wants_html = "text/html" in request.headers.get("accept", "")
-        page_path = request.scope.get("root_path", "").rstrip("/") + "/"
+        api_path = request.scope.get("root_path", "").rstrip("/") + "/api/"
         if (
             exc.status_code == 401
             and wants_html
-            and request.url.path in (page_path, page_path[:-1])
+            and request.method == "GET"
+            and not request.url.path.startswith(api_path)
         ):
             login = get_auth_manager().get_url_login(next_url=str(request.url))
             return RedirectResponse(login, status_code=303)
