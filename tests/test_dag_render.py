@@ -187,6 +187,23 @@ def test_metrics_port_gives_each_site_job_its_own_port_in_target_order(tmp_path,
     assert render_cli(source, "--out", plain, "--metrics-port", "70000") == 2
 
 
+def test_a_drill_schedule_runs_the_drill_dags_non_destructively_on_it(tmp_path, capsys):
+    from airflow.dag_processing.dagbag import DagBag
+
+    source = EXAMPLES / "active-passive.properties"
+    assert render_cli(source, "--out", tmp_path, "--drill-schedule", "0 3 * * 1") == 0
+    path = tmp_path / "drill__primary__secondary.py"
+    bag = DagBag(dag_folder=path, safe_mode=True)
+    assert bag.import_errors == {}, bag.import_errors
+    (dag,) = bag.dags.values()
+    assert dag.schedule == "0 3 * * 1"
+    assert dag.params["mode"] == "non-destructive"  # what a scheduled run does
+    assert "--drill-schedule '0 3 * * 1' --out" in path.read_text()
+    assert render_cli(source, "--out", tmp_path, "--check", "--drill-schedule", "0 3 * * 1") == 0
+    assert render_cli(source, "--out", tmp_path / "x", "--drill-schedule", "every day") == 2
+    assert "--drill-schedule 'every day' is not a cron expression" in capsys.readouterr().err
+
+
 def test_render_refuses_flow_files_with_validation_errors_and_writes_nothing(tmp_path, capsys):
     # The Kafka docs' active/passive snippet has no `clusters` line: MM2 would not start.
     assert render_cli(SEEDS / "000-active-passive.properties", "--out", tmp_path) == 2

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -199,6 +200,9 @@ class RenderOptions:
     # How long the job retries a cluster that does not answer before it fails the task (then
     # the retries above take over); -1: forever, as MirrorMaker 2 (Kafka Connect) does.
     retry_timeout_seconds: int = 600
+    # The drill DAGs' schedule (a cron expression or an Airflow preset such as "@weekly"):
+    # non-destructive drills on that schedule; empty: drills run only when triggered.
+    drill_schedule: str = ""
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9_.\-]+", self.spark_conn_id):
@@ -212,6 +216,11 @@ class RenderOptions:
             raise MirrorflowError(f"--metrics-port {self.metrics_port} is not a port number")
         if self.retry_timeout_seconds < -1:
             raise MirrorflowError("the retry timeout must be -1 (forever) or at least 0 seconds")
+        if self.drill_schedule and not _valid_schedule(self.drill_schedule):
+            raise MirrorflowError(
+                f"--drill-schedule {self.drill_schedule!r} is not a cron expression",
+                "give five cron fields (e.g. '0 3 * * 1') or a preset such as @weekly",
+            )
 
     def cli_args(self) -> list[str]:
         """The ``render`` options that differ from the defaults (for the re-render hint)."""
@@ -224,12 +233,22 @@ class RenderOptions:
             "stop_grace_seconds": "--stop-grace",
             "metrics_port": "--metrics-port",
             "retry_timeout_seconds": "--retry-timeout",
+            "drill_schedule": "--drill-schedule",
         }
         args: list[str] = []
         for name, flag in flags.items():
             if getattr(self, name) != getattr(defaults, name):
-                args += [flag, str(getattr(self, name))]
+                args += [flag, shlex.quote(str(getattr(self, name)))]
         return args
+
+
+_PRESETS = ("@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly")
+
+
+def _valid_schedule(schedule: str) -> bool:
+    from croniter import croniter
+
+    return schedule in _PRESETS or (len(schedule.split()) == 5 and croniter.is_valid(schedule))
 
 
 @dataclass(frozen=True)

@@ -84,6 +84,13 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="how long the mirror job retries a cluster that does not answer before it fails "
         f"the task; -1: forever (default {defaults.retry_timeout_seconds})",
     )
+    parser.add_argument(
+        "--drill-schedule",
+        default=defaults.drill_schedule,
+        metavar="CRON",
+        help="run each flow's DR drill DAG, non-destructive, on this schedule (a cron expression "
+        "or a preset such as @weekly; default: only when triggered)",
+    )
     parser.set_defaults(handler=_render)
 
 
@@ -96,6 +103,7 @@ def _render(args: argparse.Namespace) -> int:
         stop_grace_seconds=args.stop_grace,
         metrics_port=args.metrics_port,
         retry_timeout_seconds=args.retry_timeout,
+        drill_schedule=args.drill_schedule,
     )
     result = rendering.render(args.files, options)
     for finding in result.warnings:
