@@ -12,7 +12,7 @@ from confluent_kafka import Consumer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
 from mirrorflow.errors import MirrorflowError
-from mirrorflow.runtime import launch
+from mirrorflow.runtime import eos_writer, launch
 from mirrorflow.runtime import metrics as metrics_mod
 from tests import exposure
 from tests.conftest import create_topics
@@ -82,19 +82,60 @@ def test_flow_metrics_count_per_remote_partition_and_lag():
     flow.state("RUNNING")
     flow.heartbeat()
     remote = {"t": "a.t"}
-    flow.batch({("t", 0): 3, ("t", 1): 2}, 50, {("t", 0): 3, ("t", 1): 2}, {("t", 0): 5}, remote)
-    flow.batch({("t", 0): 2}, 20, {("t", 0): 5, ("t", 1): 2}, {("t", 0): 5}, remote)
+    Copied, Stats = metrics_mod.Copied, metrics_mod.Stats
+    first = {
+        ("t", 0): Copied(3, 30, Stats(10, 30, 60, 3), Stats(15, 40, 80, 3)),
+        ("t", 1): Copied(2, 20, Stats(5, 5, 10, 2), Stats(7, 9, 16, 2)),
+    }
+    t0 = time.time()
+    flow.batch(first, {("t", 0): 3, ("t", 1): 2}, {("t", 0): 5, ("t", 1): 2}, remote, t0)
+    second = {("t", 0): Copied(2, 20, Stats(1, 2, 3, 2), Stats(100, 200, 300, 2))}
+    flow.batch(second, {("t", 0): 5, ("t", 1): 2}, {("t", 0): 5, ("t", 1): 2}, remote, t0 + 1)
     value = m.registry.get_sample_value
     labels = {"source": "a", "target": "b", "topic": "a.t"}
-    assert value("mirrorflow_record_count_total", {**labels, "partition": "0"}) == 5
-    assert value("mirrorflow_record_count_total", {**labels, "partition": "1"}) == 2
-    assert value("mirrorflow_lag_records", {**labels, "partition": "0"}) == 0
-    assert value("mirrorflow_byte_count_total", {"source": "a", "target": "b"}) == 70
+    p0, p1 = {**labels, "partition": "0"}, {**labels, "partition": "1"}
+    assert value("mirrorflow_record_count_total", p0) == 5
+    assert value("mirrorflow_record_count_total", p1) == 2
+    assert value("mirrorflow_lag_records", p0) == 0
+    assert value("mirrorflow_byte_count_total", p0) == 50
+    assert value("mirrorflow_byte_count_total", p1) == 20
     assert value("mirrorflow_batches_total", {"source": "a", "target": "b"}) == 2
+    # Both batches are in the window: min, max and avg over their 5 records of partition 0.
+    age = {s: value("mirrorflow_record_age_ms", {**p0, "stat": s}) for s in ("min", "max", "avg")}
+    assert age == {"min": 1, "max": 30, "avg": 63 / 5}
+    latency = value("mirrorflow_replication_latency_ms", {**p1, "stat": "max"})
+    assert latency == 9
+    assert value("mirrorflow_lag_seconds", p0) == 0
+    # Partition 1 falls behind at a plan: its lag in seconds counts from when it was caught up.
+    flow.lag({("t", 1): 2}, {("t", 1): 9}, remote, time.time())
+    behind = value("mirrorflow_lag_seconds", p1)
+    assert time.time() - t0 - 2 <= behind <= time.time() - t0 + 0.01
+    flow.caught_up({("t", 1): 9}, remote, time.time())
+    assert value("mirrorflow_lag_seconds", p1) == 0
+    flow.checkpoints({("g", "a.t", 0): 12.4})
+    checkpoint = {"source": "a", "target": "b", "group": "g", "topic": "a.t", "partition": "0"}
+    assert value("mirrorflow_checkpoint_latency_ms", {**checkpoint, "stat": "avg"}) == 12
     state = {"source": "a", "target": "b", "mirrorflow_flow_state": "RUNNING"}
     assert value("mirrorflow_flow_state", state) == 1
     beat = value("mirrorflow_heartbeat_timestamp_seconds", {"source": "a", "target": "b"})
     assert time.time() - 5 < beat <= time.time()
+
+
+def test_latency_window_keeps_the_last_minute_else_the_last_batch():
+    window = metrics_mod._Window()
+    window.add(metrics_mod.Stats(100, 100, 100, 1), 1000.0)
+    window.add(metrics_mod.Stats(5, 7, 12, 2), 1050.0)
+    assert window.stats(1055.0) == metrics_mod.Stats(5, 100, 112, 3)
+    assert window.stats(1070.0) == metrics_mod.Stats(5, 7, 12, 2)  # the first one left it
+    assert window.stats(2000.0) == metrics_mod.Stats(5, 7, 12, 2)  # idle: the last batch's
+
+
+def test_exactly_once_latency_counts_from_the_commit():
+    p = eos_writer._Partition("t", 0, "a.t", producer=None)
+    for ts in (1_000, 1_500, 2_000):
+        eos_writer._add(p.timestamps, ts)
+    p.committed_at_ms = 2_100
+    assert eos_writer._latency(p) == [100, 1_100, 3 * 2_100 - 4_500, 3]
 
 
 EXACTLY_ONCE = (

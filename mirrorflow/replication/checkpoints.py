@@ -256,8 +256,12 @@ class GroupCheckpoints:
         offset_map: OffsetMap,
         positions: Callable[[], dict[Partition, int]] = dict,
         producer=None,
+        on_written: Callable[[dict[GroupKey, float]], None] | None = None,
     ) -> None:
         self.spec, self.offset_map, self.positions = spec, offset_map, positions
+        # Told each written checkpoint's latency (ms): from its creation (the group's offsets
+        # read and translated) to its acknowledgement, MirrorMaker 2's checkpoint-latency-ms.
+        self.on_written = on_written
         self.source, self.target = admins[spec.source], admins[spec.target]
         self.offsets = GroupOffsetsClient(self.source, spec.source_consumer_client)
         if producer is None:  # False: translation only, nothing written
@@ -351,9 +355,11 @@ class GroupCheckpoints:
         if self.groups is None:
             self.refresh_groups()
         due: list[tuple[Checkpoint, str]] = []
+        created: dict[GroupKey, float] = {}
         self.translated = {}
         for group in self.groups or []:
             offsets = self.translated[group] = self.group_offsets(group)
+            translated_at = time.time()
             for (topic, partition), translation in sorted(offsets.translations.items()):
                 if translation is None:
                     continue  # nothing of the partition copied yet
@@ -368,8 +374,12 @@ class GroupCheckpoints:
                 key = (group, checkpoint.topic, partition)
                 if checkpoint_is_more_recent(self.latest.get(key), checkpoint):
                     due.append((checkpoint, translation.exactness))
+                    created[key] = translated_at
         if due and write:
             self._write([c for c, _ in due])
+            if self.on_written is not None:
+                acknowledged = time.time()
+                self.on_written({k: (acknowledged - at) * 1000 for k, at in created.items()})
         self.due = [c for c, _ in due]
         now = time.time()
         with self._lock:

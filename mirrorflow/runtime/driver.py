@@ -81,6 +81,7 @@ from mirrorflow.replication.topics import (
 )
 from mirrorflow.runtime import eos_writer as mirror_writer
 from mirrorflow.runtime import jobs, jvm
+from mirrorflow.runtime.metrics import Copied, Stats
 from mirrorflow.runtime.spark_session import kafka_options
 
 if TYPE_CHECKING:
@@ -505,6 +506,7 @@ class MirrorJob:
                 self.offset_map,
                 lambda: dict(self.positions),
                 self.producers[spec.target],
+                on_written=self.metrics.checkpoints if self.metrics is not None else None,
             )
         self.scheduler.add(
             "emit-checkpoints", spec.emit_checkpoints_interval_s, self.checkpoints.scheduled_emit
@@ -532,6 +534,8 @@ class MirrorJob:
             if self.doorbell.error is not None:  # it cannot tell: list the ends each wait
                 return
             self._caught_up_at = time.time()  # no record past the positions: nothing to copy
+            if self.metrics is not None:
+                self.metrics.caught_up(self.positions, mapping, self._caught_up_at)
             if (
                 self.stopping()
                 or self.mapping is not mapping
@@ -663,7 +667,7 @@ class MirrorJob:
             if end > position:
                 pending[tp] = end - position
         if self.metrics is not None:
-            self.metrics.lag(self.positions, ends, self.mapping)
+            self.metrics.lag(self.positions, ends, self.mapping, plan_at)
         total, cap = sum(pending.values()), self.spec.max_records_per_batch
         self._capped = total > cap
         if not total:
@@ -681,7 +685,7 @@ class MirrorJob:
         started = time.monotonic()
         if self.spec.exactly_once:
             try:
-                records, size, syncs, per_partition = self._copy_in_transactions(
+                records, size, syncs, copied = self._copy_in_transactions(
                     self._read(ranges), mapping
                 )
             except MirrorflowError:
@@ -691,8 +695,7 @@ class MirrorJob:
             done = f"{records} records, {size} bytes, {syncs} offset syncs"
         else:
             local = self._runs_locally(ranges)
-            records, size, runs = self._copy_with_copier(ranges, mapping, local)
-            per_partition = {tp: sum(run.count for run in rs) for tp, rs in runs.items()}
+            records, size, runs, copied = self._copy_with_copier(ranges, mapping, local)
             done = f"{records} records, {size} bytes" + (" (in the driver)" if local else "")
             self.local_batches += local
             self._store_runs(runs)
@@ -703,7 +706,7 @@ class MirrorJob:
         self.copied[0] += records
         self.copied[1] += size
         if self.metrics is not None:
-            self.metrics.batch(per_partition, size, self.positions, self._planned_ends, mapping)
+            self.metrics.batch(copied, self.positions, self._planned_ends, mapping, self._plan_at)
         elapsed = time.monotonic() - started
         log.info(
             "%s batch %d: %s from %d partitions in %.3f s",
@@ -800,10 +803,11 @@ class MirrorJob:
 
     def _copy_with_copier(
         self, ranges: list[tuple[Partition, int, int]], mapping: dict[str, str], local: bool
-    ) -> tuple[int, int, dict[Partition, list[Run]]]:
+    ) -> tuple[int, int, dict[Partition, list[Run]], dict[Partition, Copied]]:
         """At-least-once: the JVM copier copies the ranges and writes the offset syncs, as a
-        Spark job or (``local``) in the driver's JVM. Returns the records and bytes copied, and
-        each partition's runs of copies."""
+        Spark job or (``local``) in the driver's JVM. Returns the records and bytes copied,
+        each partition's runs of copies, and what it copied of each (bytes, record ages at read,
+        replication latencies at acknowledgement)."""
         context = self.spark.sparkContext
         if self._copier is None:
             self._copier = getattr(context._jvm, jvm.COPIER_CLASS)
@@ -811,21 +815,31 @@ class MirrorJob:
         settings = self._copier_settings(mapping)
         try:
             if local:
-                copied = self._copier.copyLocal(lines, settings)
+                encoded = self._copier.copyLocal(lines, settings)
             else:
                 context.setJobDescription(f"mirror {self.spec.flow} batch {self.batches}")
                 try:
-                    copied = self._copier.copy(context._jsc, lines, settings)
+                    encoded = self._copier.copy(context._jsc, lines, settings)
                 finally:
                     context.setJobDescription(None)
         except Exception as exc:  # py4j's error: its text holds the copier's message
             raise batch_error(self.spec, exc) from None
-        data = bytes(copied)  # MirrorCopier.Copied.encode: big-endian longs
-        records, size = struct.unpack_from(">qq", data)
+        data = bytes(encoded)  # MirrorCopier.Copied.encode: big-endian longs
+        records, size, count = struct.unpack_from(">qqq", data)
+        copied: dict[Partition, Copied] = {}
+        for index, (nbytes, *stats) in enumerate(
+            struct.iter_unpack(">9q", data[24 : 24 + 72 * count])
+        ):
+            tp = ranges[index][0]
+            figures = Copied(0, nbytes, Stats.of(*stats[:4]), Stats.of(*stats[4:]))
+            copied[tp] = copied[tp].merge(figures) if tp in copied else figures
         runs: dict[Partition, list[Run]] = {}
-        for index, up, down, count in struct.iter_unpack(">qqqq", memoryview(data)[16:]):
-            runs.setdefault(ranges[index][0], []).append(Run(up, down, count))
-        return records, size, runs
+        for index, up, down, n in struct.iter_unpack(">qqqq", memoryview(data)[24 + 72 * count :]):
+            runs.setdefault(ranges[index][0], []).append(Run(up, down, n))
+        for tp, partition_runs in runs.items():
+            figures = copied.setdefault(tp, Copied())
+            figures.records += sum(run.count for run in partition_runs)
+        return records, size, runs, copied
 
     def _store_runs(self, runs: dict[Partition, list[Run]]) -> None:
         """Add a batch's runs of copies to the offset map and store them on the target before
@@ -964,15 +978,21 @@ class MirrorJob:
         if spec.emit_offset_syncs and syncs:
             self._write_offset_syncs(syncs)
         lasts = [r for r in rows if r.kind == "last"]
-        per_partition: dict[Partition, int] = {}
+        copied: dict[Partition, Copied] = {}
         for r in lasts:
             tp = (r.topic, r.partition)
-            per_partition[tp] = per_partition.get(tp, 0) + r.records
+            figures = Copied(
+                r.records,
+                r.bytes,
+                Stats.of(r.age_min, r.age_max, r.age_sum, r.age_count),
+                Stats.of(r.latency_min, r.latency_max, r.latency_sum, r.latency_count),
+            )
+            copied[tp] = copied[tp].merge(figures) if tp in copied else figures
         return (
             sum(r.records for r in lasts),
             sum(r.bytes for r in lasts),
             len(syncs),
-            per_partition,
+            copied,
         )
 
     def _write_offset_syncs(self, syncs: list[OffsetSync]) -> None:

@@ -31,6 +31,7 @@ from mirrorflow.mm2.offset_syncs import PartitionSyncState
 from mirrorflow.replication.offset_map import PartitionMap, Run, record_of, runs_of
 from mirrorflow.replication.topics import client_principal, refusal, unauthorized
 
+STATS = ("min", "max", "sum", "count")
 INPUT_COLUMNS = ("topic", "partition", "offset", "key", "value", "headers", "ts_ms")
 RESULT_SCHEMA = pa.schema(
     [
@@ -43,12 +44,15 @@ RESULT_SCHEMA = pa.schema(
         ("kind", pa.string()),
         ("records", pa.int64()),
         ("bytes", pa.int64()),
-        ("max_age_ms", pa.int64()),
+        # on "last": record age when read and replication latency when committed (now minus
+        # the record's timestamp, ms; MirrorMaker 2's record-age-ms, replication-latency-ms)
+        *((f"{stat}_{what}", pa.int64()) for stat in ("age", "latency") for what in STATS),
     ]
 )
 RESULT_DDL = (
     "topic string, partition int, upstream long, downstream long, kind string, "
-    "records long, bytes long, max_age_ms long"
+    "records long, bytes long, "
+    + ", ".join(f"{stat}_{what} long" for stat in ("age", "latency") for what in STATS)
 )
 ERROR_PREFIX = "mirrorflow-copy-error: "
 # Extra bytes a record takes in a record batch beyond its key, value and headers.
@@ -144,7 +148,10 @@ class _Partition:
     acks: _Acks = field(default_factory=_Acks)
     upstream: list[int] = field(default_factory=list)
     bytes: int = 0
-    max_age_ms: int = 0
+    # the copies' record ages when read (ms) and their records' timestamps: min, max, sum, count
+    age: list[int] = field(default_factory=lambda: [0, 0, 0, 0])
+    timestamps: list[int] = field(default_factory=lambda: [0, 0, 0, 0])
+    committed_at_ms: int = 0
     runs: list[Run] = field(default_factory=list)  # this batch's copies, for the offset map
 
 
@@ -239,10 +246,31 @@ def _produce_batch(settings: CopySettings, batch: pa.RecordBatch, partitions, co
                 poll(0.05)
         current.upstream.append(cols["offset"][i])
         current.bytes += size
-        if ts is not None and now_ms - ts > current.max_age_ms:
-            current.max_age_ms = now_ms - ts
+        if ts is not None:
+            _add(current.age, max(0, now_ms - ts))
+            _add(current.timestamps, ts)
         if i % 1000 == 0:
             poll(0)
+
+
+def _add(stats: list[int], value: int) -> None:
+    """Add ``value`` to ``[min, max, sum, count]``."""
+    if stats[3] == 0 or value < stats[0]:
+        stats[0] = value
+    if stats[3] == 0 or value > stats[1]:
+        stats[1] = value
+    stats[2] += value
+    stats[3] += 1
+
+
+def _latency(p: _Partition) -> list[int]:
+    """The partition's replication latencies ``[min, max, sum, count]`` (ms): its commit time
+    minus each copy's record timestamp (never below 0)."""
+    low, high, total, count = p.timestamps
+    if not count:
+        return [0, 0, 0, 0]
+    at = p.committed_at_ms
+    return [max(0, at - high), max(0, at - low), max(0, count * at - total), count]
 
 
 def _decode_headers(text: str) -> list[tuple[str, bytes | None]]:
@@ -265,6 +293,7 @@ def _commit_transactions(settings: CopySettings, partitions) -> None:
                 position = SourceOffset(settings.source_alias, p.topic, p.partition, p.upstream[-1])
                 p.producer.produce(settings.offsets_topic, position.value(), position.key())
                 p.producer.commit_transaction(settings.flush_timeout_s)
+                p.committed_at_ms = int(time.time() * 1000)
             else:
                 p.producer.abort_transaction(settings.flush_timeout_s)
         except KafkaException as exc:
@@ -325,10 +354,12 @@ def _check_acks(settings: CopySettings, partitions) -> None:
 def _results(settings: CopySettings, partitions) -> pa.RecordBatch:
     rows: dict[str, list] = {name: [] for name in RESULT_SCHEMA.names}
 
-    def add(p: _Partition, up: int, down: int, kind: str, records: int, size: int, age: int):
+    none = [0] * (2 * len(STATS))
+
+    def add(p: _Partition, up: int, down: int, kind: str, records: int, size: int, stats):
         for name, value in zip(
             RESULT_SCHEMA.names,
-            (p.topic, p.partition, up, down, kind, records, size, age),
+            (p.topic, p.partition, up, down, kind, records, size, *stats),
             strict=True,
         ):
             rows[name].append(value)
@@ -338,10 +369,9 @@ def _results(settings: CopySettings, partitions) -> pa.RecordBatch:
             continue
         state = PartitionSyncState(max_offset_lag=settings.max_offset_lag)
         for index in state.update_batch(p.upstream, p.acks.downstream):
-            add(p, p.upstream[index], p.acks.downstream[index], "sync", 0, 0, 0)
+            add(p, p.upstream[index], p.acks.downstream[index], "sync", 0, 0, none)
         for run in p.runs:
-            add(p, run.upstream, run.downstream, "run", run.count, 0, 0)
-        add(
-            p, p.upstream[-1], p.acks.downstream[-1], "last", len(p.upstream), p.bytes, p.max_age_ms
-        )
+            add(p, run.upstream, run.downstream, "run", run.count, 0, none)
+        stats = [*p.age, *_latency(p)]
+        add(p, p.upstream[-1], p.acks.downstream[-1], "last", len(p.upstream), p.bytes, stats)
     return pa.RecordBatch.from_pydict(rows, schema=RESULT_SCHEMA)

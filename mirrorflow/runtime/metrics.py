@@ -8,10 +8,22 @@ MirrorMaker 2's meanings (``record-count`` is ``mirrorflow_record_count_total``)
 
 - ``mirrorflow_record_count_total``: records copied per remote topic-partition (MM2's
   ``record-count``).
-- ``mirrorflow_byte_count_total``: bytes copied per flow (the at-least-once copier reports bytes
-  per batch, not per partition).
+- ``mirrorflow_byte_count_total``: bytes (keys, values, headers) copied per remote
+  topic-partition (MM2's ``byte-count``).
+- ``mirrorflow_record_age_ms`` and ``mirrorflow_replication_latency_ms`` with
+  ``stat="min|max|avg"`` per remote topic-partition (MM2's ``record-age-ms`` and
+  ``replication-latency-ms``): now minus the record's timestamp when the copier read it, and when
+  the target acknowledged (at-least-once) or committed (exactly-once) its copy, over the copies of
+  the last :data:`WINDOW_S` seconds (MM2's default window), else of the partition's last batch.
+  The copiers (JVM and Python) return min, max, sum and count per partition with each batch.
+- ``mirrorflow_checkpoint_latency_ms`` with ``stat`` per group and remote topic-partition (MM2's
+  ``checkpoint-latency-ms``): from a checkpoint's creation (the group's offsets read and
+  translated) to its acknowledgement by the target, over the same window.
 - ``mirrorflow_lag_records``: per partition, the source's end offset at the last plan minus the
   flow's position (what MirrorMaker 2 does not report).
+- ``mirrorflow_lag_seconds``: per partition, 0 when it had nothing to copy at the last plan, else
+  the time since it was last seen caught up (an upper bound on the age of its oldest record not
+  yet copied; computed at scrape); absent until the job has seen it caught up once.
 - ``mirrorflow_batches_total`` and ``mirrorflow_last_batch_timestamp_seconds`` per flow.
 - ``mirrorflow_heartbeat_timestamp_seconds`` per flow: when the target last acknowledged the
   flow's heartbeat (its age is ``time() - mirrorflow_heartbeat_timestamp_seconds``).
@@ -22,10 +34,15 @@ MirrorMaker 2's meanings (``record-count`` is ``mirrorflow_record_count_total``)
 from __future__ import annotations
 
 import os
+import threading
 import time
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from mirrorflow.errors import MirrorflowError
 
@@ -36,6 +53,144 @@ HOST = "127.0.0.1"  # never all interfaces: the endpoint has no authentication
 STATES = ["STARTING", "RUNNING", "IDLE", "PAUSED", "STOPPED", "FAILED"]
 FLOW = ["source", "target"]
 PARTITION = [*FLOW, "topic", "partition"]
+WINDOW_S = 60.0  # MirrorMaker 2's: metrics.sample.window.ms (30 s) times metrics.num.samples (2)
+NO_TIMESTAMP_MIN = (1 << 63) - 1  # the JVM copier's min of no values (Long.MAX_VALUE)
+
+
+@dataclass
+class Stats:
+    """Milliseconds of some records: min, max, sum and count (what the copiers return)."""
+
+    low: int = 0
+    high: int = 0
+    total: int = 0
+    count: int = 0
+
+    @classmethod
+    def of(cls, low: int, high: int, total: int, count: int) -> Stats:
+        return cls(low, high, total, count) if count > 0 else cls()
+
+    def merge(self, other: Stats) -> Stats:
+        if not other.count:
+            return self
+        if not self.count:
+            return other
+        return Stats(
+            min(self.low, other.low),
+            max(self.high, other.high),
+            self.total + other.total,
+            self.count + other.count,
+        )
+
+    def values(self) -> dict[str, float]:
+        """``min``, ``max``, ``avg`` (empty without values)."""
+        if not self.count:
+            return {}
+        return {"min": self.low, "max": self.high, "avg": self.total / self.count}
+
+
+@dataclass
+class Copied:
+    """What a batch copied from one source partition."""
+
+    records: int = 0
+    bytes: int = 0
+    age: Stats = field(default_factory=Stats)  # record-age-ms: at read
+    latency: Stats = field(default_factory=Stats)  # replication-latency-ms: at acknowledgement
+
+    def merge(self, other: Copied) -> Copied:
+        return Copied(
+            self.records + other.records,
+            self.bytes + other.bytes,
+            self.age.merge(other.age),
+            self.latency.merge(other.latency),
+        )
+
+
+class _Window:
+    """Stats recorded over the last :data:`WINDOW_S` seconds; the last ones when older."""
+
+    __slots__ = ("samples",)
+
+    def __init__(self) -> None:
+        self.samples: deque[tuple[float, Stats]] = deque()
+
+    def add(self, stats: Stats, at: float) -> None:
+        if not stats.count:
+            return
+        self.samples.append((at, stats))
+        while len(self.samples) > 1 and self.samples[0][0] < at - WINDOW_S:
+            self.samples.popleft()
+
+    def stats(self, now: float) -> Stats:
+        recent = [s for at, s in self.samples if at >= now - WINDOW_S] or [
+            s for _at, s in list(self.samples)[-1:]
+        ]
+        merged = Stats()
+        for stats in recent:
+            merged = merged.merge(stats)
+        return merged
+
+
+class _Live(Collector):
+    """The figures computed at scrape: windowed latencies and lag in seconds."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        # (name, labels) -> window; labels end before ``stat``
+        self.windows: dict[tuple[str, tuple[str, ...]], _Window] = {}
+        # partition -> (when it was last seen caught up, whether it had nothing to copy at the
+        # last plan)
+        self.caught_up: dict[tuple[str, ...], tuple[float, bool]] = {}
+
+    def record(self, name: str, labels: tuple[str, ...], stats: Stats, at: float) -> None:
+        with self.lock:
+            self.windows.setdefault((name, labels), _Window()).add(stats, at)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        now = time.time()
+        families = {
+            name: GaugeMetricFamily(name, help_, labels=[*labels, "stat"])
+            for name, (help_, labels) in LIVE.items()
+        }
+        lag = GaugeMetricFamily(
+            "mirrorflow_lag_seconds",
+            "0 when the partition had nothing to copy at the last plan, else the time since it "
+            "was last seen caught up (an upper bound on its oldest uncopied record's age)",
+            labels=PARTITION,
+        )
+        with self.lock:
+            windows = [(key, w.stats(now)) for key, w in self.windows.items()]
+            caught_up = dict(self.caught_up)
+        for (name, labels), stats in sorted(windows):
+            for stat, value in stats.values().items():
+                families[name].add_metric([*labels, stat], value)
+        for labels, (at, current) in sorted(caught_up.items()):
+            lag.add_metric(list(labels), 0.0 if current else max(0.0, now - at))
+        yield from families.values()
+        yield lag
+
+    def describe(self) -> Iterable[GaugeMetricFamily]:
+        return []
+
+
+LIVE = {
+    "mirrorflow_record_age_ms": (
+        "Now minus the record's timestamp when the copier read it (MirrorMaker 2's "
+        "record-age-ms), over the last minute's copies",
+        PARTITION,
+    ),
+    "mirrorflow_replication_latency_ms": (
+        "Now minus the record's timestamp when the target acknowledged its copy (MirrorMaker "
+        "2's replication-latency-ms), over the last minute's copies",
+        PARTITION,
+    ),
+    "mirrorflow_checkpoint_latency_ms": (
+        "From a checkpoint's creation to its acknowledgement by the target (MirrorMaker 2's "
+        "checkpoint-latency-ms), over the last minute's checkpoints",
+        [*FLOW, "group", "topic", "partition"],
+    ),
+}
 
 
 def port_from(option: int | None) -> int:
@@ -63,7 +218,11 @@ class Metrics:
             registry=r,
         )
         self.bytes = Counter(
-            "mirrorflow_byte_count", "Bytes of records copied by the flow", FLOW, registry=r
+            "mirrorflow_byte_count",
+            "Bytes (keys, values, headers) copied to the remote topic-partition (MirrorMaker 2's "
+            "byte-count)",
+            PARTITION,
+            registry=r,
         )
         self.lag = Gauge(
             "mirrorflow_lag_records",
@@ -91,6 +250,8 @@ class Metrics:
         self.state = Enum(
             "mirrorflow_flow_state", "The flow's state", FLOW, states=STATES, registry=r
         )
+        self.live = _Live()
+        r.register(self.live)
         self._server = None
 
     def flow(self, source: str, target: str) -> FlowMetrics:
@@ -125,34 +286,69 @@ class FlowMetrics:
 
     def batch(
         self,
-        records: Mapping[Partition, int],
-        size: int,
+        copied: Mapping[Partition, Copied],
         positions: Mapping[Partition, int],
         ends: Mapping[Partition, int],
         remote_topics: Mapping[str, str],
+        planned_at: float,
     ) -> None:
-        """A batch's figures: ``records`` copied per source partition, ``size`` bytes, the
-        flow's positions after it and the source's ends at its plan."""
-        m = self.metrics
-        for (topic, partition), count in records.items():
-            if count and topic in remote_topics:
-                m.records.labels(*self._partition(remote_topics[topic], partition)).inc(count)
-        m.bytes.labels(*self.labels).inc(size)
+        """A batch's figures: what it ``copied`` per source partition, the flow's positions
+        after it and the source's ends at its plan (made at ``planned_at``)."""
+        m, now = self.metrics, time.time()
+        for (topic, partition), figures in copied.items():
+            if topic not in remote_topics:
+                continue
+            labels = self._partition(remote_topics[topic], partition)
+            if figures.records:
+                m.records.labels(*labels).inc(figures.records)
+            m.bytes.labels(*labels).inc(figures.bytes)
+            m.live.record("mirrorflow_record_age_ms", labels, figures.age, now)
+            m.live.record("mirrorflow_replication_latency_ms", labels, figures.latency, now)
         m.batches.labels(*self.labels).inc()
-        m.last_batch.labels(*self.labels).set(time.time())
-        self.lag(positions, ends, remote_topics)
+        m.last_batch.labels(*self.labels).set(now)
+        self.lag(positions, ends, remote_topics, planned_at)
 
     def lag(
         self,
         positions: Mapping[Partition, int],
         ends: Mapping[Partition, int],
         remote_topics: Mapping[str, str],
+        at: float,
     ) -> None:
-        """Each partition's lag: its end at the last plan minus its position (never below 0)."""
+        """Each partition's lag: its end at the last plan (made at ``at``) minus its position
+        (never below 0); a partition without lag was caught up at ``at``."""
+        live = self.metrics.live
         for (topic, partition), position in positions.items():
             if topic in remote_topics and (topic, partition) in ends:
+                labels = self._partition(remote_topics[topic], partition)
                 lag = max(0, ends[(topic, partition)] - position)
-                self.metrics.lag.labels(*self._partition(remote_topics[topic], partition)).set(lag)
+                self.metrics.lag.labels(*labels).set(lag)
+                with live.lock:
+                    known = live.caught_up.get(labels)
+                    if not lag:
+                        live.caught_up[labels] = (max(at, known[0]) if known else at, True)
+                    elif known is not None:
+                        live.caught_up[labels] = (known[0], False)
+
+    def caught_up(
+        self, positions: Mapping[Partition, int], remote_topics: Mapping[str, str], at: float
+    ) -> None:
+        """No partition had a record past its position at ``at`` (the idle wait's answer)."""
+        live = self.metrics.live
+        with live.lock:
+            for topic, partition in positions:
+                if topic in remote_topics:
+                    live.caught_up[self._partition(remote_topics[topic], partition)] = (at, True)
+
+    def checkpoints(self, latencies: Mapping[tuple[str, str, int], float]) -> None:
+        """Checkpoints acknowledged now: each (group, remote topic, partition)'s latency, ms."""
+        now = time.time()
+        for (group, topic, partition), ms in latencies.items():
+            labels = (*self.labels, group, topic, str(partition))
+            value = max(0, round(ms))
+            self.metrics.live.record(
+                "mirrorflow_checkpoint_latency_ms", labels, Stats(value, value, value, 1), now
+            )
 
     def heartbeat(self) -> None:
         """A heartbeat was acknowledged by the target now."""

@@ -135,14 +135,40 @@ public final class MirrorCopier {
    */
   static final class Copied implements java.io.Serializable {
     private static final long serialVersionUID = 1L;
+    static final long NO_TIMESTAMP = Long.MIN_VALUE;
     long records;
     long bytes;
+    /** Record age at read (now - record timestamp, ms): min, max, sum, count. */
+    private final long[] age = {Long.MAX_VALUE, 0, 0, 0};
+    /** Replication latency at acknowledgement (now - record timestamp, ms): min, max, sum, count. */
+    private final long[] latency = {Long.MAX_VALUE, 0, 0, 0};
     private final List<long[]> runs = new ArrayList<>();
     private long runUp = -1;
     private long runDown = -1;
     private long runCount;
 
-    synchronized void acknowledged(long upstream, long downstream) {
+    /** A record was read {@code ms} after its timestamp (MirrorMaker 2's record-age-ms). */
+    synchronized void read(long ms) {
+      add(age, ms);
+    }
+
+    private static void add(long[] stats, long ms) {
+      long value = Math.max(0, ms); // a timestamp ahead of this host's clock counts as 0
+      stats[0] = Math.min(stats[0], value);
+      stats[1] = Math.max(stats[1], value);
+      stats[2] += value;
+      stats[3]++;
+    }
+
+    /**
+     * The copy of {@code upstream} is acknowledged at {@code downstream}, {@code latencyMs} after
+     * its record's timestamp (MirrorMaker 2's replication-latency-ms; {@link #NO_TIMESTAMP}: the
+     * record has none).
+     */
+    synchronized void acknowledged(long upstream, long downstream, long latencyMs) {
+      if (latencyMs != NO_TIMESTAMP) {
+        add(latency, latencyMs);
+      }
       if (runCount > 0 && upstream == runUp + runCount && downstream == runDown + runCount) {
         runCount++;
         return;
@@ -161,8 +187,10 @@ public final class MirrorCopier {
     }
 
     /**
-     * The results of ranges 0..n-1 as big-endian longs: total records, total bytes, then for
-     * every run {range index, first source offset, first target offset, count}.
+     * The results of ranges 0..n-1 as big-endian longs: total records, total bytes, n; then for
+     * every range its bytes, record age min, max, sum, count and replication latency min, max,
+     * sum, count (ms; min is Long.MAX_VALUE when count is 0); then for every run {range index,
+     * first source offset, first target offset, count}.
      */
     static byte[] encode(List<Copied> results) {
       int runs = 0;
@@ -172,10 +200,22 @@ public final class MirrorCopier {
           runs += copied.runs.size();
         }
       }
-      java.nio.ByteBuffer out = java.nio.ByteBuffer.allocate(16 + 32 * runs);
-      out.putLong(0).putLong(0);
+      java.nio.ByteBuffer out =
+          java.nio.ByteBuffer.allocate(24 + 72 * results.size() + 32 * runs);
+      out.putLong(0).putLong(0).putLong(results.size());
       long records = 0;
       long bytes = 0;
+      for (Copied copied : results) {
+        out.putLong(copied.bytes);
+        synchronized (copied) {
+          for (long value : copied.age) {
+            out.putLong(value);
+          }
+          for (long value : copied.latency) {
+            out.putLong(value);
+          }
+        }
+      }
       for (int index = 0; index < results.size(); index++) {
         Copied copied = results.get(index);
         records += copied.records;
@@ -303,6 +343,7 @@ public final class MirrorCopier {
           continue;
         }
         lastProgress = System.currentTimeMillis();
+        long readAt = lastProgress;
         for (int i = 0; i < polled.size(); i++) {
           ConsumerRecord<byte[], byte[]> record = polled.get(i);
           if (record.offset() >= until) {
@@ -321,6 +362,9 @@ public final class MirrorCopier {
           }
           long upstream = record.offset();
           long timestamp = record.timestamp();
+          if (timestamp >= 0) {
+            copied.read(readAt - timestamp);
+          }
           try {
             producer.send(
                 new ProducerRecord<>(
@@ -333,7 +377,12 @@ public final class MirrorCopier {
                       syncs.failed(tp);
                     }
                   } else if (metadata.hasOffset()) {
-                    copied.acknowledged(upstream, metadata.offset());
+                    copied.acknowledged(
+                        upstream,
+                        metadata.offset(),
+                        timestamp >= 0
+                            ? System.currentTimeMillis() - timestamp
+                            : Copied.NO_TIMESTAMP);
                     if (syncs != null) {
                       syncs.acknowledged(tp, upstream, metadata.offset());
                     }
