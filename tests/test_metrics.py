@@ -8,7 +8,7 @@ import time
 import urllib.request
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
 from mirrorflow.errors import MirrorflowError
@@ -25,6 +25,7 @@ from tests.mirror_harness import (
     stop_job,
     wait_for,
 )
+from tests.test_least_privilege import commit
 
 
 def free_port() -> int:
@@ -158,6 +159,43 @@ def test_the_endpoint_serves_on_loopback_and_a_taken_port_fails_in_one_line():
         m.close()
 
 
+def produce_fresh(cluster, topic: str, partitions: int, count: int, start: int) -> list:
+    """Records stamped now (the harness's ``produce`` stamps them an hour ago)."""
+    producer = Producer({**cluster.client_config(), "enable.idempotence": True})
+    sent = []
+    for i in range(start, start + count):
+        record = dict(
+            topic=topic,
+            partition=i % partitions,
+            key=f"key-{i}".encode(),
+            value=f"fresh-{i}".encode(),
+            headers=[("trace", f"t{i}".encode())],
+        )
+        producer.produce(**record)
+        sent.append(record)
+    assert producer.flush(30) == 0
+    return sent
+
+
+def record_bytes(records: list) -> dict[int, int]:
+    """Bytes of keys, values, header keys and values per partition (MM2's byte-count)."""
+    sizes: dict[int, int] = {}
+    for r in records:
+        size = len(r["key"] or b"") + len(r["value"] or b"")
+        size += sum(len(k.encode()) + len(v or b"") for k, v in r["headers"] or [])
+        sizes[r["partition"]] = sizes.get(r["partition"], 0) + size
+    return sizes
+
+
+def stats(samples: dict[str, list], name: str, topic: str) -> dict[int, dict[str, float]]:
+    """``{partition: {stat: value}}`` of a min/max/avg gauge."""
+    found: dict[int, dict[str, float]] = {}
+    for s in samples.get(name, []):
+        if s.labels["topic"] == topic:
+            found.setdefault(int(s.labels["partition"]), {})[s.labels["stat"]] = s.value
+    return found
+
+
 @pytest.mark.kafka
 @pytest.mark.spark
 @pytest.mark.parametrize("exactly_once", [False, True], ids=["at-least-once", "exactly-once"])
@@ -168,8 +206,16 @@ def test_scraped_record_counts_match_the_target_and_the_endpoint_is_loopback_onl
     topic = topic_name("metrics")
     remote = f"primary.{topic}"
     create_topics(primary, topic, partitions=2)
-    produce(primary, topic, 2, 101)  # 51 records in partition 0, 50 in partition 1
-    config = flow_file(tmp_path, sandbox, topic, *(EXACTLY_ONCE if exactly_once else ()))
+    group = f"{topic}-readers"
+    # 51 records in partition 0, 50 in partition 1, stamped an hour ago
+    sent = produce(primary, topic, 2, 101)
+    lines = [
+        f"primary->secondary.groups = {group}",
+        "emit.checkpoints.interval.seconds = 1",
+        "refresh.groups.interval.seconds = 1",
+        *(EXACTLY_ONCE if exactly_once else ()),
+    ]
+    config = flow_file(tmp_path, sandbox, topic, *lines)
     state, log, port = tmp_path / "state", tmp_path / "mirror.log", free_port()
     stop_file = launch.stop_file_for(state, "primary->secondary")
     job = start_mirror(
@@ -181,10 +227,16 @@ def test_scraped_record_counts_match_the_target_and_the_endpoint_is_loopback_onl
         str(port),
         "--stop-file",
         str(stop_file),
+        # at-least-once: the first batch (101 records) on the executors, the second in the
+        # driver (copyLocal)
+        "--local-batch-max-records",
+        "50",
     )
     try:
         wait_for(lambda: progress(state).get("records", 0) >= 101, 180, "the first copies")
-        produce(primary, topic, 2, 40, start=101)  # a second batch while the job runs
+        commit(primary, group, {(topic, 0): 30, (topic, 1): 30})
+        # a second batch while the job runs, stamped now
+        sent += produce_fresh(primary, topic, 2, 40, start=101)
         wait_for(lambda: progress(state).get("records", 0) >= 141, 120, "the second copies")
 
         def caught_up():
@@ -200,8 +252,38 @@ def test_scraped_record_counts_match_the_target_and_the_endpoint_is_loopback_onl
         if not exactly_once:  # exactly-once: transaction markers take offsets too
             assert counts == end_offsets(secondary, remote, 2)
         flow = {"source": "primary", "target": "secondary"}
-        [byte_count] = samples["mirrorflow_byte_count_total"]
-        assert byte_count.labels == flow and byte_count.value > 0
+        byte_counts = per_partition(samples, "mirrorflow_byte_count_total", remote)
+        assert byte_counts == record_bytes(sent)
+        assert sum(byte_counts.values()) == progress(state)["bytes"]
+        if not exactly_once:
+            done = progress(state)
+            assert 0 < done["local_batches"] < done["batches"], done  # both copier paths
+
+        # Both batches are within the minute: the old records' ages and latencies are over an
+        # hour, the fresh ones' small; a copy is acknowledged after it was read.
+        ages = stats(samples, "mirrorflow_record_age_ms", remote)
+        latencies = stats(samples, "mirrorflow_replication_latency_ms", remote)
+        assert set(ages) == set(latencies) == {0, 1}
+        for p in (0, 1):
+            age, latency = ages[p], latencies[p]
+            assert 0 <= age["min"] <= age["avg"] <= age["max"], age
+            assert 0 <= latency["min"] <= latency["avg"] <= latency["max"], latency
+            assert age["max"] >= 3_600_000 - 200 and latency["max"] >= age["max"], (age, latency)
+            assert latency["min"] < 60_000, latency  # fresh records, copied within seconds
+            assert age["min"] <= latency["min"], (age, latency)
+        lag_seconds = per_partition(samples, "mirrorflow_lag_seconds", remote)
+        assert lag_seconds == {0: 0, 1: 0}
+
+        def checkpointed():
+            found = {
+                int(s.labels["partition"]): s.value
+                for s in scrape(port).get("mirrorflow_checkpoint_latency_ms", [])
+                if s.labels["group"] == group and s.labels["stat"] == "max"
+            }
+            return found if set(found) == {0, 1} else None
+
+        checkpoint_latency = wait_for(checkpointed, 60, "checkpoint latencies of both partitions")
+        assert all(0 <= ms < 30_000 for ms in checkpoint_latency.values()), checkpoint_latency
         current = [
             s.labels["mirrorflow_flow_state"]
             for s in samples["mirrorflow_flow_state"]
