@@ -265,17 +265,43 @@ def test_flow_clients_follow_mm2s_connector_layering(tmp_path):
     }
 
 
+def _ca_pem(path: Path) -> Path:
+    """A self-signed CA certificate in PEM (a truststore librdkafka reads as it is)."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(x509.oid.NameOID.COMMON_NAME, "test CA")])
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(now)
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )
+    path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    return path
+
+
 def test_client_configs_translate_to_librdkafka(tmp_path):
+    ca = _ca_pem(tmp_path / "ca.pem")
     topology = _load(
         tmp_path,
         BASE
-        + """\
+        + f"""\
         A.security.protocol = SASL_SSL
         A.sasl.mechanism = SCRAM-SHA-512
         A.sasl.jaas.config = org.apache.kafka.common.security.scram.ScramLoginModule required \\
             username="mm2" password="p\\\\"w";
         A.ssl.truststore.type = PEM
-        A.ssl.truststore.location = /etc/ca.pem
+        A.ssl.truststore.location = {ca}
         A.ssl.protocol = TLSv1.3
         A.consumer.fetch.max.wait.ms = 100
         A.consumer.key.deserializer = org.apache.kafka.common.serialization.ByteArrayDeserializer
@@ -289,7 +315,7 @@ def test_client_configs_translate_to_librdkafka(tmp_path):
         "sasl.mechanism": "SCRAM-SHA-512",
         "sasl.username": "mm2",
         "sasl.password": 'p"w',
-        "ssl.ca.location": "/etc/ca.pem",
+        "ssl.ca.location": str(ca),
         "fetch.wait.max.ms": "100",
         "enable.auto.commit": "false",
         "auto.offset.reset": "earliest",
@@ -299,7 +325,14 @@ def test_client_configs_translate_to_librdkafka(tmp_path):
 @pytest.mark.parametrize(
     ("setting", "message"),
     [
-        ("A.ssl.truststore.location = /etc/truststore.jks", "cannot read a JKS truststore"),
+        (
+            "A.ssl.truststore.type = BCFKS\nA.ssl.truststore.location = /etc/truststore.bcfks",
+            "ssl.truststore.type = BCFKS is not a store type mirrorflow reads",
+        ),
+        (
+            "A.ssl.truststore.location = /nonexistent/truststore.jks",
+            "ssl.truststore.location = /nonexistent/truststore.jks is not a readable file",
+        ),
         ("A.sasl.jaas.config = org.example.Custom required;", "org.example.Custom"),
         ("A.ssl.enabled.protocols = TLSv1.3", "ssl.enabled.protocols = TLSv1.3 has no librdkafka"),
     ],
