@@ -95,3 +95,45 @@ def test_an_admin_call_refused_or_failing_its_tls_handshake_is_not_retried(code)
     assert type(error) is MirrorflowError and "dc2" in error.message, error
     unreachable = cluster_error(admin, "listing topics", KafkaException(KafkaError(-195, "down")))
     assert isinstance(unreachable, ClusterUnreachable)  # _TRANSPORT: worth trying again
+
+
+class _Answer:
+    """A listed offset as librdkafka hands it back: a future whose result has an offset."""
+
+    def __init__(self, offset: int) -> None:
+        self.offset = offset
+
+    def result(self):
+        return self
+
+
+def _job_with_answers(answers: dict[tuple[str, int], int]) -> SimpleNamespace:
+    """What ``MirrorJob._offsets`` reads of its job: the spec and the source's admin client,
+    whose ``list_offsets`` answers as librdkafka does after a request that timed out."""
+
+    def list_offsets(requests, **_options):
+        return {tp: _Answer(answers[(tp.topic, tp.partition)]) for tp in requests}
+
+    client = SimpleNamespace(list_offsets=list_offsets)
+    spec = SimpleNamespace(flow="dc1->dc2", source="dc1", target="dc2", source_consumer={})
+    return SimpleNamespace(spec=spec, admins={"dc1": SimpleNamespace(client=client)})
+
+
+def test_an_unknown_end_offset_is_retried_never_read_as_a_truncated_partition():
+    """With its link cut, librdkafka answers a listing of end offsets with -1001 and no error
+    after its timeout; taken as an end, every partition looked truncated and was copied again
+    from its start (1,000,000 records twice in an exactly-once soak)."""
+    from confluent_kafka.admin import OffsetSpec
+
+    from mirrorflow.runtime.driver import MirrorJob
+
+    job = _job_with_answers({("t", 0): 250_000, ("t", 1): -1001})
+    with pytest.raises(ClusterUnreachable, match=r"gave no offset for t-1 \(answer -1001"):
+        MirrorJob._offsets(job, [("t", 0), ("t", 1)], lambda t, p: OffsetSpec.latest())
+    fine = _job_with_answers({("t", 0): 250_000, ("t", 1): 0})
+    ends = MirrorJob._offsets(fine, [("t", 0), ("t", 1)], lambda t, p: OffsetSpec.latest())
+    assert ends == {("t", 0): 250_000, ("t", 1): 0}
+    # By time, -1 means that no record is that late: an answer, kept for the caller.
+    late = _job_with_answers({("t", 0): -1})
+    at = MirrorJob._offsets(late, [("t", 0)], lambda t, p: OffsetSpec.for_timestamp(1), True)
+    assert at == {("t", 0): -1}

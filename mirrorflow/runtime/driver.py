@@ -591,7 +591,14 @@ class MirrorJob:
         counts = self.remote_topics.source_partitions
         return [(t, p) for t in sorted(self.mapping) for p in range(counts.get(t, 0))]
 
-    def _offsets(self, partitions: list[Partition], spec_of) -> dict[Partition, int]:
+    def _offsets(
+        self, partitions: list[Partition], spec_of, by_time: bool = False
+    ) -> dict[Partition, int]:
+        """The source's offsets of ``partitions`` as ``spec_of`` asks. An earliest or latest
+        offset is never negative: librdkafka answers -1001 (unknown) without an error when the
+        request times out (a cut link), and that must not read as a truncated partition, so it
+        is retried like an unreachable cluster. ``by_time``: -1 (no record that late) is kept.
+        """
         from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
 
         if not partitions:
@@ -607,7 +614,7 @@ class MirrorJob:
         result = {}
         for tp, future in futures.items():
             try:
-                result[(tp.topic, tp.partition)] = future.result().offset
+                offset = future.result().offset
             except KafkaException as exc:
                 needs = f"DESCRIBE on topic {tp.topic}"
                 error = cluster_error(admin, f"listing offsets of {tp.topic}", exc, needs)
@@ -617,6 +624,13 @@ class MirrorJob:
                 raise ClusterUnreachable(
                     error.message, f"check that {self.spec.source} is up; retrying"
                 ) from None
+            if offset < 0 and not (by_time and offset == -1):
+                raise ClusterUnreachable(
+                    f"cluster {self.spec.source} gave no offset for {tp.topic}-{tp.partition} "
+                    f"(answer {offset}: the request timed out or its leader is moving)",
+                    f"check that {self.spec.source} is up; retrying",
+                )
+            result[(tp.topic, tp.partition)] = offset
         return result
 
     def _ends(self, partitions: list[Partition]) -> dict[Partition, int]:
@@ -633,7 +647,9 @@ class MirrorJob:
 
         start = start or self.spec.starting_offsets
         if start.isdigit():
-            at = self._offsets(partitions, lambda t, p: OffsetSpec.for_timestamp(int(start)))
+            at = self._offsets(
+                partitions, lambda t, p: OffsetSpec.for_timestamp(int(start)), by_time=True
+            )
             ends = self._ends([tp for tp, o in at.items() if o < 0])
             return {tp: (o if o >= 0 else ends[tp]) for tp, o in at.items()}
         spec = OffsetSpec.latest() if start == "latest" else OffsetSpec.earliest()
