@@ -83,7 +83,9 @@ def capabilities() -> dict[str, bool]:
             ("rate", ["tbf", "rate", "10mbit", "burst", "32kbit", "latency", "400ms"]),
             ("delay_loss", ["netem", "delay", "25ms", "loss", "1%"]),
         ):
-            found[kind] = _tc("qdisc", "add", "dev", name, "root", *args, check=False).returncode == 0
+            found[kind] = (
+                _tc("qdisc", "add", "dev", name, "root", *args, check=False).returncode == 0
+            )
             _tc("qdisc", "del", "dev", name, "root", check=False)
         return found
     finally:

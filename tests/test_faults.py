@@ -1,0 +1,85 @@
+"""Faults between datacenters: the source cluster in its own network namespace behind a
+10 Mbit/s link that is cut mid-copy, the job SIGKILLed, the source broker restarted.
+
+At-least-once loses nothing, exactly-once repeats nothing (read_committed), every offset sync
+is exact. Needs root and ``ip netns`` (skipped otherwise); see README, *Faults and soak*.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from mirrorflow.devtools import datacenters, faults
+from tests.conftest import create_topics
+from tests.mirror_harness import start_mirror, stop_job, wait_for, write_flow_file
+
+_WHY = datacenters.unavailable()
+pytestmark = pytest.mark.skipif(_WHY is not None, reason=f"fault harness unavailable: {_WHY}")
+
+EXACTLY_ONCE = [
+    "secondary.exactly.once.source.support = enabled",
+    "east.consumer.isolation.level = read_committed",
+]
+SYNCS = "mm2-offset-syncs.secondary.internal"
+
+
+@pytest.fixture(scope="module")
+def east(tmp_path_factory: pytest.TempPathFactory):
+    """A datacenter "east" with one cluster, linked at 10 Mbit/s."""
+    with datacenters.datacenters(1, tmp_path_factory.mktemp("datacenters")) as (dc,):
+        dc.shape("10mbit")
+        dc.start_cluster("east")
+        yield dc
+
+
+@pytest.mark.parametrize("mode", ["at-least-once", "exactly-once"])
+def test_a_cut_link_a_sigkill_and_a_broker_restart_lose_nothing(
+    mode: str, east: datacenters.Datacenter, sandbox, topic_name, tmp_path: Path
+) -> None:
+    source, target = east.cluster, sandbox["secondary"]
+    assert source is not None and source.host.startswith("10.231.")
+    topic = topic_name("wan")
+    create_topics(source, topic, partitions=3)
+    config = write_flow_file(
+        tmp_path / "mm2.properties",
+        sandbox,
+        ["east", "secondary"],
+        [
+            "east->secondary.enabled = true",
+            f"east->secondary.topics = {topic}",
+            "east->secondary.offset.lag.max = 50",
+            *(EXACTLY_ONCE if mode == "exactly-once" else []),
+        ],
+        clients={"east": source.java_client_config(), "secondary": target.java_client_config()},
+    )
+    state, log = tmp_path / "state", tmp_path / "job.log"
+    produce = faults.produce_numbered
+    produce(source, topic, 3, 0, 20_000)
+    job = faults.Supervisor(
+        lambda: start_mirror(
+            config, "east->secondary", state, log, "--max-records-per-batch", "3000"
+        )
+    )
+    try:
+        remote = f"east.{topic}"
+        wait_for(lambda: faults.caught_up(source, topic, target, remote), 180, "the first copies")
+        produce(source, topic, 3, 20_000, 20_000)
+        with east.link_cut():  # mid-copy: the job's fetches and the producer both wait
+            time.sleep(25)
+        time.sleep(5)
+        job.kill()  # SIGKILL of the driver and its workers; the supervisor restarts it
+        produce(source, topic, 3, 40_000, 10_000)
+        east.restart_cluster(down_seconds=3)
+        produce(source, topic, 3, 50_000, 10_000)
+        verdict, _seconds = faults.settle(source, topic, target, remote, SYNCS, timeout=240)
+    finally:
+        job.stop(stop_job)
+    assert verdict.records == 60_000
+    assert verdict.total_lost == 0, f"lost per partition: {verdict.lost}\n{log.read_text()[-3000:]}"
+    if mode == "exactly-once":
+        assert verdict.total_repeated == 0, f"repeated per partition: {verdict.repeated}"
+    assert verdict.syncs > 0 and verdict.wrong_syncs == 0, verdict
+    assert east.cuts >= 1 and job.restarts >= 1
