@@ -17,7 +17,9 @@ from tests.conftest import create_topics
 from tests.mirror_harness import start_mirror, stop_job, wait_for, write_flow_file
 
 _WHY = datacenters.unavailable()
-pytestmark = pytest.mark.skipif(_WHY is not None, reason=f"fault harness unavailable: {_WHY}")
+needs_datacenters = pytest.mark.skipif(
+    _WHY is not None, reason=f"fault harness unavailable: {_WHY}"
+)
 
 EXACTLY_ONCE = [
     "secondary.exactly.once.source.support = enabled",
@@ -35,6 +37,7 @@ def east(tmp_path_factory: pytest.TempPathFactory):
         yield dc
 
 
+@needs_datacenters
 @pytest.mark.parametrize("mode", ["at-least-once", "exactly-once"])
 def test_a_cut_link_a_sigkill_and_a_broker_restart_lose_nothing(
     mode: str, east: datacenters.Datacenter, sandbox, topic_name, tmp_path: Path
@@ -83,3 +86,37 @@ def test_a_cut_link_a_sigkill_and_a_broker_restart_lose_nothing(
         assert verdict.total_repeated == 0, f"repeated per partition: {verdict.repeated}"
     assert verdict.syncs > 0 and verdict.wrong_syncs == 0, verdict
     assert east.cuts >= 1 and job.restarts >= 1
+
+
+def test_the_fault_scheduler_is_seeded_bounded_in_time_and_stops_by_itself() -> None:
+    def run(seed: int) -> tuple[list[str], float]:
+        scheduler = faults.FaultScheduler(
+            {kind: (lambda rng: "") for kind in ("cut", "kill-driver", "restart-source")},
+            duration=1.0,
+            seed=seed,
+            gap=(0.02, 0.05),
+        )
+        began = time.monotonic()
+        scheduler.start()
+        scheduler.join(timeout=10)
+        return [f.kind for f in scheduler.faults], time.monotonic() - began
+
+    kinds, took = run(7)
+    assert len(kinds) >= 10 and took < 1.5, (len(kinds), took)  # it stopped by itself
+    assert set(kinds) == {"cut", "kill-driver", "restart-source"}
+    again, _ = run(7)
+    assert again[: min(len(kinds), len(again))] == kinds[: min(len(kinds), len(again))]
+    assert run(8)[0][:10] != kinds[:10]
+
+
+def test_a_fault_that_cannot_be_made_is_reported_and_the_others_go_on() -> None:
+    def broken(rng) -> str:
+        raise RuntimeError("no such broker")
+
+    scheduler = faults.FaultScheduler(
+        {"restart-target": broken, "cut": lambda rng: "ok"}, duration=0.5, seed=1, gap=(0.01, 0.02)
+    )
+    scheduler.start()
+    scheduler.join(timeout=10)
+    assert scheduler.errors and scheduler.errors[0] == "restart-target: no such broker"
+    assert scheduler.counts().get("cut", 0) >= 1 and "restart-target" not in scheduler.counts()
