@@ -39,6 +39,7 @@ from mirrorflow.runtime import launch
 REPO = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO / "benchmarks" / "results"
 SYNCS = "mm2-offset-syncs.west.internal"
+GROUP = "soak-consumers"  # a group on east whose checkpoints must stay exact
 
 
 def log(message: str) -> None:
@@ -81,6 +82,9 @@ def flow_file(path: Path, east: sandbox_mod.Cluster, west: sandbox_mod.Cluster, 
         "offset-syncs.topic.replication.factor = 1",
         "east->west.enabled = true",
         "east->west.topics = soak",
+        f"east->west.groups = {GROUP}",
+        "emit.checkpoints.interval.seconds = 1",
+        "refresh.groups.interval.seconds = 5",
     ]
     if args.mode == "exactly-once":
         lines += [
@@ -184,6 +188,7 @@ def soak(args, dc: datacenters.Datacenter, work: Path, started: dt.datetime) -> 
         }
     )
     produced = {"n": 0}
+    committed: dict[int, int] = {}
 
     def produce_paced() -> None:
         """The records spread over 80% of the fault period, in slices of 1,000."""
@@ -197,6 +202,13 @@ def soak(args, dc: datacenters.Datacenter, work: Path, started: dt.datetime) -> 
                 east, "soak", args.partitions, start, count, args.record_size, producer
             )
             produced["n"] = start + count
+            if produced["n"] % 100_000 == 0:  # the group has read half of what is produced
+                while producer.flush(10):
+                    pass
+                half = produced["n"] // 2
+                offsets = {p: len(range(p, half, args.partitions)) for p in range(args.partitions)}
+                faults.commit_group(east, "soak", GROUP, offsets)
+                committed.update(offsets)
         while producer.flush(10):
             pass
 
@@ -216,6 +228,9 @@ def soak(args, dc: datacenters.Datacenter, work: Path, started: dt.datetime) -> 
     last_fault = scheduler.last_fault_end or time.monotonic()
     verdict, _ = faults.settle(east, "soak", west, "east.soak", SYNCS, args.catch_up_timeout)
     catch_up = time.monotonic() - last_fault
+    wrong_checkpoints = faults.wrong_checkpoints(
+        config, "east->west", GROUP, committed, verdict.upstream, verdict.downstream
+    )
     supervisor.stop(graceful_stop)
     figures = {
         "started": started.isoformat(timespec="seconds"),
@@ -237,6 +252,8 @@ def soak(args, dc: datacenters.Datacenter, work: Path, started: dt.datetime) -> 
         "repeated_per_partition": verdict.repeated,
         "offset_syncs": verdict.syncs,
         "wrong_offset_syncs": verdict.wrong_syncs,
+        "group_commits_checked": committed,
+        "wrong_checkpoints": wrong_checkpoints,
         "catch_up_seconds_after_last_fault": round(catch_up, 1),
         "command": "python benchmarks/soak.py " + " ".join(sys.argv[1:]),
     }
@@ -250,7 +267,7 @@ def soak(args, dc: datacenters.Datacenter, work: Path, started: dt.datetime) -> 
         f"{'catch-up after the last fault (s)':>34}: {figures['catch_up_seconds_after_last_fault']}"
     )
     print(f"saved {out}")
-    ok = verdict.total_lost == 0 and verdict.wrong_syncs == 0
+    ok = verdict.total_lost == 0 and verdict.wrong_syncs == 0 and wrong_checkpoints == 0
     if args.mode == "exactly-once":
         ok = ok and verdict.total_repeated == 0
     return 0 if ok else 1

@@ -44,7 +44,7 @@ def test_a_cut_link_a_sigkill_and_a_broker_restart_lose_nothing(
 ) -> None:
     source, target = east.cluster, sandbox["secondary"]
     assert source is not None and source.host.startswith("10.231.")
-    topic = topic_name("wan")
+    topic, group = topic_name("wan"), topic_name("billing")
     create_topics(source, topic, partitions=3)
     config = write_flow_file(
         tmp_path / "mm2.properties",
@@ -54,6 +54,9 @@ def test_a_cut_link_a_sigkill_and_a_broker_restart_lose_nothing(
             "east->secondary.enabled = true",
             f"east->secondary.topics = {topic}",
             "east->secondary.offset.lag.max = 50",
+            f"east->secondary.groups = {group}",
+            "emit.checkpoints.interval.seconds = 1",
+            "refresh.groups.interval.seconds = 1",
             *(EXACTLY_ONCE if mode == "exactly-once" else []),
         ],
         clients={"east": source.java_client_config(), "secondary": target.java_client_config()},
@@ -61,6 +64,7 @@ def test_a_cut_link_a_sigkill_and_a_broker_restart_lose_nothing(
     state, log = tmp_path / "state", tmp_path / "job.log"
     produce = faults.produce_numbered
     produce(source, topic, 3, 0, 20_000)
+    faults.commit_group(source, topic, group, {0: 1_000, 1: 2_000, 2: 3_000})
     job = faults.Supervisor(
         lambda: start_mirror(
             config, "east->secondary", state, log, "--max-records-per-batch", "3000"
@@ -77,7 +81,12 @@ def test_a_cut_link_a_sigkill_and_a_broker_restart_lose_nothing(
         produce(source, topic, 3, 40_000, 10_000)
         east.restart_cluster(down_seconds=3)
         produce(source, topic, 3, 50_000, 10_000)
+        committed = {0: 15_000, 1: 16_000, 2: 17_001}
+        faults.commit_group(source, topic, group, committed)
         verdict, _seconds = faults.settle(source, topic, target, remote, SYNCS, timeout=240)
+        wrong_checkpoints = faults.wrong_checkpoints(
+            config, "east->secondary", group, committed, verdict.upstream, verdict.downstream
+        )
     finally:
         job.stop(stop_job)
     assert verdict.records == 60_000
@@ -85,6 +94,7 @@ def test_a_cut_link_a_sigkill_and_a_broker_restart_lose_nothing(
     if mode == "exactly-once":
         assert verdict.total_repeated == 0, f"repeated per partition: {verdict.repeated}"
     assert verdict.syncs > 0 and verdict.wrong_syncs == 0, verdict
+    assert wrong_checkpoints == 0, f"{wrong_checkpoints} partitions' checkpoints are not exact"
     assert east.cuts >= 1 and job.restarts >= 1
 
 

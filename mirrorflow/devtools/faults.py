@@ -294,6 +294,9 @@ class Verdict:
     repeated: dict[int, int]  # per partition: copies beyond the first
     syncs: int
     wrong_syncs: int
+    # per partition, offset -> record number, on each side (for checkpoint checks)
+    upstream: dict[int, dict[int, int]] = field(default_factory=dict, repr=False)
+    downstream: dict[int, dict[int, int]] = field(default_factory=dict, repr=False)
 
     @property
     def total_lost(self) -> int:
@@ -334,6 +337,8 @@ def verify(
         repeated=repeated,
         syncs=len(syncs),
         wrong_syncs=wrong,
+        upstream=upstream,
+        downstream=downstream,
     )
 
 
@@ -377,4 +382,62 @@ def settle(
                 return verdict, time.monotonic() - began
         elif time.monotonic() - began > timeout:
             return verify(source, topic, target, remote_topic, syncs_topic), timeout
+        time.sleep(2)
+
+
+# -- checkpoints ---------------------------------------------------------------------------
+
+
+def commit_group(
+    cluster: sandbox_mod.Cluster, topic: str, group: str, offsets: dict[int, int]
+) -> None:
+    """Commit ``group``'s offsets on ``topic`` (partition -> next offset to read)."""
+    consumer = Consumer({**cluster.client_config(), "group.id": group, "log_level": 0})
+    try:
+        tps = [TopicPartition(topic, p, o) for p, o in offsets.items()]
+        for attempt in range(30):  # the coordinator may be moving (a broker restart, a cut)
+            try:
+                consumer.commit(offsets=tps, asynchronous=False)
+                return
+            except Exception:
+                if attempt == 29:
+                    raise
+                time.sleep(2)
+    finally:
+        consumer.close()
+
+
+def wrong_checkpoints(
+    config: Path,
+    flow: str,
+    group: str,
+    committed: dict[int, int],
+    upstream: dict[int, dict[int, int]],
+    downstream: dict[int, dict[int, int]],
+    timeout: float = 120.0,
+) -> int:
+    """How many partitions' latest checkpoint of ``group`` is not exact, waiting up to
+    ``timeout`` for checkpoints of the ``committed`` offsets: exact means the checkpoint's
+    upstream offset is the committed one and the target's record at its downstream offset is
+    the source's record at that offset (a consumer failing over resumes at the same record)."""
+    from mirrorflow.replication.checkpoints import read_checkpoints
+    from mirrorflow.replication.spec import spec_for_flow
+
+    spec = spec_for_flow([config], flow)
+    deadline = time.monotonic() + timeout
+    while True:
+        latest = read_checkpoints(spec).latest
+        wrong = 0
+        for p, offset in committed.items():
+            checkpoint = next(
+                (c for (g, _t, part), c in latest.items() if g == group and part == p), None
+            )
+            if checkpoint is None or checkpoint.upstream_offset != offset:
+                wrong += 1
+                continue
+            record = upstream.get(p, {}).get(offset)
+            copy = downstream.get(p, {}).get(checkpoint.downstream_offset)
+            wrong += record is None or record != copy
+        if wrong == 0 or time.monotonic() > deadline:
+            return wrong
         time.sleep(2)
