@@ -96,6 +96,8 @@ def flow_file(path: Path, east: sandbox_mod.Cluster, west: sandbox_mod.Cluster, 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # SIGTERM as Ctrl-C: the clean-up below (job, brokers, namespace) runs
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     why = datacenters.unavailable()
     if why:
         print(f"soak: {why}", file=sys.stderr)
@@ -138,6 +140,14 @@ def soak(args, dc: datacenters.Datacenter, work: Path, started: dt.datetime) -> 
             )
 
     supervisor = faults.Supervisor(start_job)
+    try:
+        return _run_faults(args, dc, east, west, west_dir, config, supervisor, started)
+    finally:
+        supervisor.stop(graceful_stop)  # on failures too: no job outlives the soak
+
+
+def _run_faults(args, dc, east, west, west_dir, config, supervisor, started) -> int:
+    """Produce, make faults, wait for the copy, verify, report (see the module)."""
 
     def restart(box_dir: Path, name: str, rng) -> str:
         down = rng.uniform(2, 10)

@@ -100,6 +100,9 @@ class Supervisor:
             self.job.wait(30)
 
     def stop(self, graceful: Callable[[subprocess.Popen], object]) -> None:
+        """Stop watching, ask the job to stop (``graceful``), kill what is left (idempotent)."""
+        if self._stop.is_set():
+            return
         self._stop.set()
         self._thread.join()
         graceful(self.job)
