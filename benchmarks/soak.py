@@ -61,8 +61,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--cut", type=float, nargs=2, default=(10.0, 60.0), metavar=("MIN", "MAX"))
     parser.add_argument(
         "--faults",
-        default="kill-driver,kill-worker,restart-source,restart-target,cut",
-        help="kinds to draw from",
+        default="kill-driver,restart-source,restart-target,cut",
+        help="kinds to draw from (also kill-worker: a Spark Python worker, when there is one)",
     )
     parser.add_argument("--catch-up-timeout", type=float, default=900)
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
