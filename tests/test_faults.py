@@ -1,5 +1,5 @@
 """Faults between datacenters: the source cluster in its own network namespace behind a
-10 Mbit/s link that is cut mid-copy, the job SIGKILLed, the source broker restarted.
+10 Mbit/s link that is cut for 20 s mid-copy, the job SIGKILLed, the source broker restarted.
 
 At-least-once loses nothing, exactly-once repeats nothing (read_committed), every offset sync
 is exact. Needs root and ``ip netns`` (skipped otherwise); see README, *Faults and soak*.
@@ -7,6 +7,7 @@ is exact. Needs root and ``ip netns`` (skipped otherwise); see README, *Faults a
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -70,12 +71,18 @@ def test_a_cut_link_a_sigkill_and_a_broker_restart_lose_nothing(
             config, "east->secondary", state, log, "--max-records-per-batch", "3000"
         )
     )
+    began = time.monotonic()
     try:
         remote = f"east.{topic}"
         wait_for(lambda: faults.caught_up(source, topic, target, remote), 180, "the first copies")
-        produce(source, topic, 3, 20_000, 20_000)
+        phases = {"first copy": time.monotonic() - began}
+        writer = threading.Thread(target=produce, args=(source, topic, 3, 20_000, 20_000))
+        writer.start()
+        time.sleep(1.5)
         with east.link_cut():  # mid-copy: the job's fetches and the producer both wait
-            time.sleep(25)
+            time.sleep(20)
+        writer.join()
+        phases["cut"] = time.monotonic() - began
         time.sleep(5)
         job.kill()  # SIGKILL of the driver and its workers; the supervisor restarts it
         produce(source, topic, 3, 40_000, 10_000)
@@ -83,10 +90,14 @@ def test_a_cut_link_a_sigkill_and_a_broker_restart_lose_nothing(
         produce(source, topic, 3, 50_000, 10_000)
         committed = {0: 15_000, 1: 16_000, 2: 17_001}
         faults.commit_group(source, topic, group, committed)
+        phases["kill, restart"] = time.monotonic() - began
         verdict, _seconds = faults.settle(source, topic, target, remote, SYNCS, timeout=240)
+        phases["caught up"] = time.monotonic() - began
         wrong_checkpoints = faults.wrong_checkpoints(
             config, "east->secondary", group, committed, verdict.upstream, verdict.downstream
         )
+        phases["checkpoints"] = time.monotonic() - began
+        print({k: round(v) for k, v in phases.items()})  # seconds since the job's start
     finally:
         job.stop(stop_job)
     assert verdict.records == 60_000
