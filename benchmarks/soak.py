@@ -239,8 +239,12 @@ def _run_faults(args, dc, east, west, west_dir, config, supervisor, started) -> 
     scheduler.join()
     log(f"faults done: {scheduler.counts()}; waiting for the copy to catch up")
     last_fault = scheduler.last_fault_end or time.monotonic()
-    verdict, _ = faults.settle(east, "soak", west, "east.soak", SYNCS, args.catch_up_timeout)
-    catch_up = time.monotonic() - last_fault
+    waiting = time.monotonic()
+    verdict, copied_after = faults.settle(
+        east, "soak", west, "east.soak", SYNCS, args.catch_up_timeout
+    )
+    catch_up = waiting + copied_after - last_fault
+    verify_seconds = time.monotonic() - waiting - copied_after
     wrong_checkpoints = faults.wrong_checkpoints(
         config, "east->west", GROUP, committed, verdict.upstream, verdict.downstream
     )
@@ -268,6 +272,7 @@ def _run_faults(args, dc, east, west, west_dir, config, supervisor, started) -> 
         "group_commits_checked": committed,
         "wrong_checkpoints": wrong_checkpoints,
         "catch_up_seconds_after_last_fault": round(catch_up, 1),
+        "verification_seconds": round(verify_seconds, 1),
         "command": "python benchmarks/soak.py " + " ".join(sys.argv[1:]),
     }
     args.results_dir.mkdir(parents=True, exist_ok=True)
