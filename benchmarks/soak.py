@@ -281,6 +281,7 @@ def _run_faults(args, dc, east, west, west_dir, config, supervisor, started) -> 
     for key in ("records", "faults", "job_restarts", "copies", "lost", "repeated"):
         print(f"{key:>34}: {figures[key]}")
     print(f"{'offset syncs (wrong)':>34}: {verdict.syncs} ({verdict.wrong_syncs})")
+    print(f"{'checkpointed partitions (wrong)':>34}: {len(committed)} ({wrong_checkpoints})")
     print(
         f"{'catch-up after the last fault (s)':>34}: {figures['catch_up_seconds_after_last_fault']}"
     )
