@@ -59,10 +59,12 @@ class Cluster:
     cluster_id: str = field(default_factory=lambda: _new_cluster_id())
     pid: int | None = None
     tls_password: str = field(default="", repr=False)  # the sandbox's TLS stores' password
+    host: str = "127.0.0.1"  # the address it listens on (a datacenter's, see datacenters.py)
+    netns: str = ""  # the network namespace its broker runs in ("": this one)
 
     @property
     def bootstrap_servers(self) -> str:
-        return f"127.0.0.1:{self.broker_port}"
+        return f"{self.host}:{self.broker_port}"
 
     def listener_port(self, listener: str) -> int:
         """The broker's port for a listener of :data:`LISTENERS`."""
@@ -103,13 +105,13 @@ class Cluster:
         port = self.listener_port(listener)
         if listener == "SASL_PLAINTEXT":
             return {
-                "bootstrap.servers": f"127.0.0.1:{port}",
+                "bootstrap.servers": f"{self.host}:{port}",
                 "security.protocol": "SASL_PLAINTEXT",
                 "sasl.mechanism": "PLAIN",
                 "sasl.jaas.config": _plain_login(user, self.passwords[user]),
             }
         settings = {
-            "bootstrap.servers": f"127.0.0.1:{port}",
+            "bootstrap.servers": f"{self.host}:{port}",
             "security.protocol": listener,
             "ssl.truststore.location": str(certificates.truststore(self.tls_dir, store_type)),
         }
@@ -230,7 +232,8 @@ def up(
             )
         cluster.tls_password = tls_password
         for p in (cluster.controller_port, *map(cluster.listener_port, LISTENERS)):
-            _require_free_port(p, name)
+            if not cluster.netns:  # a namespace's ports are its own
+                _require_free_port(p, name)
         _prepare(cluster)
         started.append(cluster)
     _format_storage(java, classpath, started)
@@ -369,19 +372,20 @@ def _require_free_port(port: int, cluster: str) -> None:
 
 def _prepare(cluster: Cluster) -> None:
     data = private_dir(Path(cluster.directory))
+    host = cluster.host
     admin = cluster.passwords["admin"]
     users = " ".join(f'user_{u}="{p}"' for u, p in cluster.passwords.items())
     plain = "org.apache.kafka.common.security.plain.PlainLoginModule required"
     props = {
         "process.roles": "broker,controller",
         "node.id": "1",
-        "controller.quorum.voters": f"1@127.0.0.1:{cluster.controller_port}",
+        "controller.quorum.voters": f"1@{host}:{cluster.controller_port}",
         "listeners": ",".join(
-            [f"{name}://127.0.0.1:{cluster.listener_port(name)}" for name in LISTENERS]
-            + [f"CONTROLLER://127.0.0.1:{cluster.controller_port}"]
+            [f"{name}://{host}:{cluster.listener_port(name)}" for name in LISTENERS]
+            + [f"CONTROLLER://{host}:{cluster.controller_port}"]
         ),
         "advertised.listeners": ",".join(
-            f"{name}://127.0.0.1:{cluster.listener_port(name)}" for name in LISTENERS
+            f"{name}://{host}:{cluster.listener_port(name)}" for name in LISTENERS
         ),
         "inter.broker.listener.name": "SASL_PLAINTEXT",
         "controller.listener.names": "CONTROLLER",
@@ -469,7 +473,11 @@ def _format_storage(java: str, classpath: str, clusters: list[Cluster]) -> None:
 
 def _launch(java: str, classpath: str, cluster: Cluster, heap: str) -> subprocess.Popen:
     data = Path(cluster.directory)
+    # A datacenter's broker runs inside its network namespace (``ip netns exec`` execs java,
+    # so the process id stays the broker's).
+    netns = ["ip", "netns", "exec", cluster.netns] if cluster.netns else []
     cmd = [
+        *netns,
         java,
         f"-Xmx{heap}",
         f"-Xms{heap}",
