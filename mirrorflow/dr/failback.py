@@ -283,7 +283,13 @@ def preflight(request: FailbackRequest, log: Log = print) -> dict:
         identity = _is_identity(policy)
         source = ClusterAdmin(spec.source, spec.source_admin)
         target = ClusterAdmin(spec.target, spec.target_admin)
-        topics = sorted({t for t, _p in _replicated_partitions(spec, source)} | {t for t, _ in cut})
+        # The flow's topics now (positions of topics its filter no longer takes are history),
+        # without the heartbeats: the target's own heartbeats are no data to bring back.
+        topics = sorted(
+            t
+            for t in {t for t, _p in _replicated_partitions(spec, source)} | {t for t, _ in cut}
+            if spec.should_replicate(t) and not policy.is_heartbeats_topic(t)
+        )
         # What T holds that S does not: default policy, T's own topic of the same name (written
         # there during the failover); identity, the same topic past the forward flow's copies.
         forward_map = read_offset_map(spec)
@@ -313,9 +319,10 @@ def preflight(request: FailbackRequest, log: Log = print) -> dict:
                 )
         diverged = []
         if identity:
-            ends = _end_offsets(source, sorted(cut))
-            side = {t: f"{t}.{DIVERGED_SUFFIX}.{safe_run_id(request.run_id)}" for t, _ in cut}
-            for (topic, p), position in sorted(cut.items()):
+            held = {tp: position for tp, position in cut.items() if tp[0] in topics}
+            ends = _end_offsets(source, sorted(held))
+            side = {t: f"{t}.{DIVERGED_SUFFIX}.{safe_run_id(request.run_id)}" for t, _ in held}
+            for (topic, p), position in sorted(held.items()):
                 if ends[(topic, p)] > position:
                     diverged.append(
                         {
@@ -335,7 +342,7 @@ def preflight(request: FailbackRequest, log: Log = print) -> dict:
             "policy": type(policy).__name__,
             "identity": identity,
             "positions_at_cut": _nested(cut),
-            "topics": topics,
+            "topics": topics,  # the flow's topics now, heartbeats left out
             "copies": copies,
             "written_on_target": written_on_target,
             "diverged": diverged,
@@ -630,7 +637,8 @@ def reverse_copy(request: FailbackRequest, log: Log = print) -> dict:
         )
         resume_at = {}
         if pre.get("identity"):
-            cut = _flat(pre.get("positions_at_cut", {}))
+            topics = set(pre.get("topics", []))
+            cut = [tp for tp in _flat(pre.get("positions_at_cut", {})) if tp[0] in topics]
             resume_at = _end_offsets(source, sorted(cut)) if not request.dry_run else {}
         for c in copies:
             log(

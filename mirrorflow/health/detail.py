@@ -23,14 +23,20 @@ from mirrorflow.runtime import jobs
 CHECKPOINTS_TIMEOUT_S = 8.0
 
 
-def partitions(progress: dict) -> list[dict[str, object]]:
+def partitions(progress: dict, spec: MirrorSpec | None = None) -> list[dict[str, object]]:
     """Per source partition: the source's end offset at the job's last plan, the flow's
-    position, the lag between them (None where one is unknown), from ``progress.json``."""
+    position, the lag between them (None where one is unknown), from ``progress.json``.
+
+    The partitions are those the job planned last (the flow's topics now); before its first
+    plan, those it has positions of. With ``spec``, only topics the flow replicates: positions
+    of a topic its filter no longer takes (or that another flow of the same name copied) stay
+    in the offsets topic, but are no part of the flow now."""
     ends = progress.get("source_end_offsets") or {}
     positions = progress.get("source_positions") or {}
     rows = []
-    keys = {(t, p) for t, parts in ends.items() for p in parts}
-    keys |= {(t, p) for t, parts in positions.items() for p in parts}
+    keys = {(t, p) for t, parts in (ends or positions).items() for p in parts}
+    if spec is not None:
+        keys = {(t, p) for t, p in keys if spec.should_replicate(t)}
     for topic, partition in sorted(keys, key=lambda k: (k[0], int(k[1]))):
         end = (ends.get(topic) or {}).get(partition)
         position = (positions.get(topic) or {}).get(partition)
@@ -107,7 +113,12 @@ def flow_detail(
 ) -> dict[str, object]:
     """The flow's partitions (lag), topics, and groups with their last checkpoints."""
     progress = jobs.read_progress(state_dir / "-".join(jobs.split_flow(flow)))
-    rows = partitions(progress)
+    try:
+        spec: MirrorSpec | None = spec_for_flow(flow_files, flow)
+        problem = None
+    except MirrorflowError as exc:
+        spec, problem = None, str(exc).splitlines()[0]
+    rows = partitions(progress, spec)
     detail: dict[str, object] = {
         "partitions": rows,
         "observed_at": progress.get("source_end_offsets_at"),
@@ -116,10 +127,8 @@ def flow_detail(
         "checkpoints_topic": None,
         "note": None,
     }
-    try:
-        spec = spec_for_flow(flow_files, flow)
-    except MirrorflowError as exc:
-        detail["note"] = str(exc).splitlines()[0]
+    if spec is None:
+        detail["note"] = problem
         return detail
     topics = sorted({str(r["topic"]) for r in rows})
     detail["topics"] = [
