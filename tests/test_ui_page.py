@@ -215,7 +215,9 @@ def test_a_logged_in_user_sees_the_flow_running_stalled_and_stopped(
                 os.killpg(job.pid, signal.SIGSTOP)  # the job hangs: no report, no heartbeat
                 try:
                     stalled = flow_row_state(page, page_url, ("STALLED",), STALL_TIMEOUT_S + 40)
-                    assert "no progress report" in stalled["reason"], stalled
+                    # Both bounds are the same: whichever the page sees pass first names it.
+                    reason = stalled["reason"]
+                    assert "no progress report" in reason or "no heartbeat" in reason, stalled
                     seconds = int(re.fullmatch(r"\d+ records, (\d+) s", stalled["lag"])[1])
                     assert seconds >= STALL_TIMEOUT_S, stalled  # behind since it froze
                     page.screenshot(path=str(shots / "3-stalled.png"), full_page=True)
