@@ -304,7 +304,7 @@ def test_history_and_trigger_buttons(airflow_dr: AirflowWithViewer, sandbox, top
             page.goto(f"{ui}/mirrorflow/")
             page.locator(f'tr[data-flow="{FLOW}"] a.flow').click()
             page.wait_for_url(re.compile(r".*/mirrorflow/flows/primary/secondary$"))
-            assert page.locator("#partitions tbody tr").count() == 2
+            assert page.locator(f'#partitions tbody tr[data-topic="{topic}"]').count() == 2
             assert page.locator(f'#groups tr[data-group="{group}"]').count() == 2
             assert page.locator(f'#history tr[data-run="{run}"]').count() == 1
             assert page.locator(f'#actions tr[data-dag="{FAILOVER_DAG}"] button').count() == 2
