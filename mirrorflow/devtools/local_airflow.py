@@ -46,11 +46,15 @@ UI_USER = "admin"
 class LocalAirflow:
     """An Airflow home and the services running from it."""
 
-    def __init__(self, home: Path, state: Path, say=print) -> None:
+    def __init__(
+        self, home: Path, state: Path, say=print, settings: dict[str, str] | None = None
+    ) -> None:
         self.home = home
         self.state = state  # MIRRORFLOW_STATE of the tasks
         self.port = DEFAULT_PORT
         self._say = say
+        # Airflow settings over the defaults below (``AIRFLOW__SECTION__KEY``: value).
+        self.settings = dict(settings or {})
 
     @property
     def password_file(self) -> Path:
@@ -115,6 +119,7 @@ class LocalAirflow:
                 "PYTHONPATH": str(paths.PROJECT_ROOT),
             }
         )
+        env.update(self.settings)
         return env
 
     @property
