@@ -92,7 +92,7 @@ def read_page(page, url: str) -> dict[str, dict]:
         }
     for edge in page.locator("#topology g.edge").all():
         flow = edge.get_attribute("data-flow")
-        label = " ".join(edge.locator("text.label tspan").all_inner_texts())
+        label = " ".join(edge.locator("text.label tspan").all_text_contents())
         assert flow in shown, f"an arrow for {flow}, which the table does not list"
         assert edge.get_attribute("data-state") == shown[flow]["state"], (flow, label, shown)
         assert label.startswith(shown[flow]["state"]), (flow, label)
@@ -100,12 +100,19 @@ def read_page(page, url: str) -> dict[str, dict]:
     return shown
 
 
-def wait_states(page, url: str, wanted: dict[str, tuple[str, ...]], timeout: float) -> dict:
-    """Reload until every flow of ``wanted`` shows one of its states; what the page shows."""
+def wait_states(
+    page, url: str, wanted: dict[str, tuple[str, ...]], timeout: float, with_lag: bool = False
+) -> dict:
+    """Reload until every flow of ``wanted`` shows one of its states (and, ``with_lag``, its
+    lag in records and seconds: its job has reported since it started); what the page shows."""
     deadline, shown = time.monotonic() + timeout, {}
     while time.monotonic() < deadline:
         shown = read_page(page, url)
-        if all(shown.get(flow, {}).get("state") in states for flow, states in wanted.items()):
+        if all(
+            shown.get(flow, {}).get("state") in states
+            and (not with_lag or LAG.fullmatch(shown[flow]["lag"]))
+            for flow, states in wanted.items()
+        ):
             return shown
         time.sleep(1.5)
     raise AssertionError(f"the page did not show {wanted} within {timeout:.0f}s: {shown}")
@@ -153,7 +160,7 @@ def test_the_active_active_example_through_pause_stop_and_restart(
             page = login(browser, airflow_aa, "/mirrorflow/", UI_USER, airflow_aa.ui_password())
 
             # Both flows RUNNING with their lag, in the table and as two arrows.
-            shown = wait_states(page, url, {AB: ("RUNNING",), BA: ("RUNNING",)}, 90)
+            shown = wait_states(page, url, {AB: ("RUNNING",), BA: ("RUNNING",)}, 90, True)
             assert set(shown) == {AB, BA}, shown
             for flow in (AB, BA):
                 assert LAG.fullmatch(shown[flow]["lag"]), shown[flow]
@@ -224,7 +231,7 @@ def test_the_active_active_example_through_pause_stop_and_restart(
             # (At least: the killed job's last batch may be copied again.)
             wait_for(lambda: remote_records(sandbox, AB, topic) >= 90, 300, "the copy after")
             wait_for(lambda: remote_records(sandbox, BA, topic) >= 60, 120, "the copy back")
-            shown = wait_states(page, url, {AB: ("RUNNING",), BA: ("RUNNING",)}, 90)
+            shown = wait_states(page, url, {AB: ("RUNNING",), BA: ("RUNNING",)}, 90, True)
             for flow in (AB, BA):
                 assert LAG.fullmatch(shown[flow]["lag"]), shown[flow]
             page.screenshot(path=str(shots / "aa-5-restarted.png"), full_page=True)

@@ -3,8 +3,10 @@
 Routes (under the plugin's prefix, ``/mirrorflow``):
 
 - ``GET /``: the topology page, server-rendered HTML (``templates/ui/topology.html.j2``): the
-  clusters, and every flow of the rendered mirror DAGs with its health, reason, lag, last
-  heartbeat, checkpoint and batch; it reloads itself every few seconds.
+  clusters and flows drawn as a graph (inline SVG laid out by :mod:`.graph`: a box per cluster,
+  an arrow per flow with its health and lag), and every flow of the rendered mirror DAGs with its
+  health, reason, lag, last heartbeat, checkpoint and batch; it reloads itself every few
+  seconds.
 - ``GET /api/health``: the same as JSON.
 - ``GET /history?page=N&limit=M``: the history of failovers, drills and failbacks, newest
   first, from their reports (:mod:`mirrorflow.health.history`), ``limit`` (default 20, at most
