@@ -194,6 +194,15 @@ def collect_flow(user: BaseUser | None, source: str, target: str) -> dict[str, A
     }
 
 
+def history_paging(page: str | None = None, limit: str | None = None) -> tuple[int, int]:
+    """The history's ``?page=`` and ``?limit=`` (a dependency of its routes)."""
+    size = page_number("limit", limit, dr_history.PAGE_SIZE, dr_history.MAX_PAGE_SIZE)
+    return page_number("page", page, 1), size
+
+
+Paging = Annotated[tuple[int, int], Depends(history_paging)]
+
+
 def _jinja():
     import jinja2
 
@@ -248,12 +257,6 @@ def create_app() -> FastAPI:
     @app.get("/api/health")
     def health(user: User) -> dict[str, Any]:
         return collect(user)
-
-    def history_paging(page: str | None = None, limit: str | None = None) -> tuple[int, int]:
-        size = page_number("limit", limit, dr_history.PAGE_SIZE, dr_history.MAX_PAGE_SIZE)
-        return page_number("page", page, 1), size
-
-    Paging = Annotated[tuple[int, int], Depends(history_paging)]
 
     @app.get("/history", response_class=HTMLResponse)
     def history_page(user: User, paging: Paging) -> str:
