@@ -143,6 +143,16 @@ class DrillRequest(DRRequest):
         """The drill's own consumer group (its shadow group, non-destructive)."""
         return self.group_prefix + safe_run_id(self.run_id)
 
+    def record(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "canaries": self.canaries,
+            "group": self.group,
+            "dry_run": self.dry_run,
+            "traffic_seconds": self.traffic_seconds,
+            "rate": self.rate,
+        }
+
     def failover_request(self) -> failover.FailoverRequest:
         """The emergency failover of the drill group (destructive), recorded under
         ``reports/failover/drill__<run id>/``."""
@@ -205,18 +215,6 @@ class DrillRun(Run):
 
     def new_record(self) -> dict:
         return {**super().new_record(), "timeline": []}
-
-    def request_record(self) -> dict:
-        request = self.request
-        assert isinstance(request, DrillRequest)
-        return {
-            "mode": request.mode,
-            "canaries": request.canaries,
-            "group": request.group,
-            "dry_run": request.dry_run,
-            "traffic_seconds": request.traffic_seconds,
-            "rate": request.rate,
-        }
 
     def report_context(self) -> dict:
         return report_context(self)

@@ -74,17 +74,13 @@ from mirrorflow.dr.failover import (
     reports_dir,
 )
 from mirrorflow.dr.steps import (
-    DRRequest,
+    GroupsRequest,
     Log,
     Partition,
     Run,
     StepRecord,
     StepSkipped,
     Workflow,
-    check_group_pattern,
-    check_principals,
-    kafka_principals,
-    param_list,
     safe_run_id,
     seconds_between,
 )
@@ -107,54 +103,31 @@ DIVERGED_SUFFIX = "diverged"
 
 
 @dataclass(frozen=True)
-class FailbackRequest(DRRequest):
+class FailbackRequest(GroupsRequest):
     """What a failback run was asked to do (a DAG run's Params, or a command's options).
-    ``flow`` is the flow failed over, S->T: the failback goes from T back to S."""
+    ``flow`` is the flow failed over, S->T: the failback goes from T back to S; the groups and
+    the producers to fence are those on T."""
 
-    group_pattern: str = ".*"
-    fence_principals: tuple[str, ...] = ()
-    dry_run: bool = False
     failover_run_id: str = ""  # the failover undone (default: the latest that held the flow)
     reachability_timeout_s: float = 15.0
 
     mode = "failback"  # as its run record names it
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_group_pattern(self.group_pattern)
-        check_principals(self.fence_principals)
 
     @classmethod
     def from_params(cls, params: dict[str, Any], **fixed: Any) -> FailbackRequest:
         """Params: ``group_pattern``, ``fence_principals`` (on the DR cluster), ``dry_run``,
         ``failover_run_id`` (empty: the latest failover that held the flow)."""
         return cls(
-            group_pattern=str(params.get("group_pattern") or ".*"),
-            fence_principals=param_list(params.get("fence_principals")),
-            dry_run=bool(params.get("dry_run")),
             failover_run_id=str(params.get("failover_run_id") or ""),
+            **cls.group_params(params),
             **fixed,
         )
-
-    @property
-    def principals(self) -> list[str]:
-        return kafka_principals(self.fence_principals)
 
 
 class FailbackRun(Run):
     """A failback's record (``reports/failback/<run id>/run.json``), as a failover's."""
 
     KIND = "failback"
-
-    def request_record(self) -> dict:
-        request = self.request
-        assert isinstance(request, FailbackRequest)
-        return {
-            "mode": request.mode,
-            "group_pattern": request.group_pattern,
-            "fence_principals": request.principals,
-            "dry_run": request.dry_run,
-        }
 
     def report_context(self) -> dict:
         return report_context(self)

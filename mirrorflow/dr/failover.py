@@ -54,20 +54,16 @@ from typing import Any
 from mirrorflow import paths
 from mirrorflow.dr import steps
 from mirrorflow.dr.steps import (
-    DRRequest,
+    GroupsRequest,
     Log,
     Partition,
     Run,
     StepRecord,
     StepSkipped,
     Workflow,
-    check_group_pattern,
-    check_principals,
-    kafka_principals,
-    param_list,
-    safe_run_id,
 )
 from mirrorflow.dr.steps import now as _now
+from mirrorflow.dr.steps import safe_run_id as safe_run_id  # as it was named here
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
 from mirrorflow.replication.checkpoints import flow_positions
 from mirrorflow.replication.spec import MirrorSpec
@@ -77,17 +73,13 @@ from mirrorflow.runtime import jobs
 MODES = ("planned", "emergency", "auto")
 STEPS = ("preflight", "fence-producers", "catch-up", "stop-mirror", "final-sync", "report")
 STOPPED_STATES = ("PAUSED", "STOPPED", "FAILED")
-__all__ = ["Log", "Partition", "StepRecord", "StepSkipped", "safe_run_id"]  # the steps' names
 
 
 @dataclass(frozen=True)
-class FailoverRequest(DRRequest):
+class FailoverRequest(GroupsRequest):
     """What a failover run was asked to do (a DAG run's Params, or a command's options)."""
 
     mode: str = "auto"
-    group_pattern: str = ".*"
-    fence_principals: tuple[str, ...] = ()
-    dry_run: bool = False
     catch_up_timeout_s: float = 300.0
     stop_timeout_s: float = 120.0
     reachability_timeout_s: float = 15.0
@@ -99,8 +91,6 @@ class FailoverRequest(DRRequest):
                 f"failover mode {self.mode!r} is not one of {', '.join(MODES)}",
                 "choose planned (the source is up), emergency (it is not) or auto",
             )
-        check_group_pattern(self.group_pattern)
-        check_principals(self.fence_principals)
 
     @classmethod
     def from_params(cls, params: dict[str, Any], **fixed: Any) -> FailoverRequest:
@@ -108,17 +98,10 @@ class FailoverRequest(DRRequest):
         ``catch_up_timeout_seconds``."""
         return cls(
             mode=str(params.get("mode") or "planned"),
-            group_pattern=str(params.get("group_pattern") or ".*"),
-            fence_principals=param_list(params.get("fence_principals")),
-            dry_run=bool(params.get("dry_run")),
             catch_up_timeout_s=float(params.get("catch_up_timeout_seconds") or 300),
+            **cls.group_params(params),
             **fixed,
         )
-
-    @property
-    def principals(self) -> list[str]:
-        """The principals to fence, as Kafka names them (``User:alice``)."""
-        return kafka_principals(self.fence_principals)
 
 
 def reports_dir() -> Path:
@@ -137,16 +120,6 @@ class FailoverRun(Run):
     decided, each step's record."""
 
     KIND = "failover"
-
-    def request_record(self) -> dict:
-        request = self.request
-        assert isinstance(request, FailoverRequest)
-        return {
-            "mode": request.mode,
-            "group_pattern": request.group_pattern,
-            "fence_principals": request.principals,
-            "dry_run": request.dry_run,
-        }
 
     @property
     def mode(self) -> str:

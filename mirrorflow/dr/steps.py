@@ -127,9 +127,14 @@ class DRRequest:
     flow_files: tuple[str, ...]
     run_id: str
     state_dir: str | None = field(default=None, kw_only=True)
+    mode: ClassVar[str]  # a field of the workflows that have modes
 
     def __post_init__(self) -> None:
         jobs.split_flow(self.flow)
+
+    def record(self) -> dict[str, Any]:
+        """The options as the run record keeps them (besides the flow files)."""
+        raise NotImplementedError
 
     @classmethod
     def from_params(cls, params: dict[str, Any], **fixed: Any) -> DRRequest:
@@ -165,6 +170,44 @@ class DRRequest:
         files = self.flow_paths()
         with contextlib.chdir(paths.project_root()):
             return spec_for_flow(files, self.flow)
+
+
+@dataclass(frozen=True)
+class GroupsRequest(DRRequest):
+    """A request that moves the consumer groups matching ``group_pattern`` (among those the
+    flow checkpoints) and may first fence producers (``fence_principals`` denied WRITE): the
+    failover's and the failback's. A dry run computes and reports everything, changes nothing."""
+
+    group_pattern: str = ".*"
+    fence_principals: tuple[str, ...] = ()
+    dry_run: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_group_pattern(self.group_pattern)
+        check_principals(self.fence_principals)
+
+    @staticmethod
+    def group_params(params: dict[str, Any]) -> dict[str, Any]:
+        """The Params ``group_pattern``, ``fence_principals`` and ``dry_run`` as fields."""
+        return {
+            "group_pattern": str(params.get("group_pattern") or ".*"),
+            "fence_principals": param_list(params.get("fence_principals")),
+            "dry_run": bool(params.get("dry_run")),
+        }
+
+    @property
+    def principals(self) -> list[str]:
+        """The principals to fence, as Kafka names them (``User:alice``)."""
+        return kafka_principals(self.fence_principals)
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "group_pattern": self.group_pattern,
+            "fence_principals": self.principals,
+            "dry_run": self.dry_run,
+        }
 
 
 # -- the run record ----------------------------------------------------------------------------
@@ -206,14 +249,10 @@ class Run:
         return {
             "flow": request.flow,
             "run_id": request.run_id,
-            "request": {**self.request_record(), "flow_files": list(request.flow_files)},
+            "request": {**request.record(), "flow_files": list(request.flow_files)},
             "started": now(),
             "steps": [],
         }
-
-    def request_record(self) -> dict:
-        """The request's options as the record keeps them (besides the flow files)."""
-        raise NotImplementedError
 
     @property
     def steps(self) -> list[dict]:
