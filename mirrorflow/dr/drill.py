@@ -76,7 +76,6 @@ from mirrorflow.dr.steps import (
     StepSkipped,
     Workflow,
     safe_run_id,
-    seconds_between,
 )
 from mirrorflow.dr.steps import iso as _iso
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
@@ -124,19 +123,14 @@ class DrillRequest(DRRequest):
             if value < low:
                 raise MirrorflowError(f"drill {name} {value} is below {low}")
 
-    @classmethod
-    def from_params(cls, params: dict[str, Any], **fixed: Any) -> DrillRequest:
-        """Params: ``mode``, ``canaries``, ``group_prefix``, ``dry_run``, ``traffic_seconds``,
-        ``rate``."""
-        return cls(
-            mode=str(params.get("mode") or "non-destructive"),
-            canaries=int(params.get("canaries") or 100),
-            group_prefix=str(params.get("group_prefix") or "mirrorflow-drill-"),
-            dry_run=bool(params.get("dry_run")),
-            traffic_seconds=float(params.get("traffic_seconds") or 12),
-            rate=int(params.get("rate") or 200),
-            **fixed,
-        )
+    PARAMS = {
+        "mode": ("mode", str, "non-destructive"),
+        "canaries": ("canaries", int, 100),
+        "group_prefix": ("group_prefix", str, "mirrorflow-drill-"),
+        "dry_run": ("dry_run", bool, False),
+        "traffic_seconds": ("traffic_seconds", float, 12),
+        "rate": ("rate", int, 200),
+    }
 
     @property
     def group(self) -> str:
@@ -884,7 +878,7 @@ def restore(request: DrillRequest, run: DrillRun, record: StepRecord, log: Log) 
         jobs.set_paused(request.flow_dir(), False)
         log(f"{request.flow}: hold released, the flow resumes")
         acked = run.details("traffic").get("acked", {})
-        state_dir = Path(request.state_dir) if request.state_dir else jobs.default_state_dir()
+        state_dir = request.flows_state_dir()
         running = jobs.mirror_processes(state_dir, request.flow) or jobs.running_jobs(
             state_dir, request.flow
         )
@@ -930,25 +924,11 @@ def _delete_group(spec: MirrorSpec, group: str) -> list[str]:
 def report_context(run: DrillRun) -> dict:
     """What the templates show, from the run record (without the per-record lists)."""
     data = run.data
-    steps = [
-        {
-            **{k: v for k, v in s.items() if k != "details"},
-            "seconds": seconds_between(s.get("started"), s.get("ended")),
-        }
-        for s in data["steps"]
-    ]
-    failed = [s for s in steps if s["status"] == "failed"]
     figures = run.details("verify")
     over = run.details("failover")
     return {
-        "flow": data["flow"],
-        "run_id": data["run_id"],
-        "request": data["request"],
+        **run.report_header(step_details=False, ended=False),
         "mode": data["request"]["mode"],
-        "dry_run": bool(data["request"]["dry_run"]),
-        "started": data.get("started"),
-        "status": "failed at " + failed[0]["step"] if failed else "success",
-        "steps": steps,
         "timeline": sorted(
             ({"at": e["at"], "event": e["event"]} for e in data["timeline"]),
             key=lambda e: e["at"],

@@ -58,7 +58,6 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from mirrorflow import paths
 from mirrorflow.dr.failover import (
@@ -82,7 +81,6 @@ from mirrorflow.dr.steps import (
     StepSkipped,
     Workflow,
     safe_run_id,
-    seconds_between,
 )
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
 from mirrorflow.replication.spec import MirrorSpec
@@ -113,15 +111,7 @@ class FailbackRequest(GroupsRequest):
 
     mode = "failback"  # as its run record names it
 
-    @classmethod
-    def from_params(cls, params: dict[str, Any], **fixed: Any) -> FailbackRequest:
-        """Params: ``group_pattern``, ``fence_principals`` (on the DR cluster), ``dry_run``,
-        ``failover_run_id`` (empty: the latest failover that held the flow)."""
-        return cls(
-            failover_run_id=str(params.get("failover_run_id") or ""),
-            **cls.group_params(params),
-            **fixed,
-        )
+    PARAMS = {**GroupsRequest.PARAMS, "failover_run_id": ("failover_run_id", str, "")}
 
 
 class FailbackRun(Run):
@@ -788,15 +778,11 @@ def resume(request: FailbackRequest, run: FailbackRun, record: StepRecord, log: 
 def report_context(run: FailbackRun) -> dict:
     """What the failback templates show, from the run record."""
     data = run.data
-    steps = [
-        {**s, "seconds": seconds_between(s.get("started"), s.get("ended"))} for s in data["steps"]
-    ]
     pre = run.details("preflight")
     copy = run.details("reverse-copy")
     aside = run.details("set-aside")
     groups = run.details("group-sync")
     dry = bool(data["request"]["dry_run"])
-    failed = [s for s in steps if s["status"] == "failed"]
     changes = []
     would = "would " if dry else ""
     for c in copy.get("copies", []):
@@ -822,19 +808,10 @@ def report_context(run: FailbackRun) -> dict:
     resumed = run.details("resume")
     if resumed:
         changes.append(f"{would}release the hold of {data['flow']} and unpause it")
-    ended = steps[-1]["ended"] if steps else None
     return {
+        **run.report_header(),
         "kind": "failback",
-        "flow": data["flow"],
         "reverse": f"{pre.get('target')}->{pre.get('source')}",
-        "run_id": data["run_id"],
-        "request": data["request"],
-        "dry_run": dry,
-        "started": data.get("started"),
-        "ended": ended,
-        "seconds": seconds_between(data.get("started"), ended),
-        "status": "failed at " + failed[0]["step"] if failed else "success",
-        "steps": steps,
         "preflight": pre,
         "copies": copy.get("copies") or pre.get("copies") or [],
         "written_on_target": copy.get("written_on_target", pre.get("written_on_target", 0)),

@@ -49,7 +49,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 from mirrorflow import paths
 from mirrorflow.dr import steps
@@ -92,16 +91,11 @@ class FailoverRequest(GroupsRequest):
                 "choose planned (the source is up), emergency (it is not) or auto",
             )
 
-    @classmethod
-    def from_params(cls, params: dict[str, Any], **fixed: Any) -> FailoverRequest:
-        """Params: ``mode``, ``group_pattern``, ``fence_principals``, ``dry_run``,
-        ``catch_up_timeout_seconds``."""
-        return cls(
-            mode=str(params.get("mode") or "planned"),
-            catch_up_timeout_s=float(params.get("catch_up_timeout_seconds") or 300),
-            **cls.group_params(params),
-            **fixed,
-        )
+    PARAMS = {
+        **GroupsRequest.PARAMS,
+        "mode": ("mode", str, "planned"),
+        "catch_up_timeout_s": ("catch_up_timeout_seconds", float, 300),
+    }
 
 
 def reports_dir() -> Path:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mirrorflow.dr.steps import seconds_between as _seconds
 from mirrorflow.dr.steps import write_report
 
 if TYPE_CHECKING:
@@ -25,12 +24,10 @@ __all__ = ["report_context", "write_report"]
 def report_context(run: FailoverRun) -> dict:
     """What the templates show, from the run record."""
     data = run.data
-    steps = [{**s, "seconds": _seconds(s.get("started"), s.get("ended"))} for s in data["steps"]]
     final = run.details("final-sync")
     preflight = run.details("preflight")
     fence = run.details("fence-producers")
     stop = run.details("stop-mirror")
-    failed = [s for s in steps if s["status"] == "failed"]
     dry = bool(data["request"]["dry_run"])
     changes = []
     if fence.get("acls"):
@@ -51,18 +48,9 @@ def report_context(run: FailoverRun) -> dict:
             changes += [
                 f"{'would sync' if dry else 'synced'}: {line.strip()}" for line in sync["lines"][1:]
             ]
-    ended = steps[-1]["ended"] if steps else None
     return {
-        "flow": data["flow"],
-        "run_id": data["run_id"],
-        "request": data["request"],
+        **run.report_header(),
         "mode": data.get("mode") or data["request"]["mode"],
-        "dry_run": dry,
-        "started": data.get("started"),
-        "ended": ended,
-        "seconds": _seconds(data.get("started"), ended),
-        "status": "failed at " + failed[0]["step"] if failed else "success",
-        "steps": steps,
         "preflight": preflight,
         "rpo": final.get("rpo"),
         "targets": final.get("targets") or {},

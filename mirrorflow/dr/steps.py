@@ -128,6 +128,8 @@ class DRRequest:
     run_id: str
     state_dir: str | None = field(default=None, kw_only=True)
     mode: ClassVar[str]  # a field of the workflows that have modes
+    # The DAG's Params the request reads: field -> (Param, conversion, default when unset).
+    PARAMS: ClassVar[dict[str, tuple[str, Callable[[Any], Any], Any]]] = {}
 
     def __post_init__(self) -> None:
         jobs.split_flow(self.flow)
@@ -139,8 +141,12 @@ class DRRequest:
     @classmethod
     def from_params(cls, params: dict[str, Any], **fixed: Any) -> DRRequest:
         """The request of a DAG run with Params ``params`` (``fixed``: flow, flow_files,
-        run_id, state_dir). Each workflow reads its own Params."""
-        raise NotImplementedError
+        run_id, state_dir), as :attr:`PARAMS` reads them."""
+        read = {
+            name: convert(params.get(param) or default)
+            for name, (param, convert, default) in cls.PARAMS.items()
+        }
+        return cls(**read, **fixed)
 
     @property
     def source(self) -> str:
@@ -187,14 +193,11 @@ class GroupsRequest(DRRequest):
         check_group_pattern(self.group_pattern)
         check_principals(self.fence_principals)
 
-    @staticmethod
-    def group_params(params: dict[str, Any]) -> dict[str, Any]:
-        """The Params ``group_pattern``, ``fence_principals`` and ``dry_run`` as fields."""
-        return {
-            "group_pattern": str(params.get("group_pattern") or ".*"),
-            "fence_principals": param_list(params.get("fence_principals")),
-            "dry_run": bool(params.get("dry_run")),
-        }
+    PARAMS = {
+        "group_pattern": ("group_pattern", str, ".*"),
+        "fence_principals": ("fence_principals", param_list, ()),
+        "dry_run": ("dry_run", bool, False),
+    }
 
     @property
     def principals(self) -> list[str]:
@@ -301,6 +304,34 @@ class Run:
     def report_context(self) -> dict:
         """What the report templates show (and ``report.json`` holds), from the record."""
         raise NotImplementedError
+
+    def report_header(self, step_details: bool = True, ended: bool = True) -> dict:
+        """What every report shows of its run: flow, run id, request, dry run, when it started
+        (and ``ended``, when the last step ended and how many seconds it took), its status
+        (``success`` or ``failed at <step>``) and its steps, each with its seconds (and
+        ``step_details``, what it found)."""
+        data = self.data
+        rows = [
+            {
+                **{k: v for k, v in s.items() if step_details or k != "details"},
+                "seconds": seconds_between(s.get("started"), s.get("ended")),
+            }
+            for s in data["steps"]
+        ]
+        failed = self.failed_steps()
+        header = {
+            "flow": data["flow"],
+            "run_id": data["run_id"],
+            "request": data["request"],
+            "dry_run": bool(data["request"]["dry_run"]),
+            "started": data.get("started"),
+            "status": "failed at " + failed[0] if failed else "success",
+            "steps": rows,
+        }
+        if ended:
+            last = rows[-1]["ended"] if rows else None
+            header.update(ended=last, seconds=seconds_between(data.get("started"), last))
+        return header
 
     def report_lines(self, context: dict) -> list[str]:
         """Lines the report step logs before saying where the report is (default none)."""
