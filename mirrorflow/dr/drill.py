@@ -67,16 +67,7 @@ from urllib.parse import urlsplit
 
 from mirrorflow import paths
 from mirrorflow.dr import failover, steps
-from mirrorflow.dr.steps import (
-    DRRequest,
-    Log,
-    Partition,
-    Run,
-    StepRecord,
-    StepSkipped,
-    Workflow,
-    safe_run_id,
-)
+from mirrorflow.dr.steps import Log, Partition, StepRecord, StepSkipped, safe_run_id
 from mirrorflow.dr.steps import iso as _iso
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
 from mirrorflow.replication.checkpoints import flow_positions
@@ -91,7 +82,7 @@ STEPS = ("preflight", "traffic", "failover", "verify", "restore", "report")
 
 
 @dataclass(frozen=True)
-class DrillRequest(DRRequest):
+class DrillRequest(steps.DRRequest):
     """What a drill run was asked to do (a DAG run's Params)."""
 
     mode: str = "non-destructive"
@@ -201,7 +192,7 @@ def sandbox_cluster(bootstrap_servers: str, directory: Path) -> str | None:
     return found.pop() if len(found) == 1 else None
 
 
-class DrillRun(Run):
+class DrillRun(steps.Run):
     """A drill run's record, ``run.json`` in its report directory (as a failover's), with the
     run's timeline (:meth:`~mirrorflow.dr.steps.Run.event`)."""
 
@@ -227,7 +218,7 @@ class DrillRun(Run):
         ]
 
 
-WORKFLOW = Workflow(DrillRun, DrillRequest, STEPS, always=("restore", "report"))
+WORKFLOW = steps.Workflow(DrillRun, DrillRequest, STEPS, always=("restore", "report"))
 
 
 def _client(config: dict[str, str], **extra: object) -> dict:

@@ -60,6 +60,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from mirrorflow import paths
+from mirrorflow.dr import steps
 from mirrorflow.dr.failover import (
     _groups,
     _key,
@@ -72,16 +73,7 @@ from mirrorflow.dr.failover import (
     reachable,
     reports_dir,
 )
-from mirrorflow.dr.steps import (
-    GroupsRequest,
-    Log,
-    Partition,
-    Run,
-    StepRecord,
-    StepSkipped,
-    Workflow,
-    safe_run_id,
-)
+from mirrorflow.dr.steps import Log, Partition, StepRecord, StepSkipped, safe_run_id
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
 from mirrorflow.replication.spec import MirrorSpec
 from mirrorflow.replication.topics import ADMIN_TIMEOUT_S, ClusterAdmin, cluster_error
@@ -101,7 +93,7 @@ DIVERGED_SUFFIX = "diverged"
 
 
 @dataclass(frozen=True)
-class FailbackRequest(GroupsRequest):
+class FailbackRequest(steps.GroupsRequest):
     """What a failback run was asked to do (a DAG run's Params, or a command's options).
     ``flow`` is the flow failed over, S->T: the failback goes from T back to S; the groups and
     the producers to fence are those on T."""
@@ -111,10 +103,10 @@ class FailbackRequest(GroupsRequest):
 
     mode = "failback"  # as its run record names it
 
-    PARAMS = {**GroupsRequest.PARAMS, "failover_run_id": ("failover_run_id", str, "")}
+    PARAMS = {**steps.GroupsRequest.PARAMS, "failover_run_id": ("failover_run_id", str, "")}
 
 
-class FailbackRun(Run):
+class FailbackRun(steps.Run):
     """A failback's record (``reports/failback/<run id>/run.json``), as a failover's."""
 
     KIND = "failback"
@@ -123,7 +115,7 @@ class FailbackRun(Run):
         return report_context(self)
 
 
-WORKFLOW = Workflow(FailbackRun, FailbackRequest, STEPS)
+WORKFLOW = steps.Workflow(FailbackRun, FailbackRequest, STEPS)
 
 
 def _spec_and_policy(request: FailbackRequest):
@@ -158,9 +150,9 @@ def latest_failover(flow: str, run_id: str = "") -> dict:
             continue
         if run_id and data.get("run_id") != run_id and path.parent.name != safe_run_id(run_id):
             continue
-        steps = {s["step"]: s for s in data.get("steps", [])}
-        held = steps.get("stop-mirror", {}).get("details", {}).get("held")
-        rpo = steps.get("final-sync", {}).get("details", {}).get("rpo")
+        recorded = {s["step"]: s for s in data.get("steps", [])}
+        held = recorded.get("stop-mirror", {}).get("details", {}).get("held")
+        rpo = recorded.get("final-sync", {}).get("details", {}).get("rpo")
         if held and rpo:
             candidates.append((data.get("started") or "", data))
     if not candidates:
@@ -223,8 +215,8 @@ def preflight(request: FailbackRequest, run: FailbackRun, record: StepRecord, lo
                 f"wait until {alias} is back, then trigger the failback again",
             )
     failover = latest_failover(request.flow, request.failover_run_id)
-    steps = {s["step"]: s for s in failover["steps"]}
-    cut = _flat(steps["final-sync"]["details"]["rpo"]["positions_at_cut"])
+    recorded = {s["step"]: s for s in failover["steps"]}
+    cut = _flat(recorded["final-sync"]["details"]["rpo"]["positions_at_cut"])
     if not jobs.held(request.flow_dir()):
         raise MirrorflowError(
             f"{request.flow} is not held paused: it was resumed after failover "

@@ -52,15 +52,7 @@ from pathlib import Path
 
 from mirrorflow import paths
 from mirrorflow.dr import steps
-from mirrorflow.dr.steps import (
-    GroupsRequest,
-    Log,
-    Partition,
-    Run,
-    StepRecord,
-    StepSkipped,
-    Workflow,
-)
+from mirrorflow.dr.steps import Log, Partition, StepRecord, StepSkipped
 from mirrorflow.dr.steps import now as _now
 from mirrorflow.dr.steps import safe_run_id as safe_run_id  # as it was named here
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
@@ -75,7 +67,7 @@ STOPPED_STATES = ("PAUSED", "STOPPED", "FAILED")
 
 
 @dataclass(frozen=True)
-class FailoverRequest(GroupsRequest):
+class FailoverRequest(steps.GroupsRequest):
     """What a failover run was asked to do (a DAG run's Params, or a command's options)."""
 
     mode: str = "auto"
@@ -92,7 +84,7 @@ class FailoverRequest(GroupsRequest):
             )
 
     PARAMS = {
-        **GroupsRequest.PARAMS,
+        **steps.GroupsRequest.PARAMS,
         "mode": ("mode", str, "planned"),
         "catch_up_timeout_s": ("catch_up_timeout_seconds", float, 300),
     }
@@ -109,7 +101,7 @@ def fences_file(flow: str) -> Path:
     return paths.state_dir() / "failover" / f"{source}-{target}" / "fences.json"
 
 
-class FailoverRun(Run):
+class FailoverRun(steps.Run):
     """A failover's record (``reports/failover/<run id>/run.json``): the request, the mode
     decided, each step's record."""
 
@@ -128,7 +120,7 @@ class FailoverRun(Run):
         return _group_lines(self.details("final-sync").get("targets", {}), self.request.target)
 
 
-WORKFLOW = Workflow(FailoverRun, FailoverRequest, STEPS)
+WORKFLOW = steps.Workflow(FailoverRun, FailoverRequest, STEPS)
 
 
 def reachable(alias: str, config: dict[str, str], timeout_s: float) -> str | None:
