@@ -328,7 +328,7 @@ def fence_producers(
         raise StepSkipped("no principal to fence")
     spec, _t, _p = _spec_and_policy(request)
     topics = sorted({c["topic"] for c in run.details("preflight").get("copies", [])})
-    bindings = deny_write_bindings(topics, principals)
+    bindings = deny_write_bindings([(p, t) for t in topics for p in principals])
     acls = [{"principal": b.principal, "topic": b.name} for b in bindings]
     verb = "would deny" if request.dry_run else "denied"
     if bindings and not request.dry_run:
@@ -671,14 +671,6 @@ def group_sync(request: FailbackRequest, run: FailbackRun, record: StepRecord, l
 @WORKFLOW.step("unfence")
 def unfence(request: FailbackRequest, run: FailbackRun, record: StepRecord, log: Log) -> None:
     """Remove exactly the DENY WRITE ACLs the failover recorded in ``fences.json``."""
-    from confluent_kafka.admin import (
-        AclBindingFilter,
-        AclOperation,
-        AclPermissionType,
-        ResourcePatternType,
-        ResourceType,
-    )
-
     path = fences_file(request.flow)
     try:
         fences = json.loads(path.read_text())
@@ -690,18 +682,7 @@ def unfence(request: FailbackRequest, run: FailbackRun, record: StepRecord, log:
     acls = sorted({(f["principal"], f["topic"]) for f in fences})
     if not request.dry_run:
         source = ClusterAdmin(spec.source, spec.source_admin)
-        filters = [
-            AclBindingFilter(
-                ResourceType.TOPIC,
-                topic,
-                ResourcePatternType.LITERAL,
-                principal,
-                "*",
-                AclOperation.WRITE,
-                AclPermissionType.DENY,
-            )
-            for principal, topic in acls
-        ]
+        filters = deny_write_bindings(acls, as_filter=True)
         try:
             for future in source.client.delete_acls(
                 filters, request_timeout=ADMIN_TIMEOUT_S

@@ -239,7 +239,7 @@ def fence_producers(
     spec = request.spec()
     topics = run.details("preflight").get("topics", [])
     source = ClusterAdmin(spec.source, spec.source_admin)
-    bindings = deny_write_bindings(topics, principals)
+    bindings = deny_write_bindings([(p, t) for t in topics for p in principals])
     acls = [
         {"principal": b.principal, "topic": b.name, "operation": "WRITE", "permission": "DENY"}
         for b in bindings
@@ -260,18 +260,21 @@ def fence_producers(
     log(record.summary)
 
 
-def deny_write_bindings(topics: Sequence[str], principals: Sequence[str]) -> list:
-    """ACL bindings denying WRITE on each topic (literal) to each principal, from any host."""
+def deny_write_bindings(acls: Sequence[tuple[str, str]], as_filter: bool = False) -> list:
+    """ACL bindings denying WRITE, one per ``(principal, topic)`` (a literal topic name), from
+    any host (``as_filter``: the filters that match exactly those, to delete them)."""
     from confluent_kafka.admin import (
         AclBinding,
+        AclBindingFilter,
         AclOperation,
         AclPermissionType,
         ResourcePatternType,
         ResourceType,
     )
 
+    make = AclBindingFilter if as_filter else AclBinding
     return [
-        AclBinding(
+        make(
             ResourceType.TOPIC,
             topic,
             ResourcePatternType.LITERAL,
@@ -280,8 +283,7 @@ def deny_write_bindings(topics: Sequence[str], principals: Sequence[str]) -> lis
             AclOperation.WRITE,
             AclPermissionType.DENY,
         )
-        for topic in topics
-        for principal in principals
+        for principal, topic in acls
     ]
 
 
