@@ -21,7 +21,6 @@ failed. Nothing here holds a secret: run records have names, offsets and paths o
 from __future__ import annotations
 
 import contextlib
-import functools
 import importlib
 import json
 import re
@@ -405,7 +404,6 @@ class Workflow:
             raise ValueError(f"{self.kind} has no step {name!r}")
 
         def register(body: Callable[..., None]) -> Step:
-            @functools.wraps(body)
             def run_step(request: DRRequest, log: Log = print, **options: Any) -> dict:
                 run = self.run_class(request)
                 with run.recording(name) as record:
@@ -413,6 +411,9 @@ class Workflow:
                 details = record.details if xcom_details else {}
                 return {"step": name, **details, "summary": record.summary}
 
+            # the body's name and docstring; the step's own signature
+            for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
+                setattr(run_step, attribute, getattr(body, attribute))
             self.functions[name] = run_step
             return run_step
 
