@@ -14,8 +14,6 @@ import os
 import re
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,34 +23,26 @@ from confluent_kafka import Consumer, TopicPartition
 from mirrorflow.devtools.local_airflow import UI_USER, LocalAirflow
 from tests.conftest import create_topics
 from tests.mirror_harness import flow_file, produce, run_mirror_once
-from tests.test_ui_page import (
+from tests.ui_harness import (
     CHROMIUM,
     CHROMIUM_ARGS,
-    FLOW,
+    VIEWER,
+    AirflowWithViewer,
     artefacts_dir,
     fetch,
     plugin_get_routes,
     render_dags,
+    require_chromium,
+    running_airflow,
+    runs_of,
+    token_of,
 )
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.airflow]
 
 ROOT = Path(__file__).resolve().parent.parent
+FLOW = "primary->secondary"
 FAILOVER_DAG = "failover__primary__secondary"
-VIEWER = "viewer"
-
-
-class AirflowWithViewer(LocalAirflow):
-    """The local Airflow with a second user of the simple auth manager's *viewer* role (its
-    password generated into the same 0600 file by Airflow)."""
-
-    def environment(self) -> dict[str, str]:
-        env = super().environment()
-        env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"] = f"{UI_USER}:admin,{VIEWER}:viewer"
-        return env
-
-    def password_of(self, user: str) -> str:
-        return json.loads(self.password_file.read_text())[user]
 
 
 @pytest.fixture(scope="module")
@@ -60,42 +50,8 @@ def airflow_dr(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowWith
     """A real api-server (with the plugin) and dag-processor; no scheduler, so a triggered run
     stays queued and changes nothing (the failover DAG is created unpaused)."""
     base = tmp_path_factory.mktemp("ui-dr")
-    airflow = AirflowWithViewer(base / "airflow", base / "state", say=lambda line: None)
-    airflow.choose_port(None)
-    airflow.migrate()
-    airflow.dags_folder.mkdir(parents=True, exist_ok=True)
-    try:
-        airflow.start_services(("api-server", "dag-processor"))
-        airflow.wait_for_api()
+    with running_airflow(base, ("api-server", "dag-processor"), AirflowWithViewer) as airflow:
         yield airflow
-    finally:
-        airflow.stop_services(say=lambda line: None)
-
-
-def api_call(airflow: LocalAirflow, method: str, path: str, token: str, body=None):
-    """(status, JSON) of a call to Airflow's REST API with ``token``."""
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{airflow.port}{path}",
-        json.dumps(body).encode() if body is not None else None,
-        {"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
-        method=method,
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, json.loads(response.read() or b"null")
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"null")
-
-
-def token_of(airflow: AirflowWithViewer, user: str) -> str:
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{airflow.port}/auth/token",
-        json.dumps({"username": user, "password": airflow.password_of(user)}).encode(),
-        {"Content-Type": "application/json"},
-        method="POST",
-    )
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read())["access_token"]
 
 
 def failover_dry_run(config: Path, airflow: LocalAirflow) -> str:
@@ -158,18 +114,8 @@ def commit_and_checkpoint(cluster, config: Path, topic: str, group: str, offsets
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
-def runs_of(airflow: LocalAirflow, token: str, dag_id: str) -> dict[str, dict]:
-    status, reply = api_call(airflow, "GET", f"/api/v2/dags/{dag_id}/dagRuns", token)
-    assert status == 200, reply
-    return {r["dag_run_id"]: r for r in reply["dag_runs"]}
-
-
 def test_history_and_trigger_buttons(airflow_dr: AirflowWithViewer, sandbox, topic_name, tmp_path):
-    if not CHROMIUM.exists():
-        pytest.fail(
-            f"{CHROMIUM} is missing: run scripts/bootstrap.sh as root (it installs Debian's "
-            "chromium package for this browser test)"
-        )
+    require_chromium()
     from playwright.sync_api import sync_playwright
 
     shots = artefacts_dir(tmp_path)

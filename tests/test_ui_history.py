@@ -169,3 +169,29 @@ def test_a_flows_partitions_from_progress_and_an_unreachable_target_in_one_note(
     # A flow that is not in the files: a note, the partitions still shown.
     other = flow_detail([config], "b->a", flows)
     assert other["note"] and other["partitions"] == []
+
+
+def test_the_history_in_pages_newest_first(tmp_path):
+    import pytest
+
+    from mirrorflow.health.history import MAX_PAGE_SIZE, paginate
+
+    for i in range(7):
+        write_run(tmp_path, "drill", f"r{i}", {"flow": "a->b", "started": f"2026-11-26T0{i}:00Z"})
+    runs = history(tmp_path)
+    assert [r.run for r in runs] == [f"r{i}" for i in range(6, -1, -1)]
+    pages = [paginate(runs, n, 3) for n in (1, 2, 3, 4)]
+    assert [[r.run for r in p.runs] for p in pages] == [
+        ["r6", "r5", "r4"],
+        ["r3", "r2", "r1"],
+        ["r0"],
+        [],
+    ]
+    assert [(p.newer, p.older) for p in pages] == [(None, 2), (1, 3), (2, None), (3, None)]
+    assert {(p.total, p.pages, p.limit) for p in pages} == {(7, 3, 3)}
+    empty = paginate([], 1, 5)
+    assert (empty.runs, empty.pages, empty.newer, empty.older) == ([], 1, None, None)
+    assert paginate(runs, 1, MAX_PAGE_SIZE).as_dict()["older_page"] is None
+    for page, limit in ((0, 3), (1, 0), (1, MAX_PAGE_SIZE + 1)):
+        with pytest.raises(ValueError):
+            paginate(runs, page, limit)

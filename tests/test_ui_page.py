@@ -10,13 +10,8 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -24,76 +19,29 @@ from mirrorflow.devtools.local_airflow import UI_USER, LocalAirflow
 from mirrorflow.runtime import launch
 from tests.conftest import create_topics
 from tests.mirror_harness import flow_file, produce, progress, start_mirror, stop_job, wait_for
+from tests.ui_harness import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    artefacts_dir,
+    assert_refused,
+    fetch,
+    plugin_get_routes,
+    render_dags,
+    require_chromium,
+    running_airflow,
+)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.airflow]
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 FLOW = "primary->secondary"
-MIRRORFLOW = str(Path(sys.executable).parent / "mirrorflow")  # the CLI of this environment
 STALL_TIMEOUT_S = 20  # the flow's health.stall.timeout.seconds in this test
 
 
 @pytest.fixture(scope="module")
 def airflow_ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalAirflow]:
     """A real Airflow api-server (simple auth manager, 0600 password file) with the plugin."""
-    base = tmp_path_factory.mktemp("ui")
-    airflow = LocalAirflow(base / "airflow", base / "state", say=lambda line: None)
-    airflow.choose_port(None)
-    airflow.migrate()
-    airflow.dags_folder.mkdir(parents=True, exist_ok=True)
-    try:
-        airflow.start_services(("api-server",))
-        airflow.wait_for_api()
+    with running_airflow(tmp_path_factory.mktemp("ui"), ("api-server",)) as airflow:
         yield airflow
-    finally:
-        airflow.stop_services(say=lambda line: None)
-
-
-def render_dags(config: Path, airflow: LocalAirflow) -> None:
-    """``mirrorflow render`` of the flow file into the api-server's DAGs folder."""
-    result = subprocess.run(
-        [MIRRORFLOW, "render", str(config), "--out", str(airflow.dags_folder)],
-        capture_output=True,
-        text=True,
-    )
-    assert result.returncode == 0, result.stderr
-
-
-def fetch(url: str, headers: dict[str, str] | None = None) -> tuple[int, str, dict]:
-    """GET without following redirects: (status, body, headers)."""
-
-    class NoRedirect(urllib.request.HTTPRedirectHandler):
-        def redirect_request(self, *args, **kwargs):
-            return None
-
-    opener = urllib.request.build_opener(NoRedirect)
-    request = urllib.request.Request(url, headers=headers or {})
-    try:
-        with opener.open(request, timeout=30) as response:
-            return response.status, response.read().decode(), dict(response.headers)
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode(errors="replace"), dict(exc.headers)
-
-
-def plugin_get_routes() -> list[str]:
-    """Every GET route of the plugin's app, as the plugin mounts it."""
-    from fastapi.routing import APIRoute
-
-    from mirrorflow.airflow.ui.app import create_app
-
-    routes = [r.path for r in create_app().routes if isinstance(r, APIRoute) and "GET" in r.methods]
-    assert routes, "the plugin's app has no GET route"
-    return routes
 
 
 def test_every_plugin_endpoint_refuses_anonymous_and_forged_requests(
@@ -120,6 +68,9 @@ def test_every_plugin_endpoint_refuses_anonymous_and_forged_requests(
         status, body, _ = fetch(url, {"Authorization": f"Bearer {token}"})
         assert status == 200, (url, status, body[:300])
         assert "primary" in body
+    # Paging and bad paging are refused alike before any other answer (no 400 to a stranger).
+    for query in ("/history?page=2&limit=5", "/api/history?page=0", "/api/history?limit=x"):
+        assert_refused(base + query)
     # A browser without a login is sent to Airflow's login page, and back after it.
     status, _, headers = fetch(base + "/", {"Accept": "text/html"})
     assert status == 303 and "/auth/login" in headers["location"], (status, headers)
@@ -134,14 +85,6 @@ def test_every_plugin_endpoint_refuses_anonymous_and_forged_requests(
                 assert secret and secret.group(1) not in page + api
     [flow] = json.loads(api)["flows"]
     assert (flow["flow"], flow["mirror_dag"]) == (FLOW, "mirror__secondary")
-
-
-def artefacts_dir(tmp_path: Path) -> Path:
-    base = os.environ.get("MIRRORFLOW_TEST_ARTEFACTS")
-    folder = Path(base) / "ui" if base else tmp_path / "artefacts"
-    folder.mkdir(parents=True, exist_ok=True)
-    print(f"UI screenshots in {folder}")
-    return folder
 
 
 def flow_row_state(page, url: str, states: tuple[str, ...], timeout: float) -> dict[str, str]:
@@ -161,11 +104,7 @@ def flow_row_state(page, url: str, states: tuple[str, ...], timeout: float) -> d
 def test_a_logged_in_user_sees_the_flow_running_stalled_and_stopped(
     airflow_ui: LocalAirflow, sandbox, topic_name, tmp_path
 ):
-    if not CHROMIUM.exists():
-        pytest.fail(
-            f"{CHROMIUM} is missing: run scripts/bootstrap.sh as root (it installs Debian's "
-            "chromium package for this browser test)"
-        )
+    require_chromium()
     from playwright.sync_api import sync_playwright
 
     shots = artefacts_dir(tmp_path)

@@ -549,23 +549,27 @@ class GroupSyncOperator(BaseOperator):
         return runs
 
 
-class FailoverStepOperator(BaseOperator):
-    """One step of a flow's failover DAG (``failover__<source>__<target>``): runs
-    :data:`mirrorflow.dr.failover.STEP_FUNCTIONS` ``[step]`` with the run's Params, logs what it
-    finds and does, and returns it (XCom). A step that does not apply to the run (no principal
-    to fence; an emergency's catch-up) is skipped; the logic lives in :mod:`mirrorflow.dr`.
+class DRStepOperator(BaseOperator):
+    """One step of a flow's disaster-recovery DAG (``<kind>__<source>__<target>``): runs the
+    step of the workflow ``kind`` (:func:`mirrorflow.dr.steps.workflow`: ``failover``,
+    ``failback``, ``drill``) with the run's Params, logs what it finds and does, and returns it
+    (XCom); the logic lives in :mod:`mirrorflow.dr`. A step that does not apply to the run is
+    skipped (no principal to fence, an emergency's catch-up, a drill's dry run). The ``report``
+    step writes the run's report and fails when an earlier step failed, so a failed run fails,
+    report written. Each workflow reads its own Params (its request's ``from_params``).
 
-    Params read: ``mode`` (planned, emergency, auto), ``group_pattern``, ``fence_principals``,
-    ``dry_run``, ``catch_up_timeout_seconds``. The ``report`` step writes the run's report and
-    fails when an earlier step failed, so a failed failover fails its run, report written.
+    The DAGs name the subclasses :class:`FailoverStepOperator`, :class:`FailbackStepOperator`
+    and :class:`DrillStepOperator`, which set ``kind``.
 
-    :param step: one of :data:`mirrorflow.dr.failover.STEPS`
+    :param step: one of the workflow's steps (e.g. :data:`mirrorflow.dr.failover.STEPS`)
     :param flow: the flow (``"SOURCE->TARGET"``)
     :param flow_files: its flow files (mm2.properties or YAML), merged in order
     :param state_dir: the flows' state directory, as the mirror job's (default
         ``$MIRRORFLOW_STATE/flows``)
+    :param kind: the workflow (set by the subclasses)
     """
 
+    kind = ""
     ui_color = "#f8e8e0"
 
     def __init__(
@@ -575,190 +579,72 @@ class FailoverStepOperator(BaseOperator):
         flow: str,
         flow_files: Sequence[str],
         state_dir: str | None = None,
+        kind: str | None = None,
         **kwargs: Any,
     ) -> None:
-        from mirrorflow.dr.failover import STEPS
+        from mirrorflow.dr.steps import workflow
 
-        if step not in STEPS:
-            raise ValueError(f"unknown failover step {step!r}: one of {', '.join(STEPS)}")
+        kind = kind or self.kind
+        steps = workflow(kind).steps
+        if step not in steps:
+            raise ValueError(f"unknown {kind} step {step!r}: one of {', '.join(steps)}")
         jobs.split_flow(flow)
         if not flow_files:
             raise ValueError(f"flow {flow}: no flow files given")
         super().__init__(**kwargs)
-        self.step, self.flow, self.flow_files, self.state_dir = (
-            step,
-            flow,
-            list(flow_files),
-            state_dir,
-        )
-
-    def execute(self, context: Any) -> dict[str, Any]:
-        from airflow.sdk.exceptions import AirflowSkipException
-
-        from mirrorflow.dr.failover import STEP_FUNCTIONS, FailoverRequest, StepSkipped
-
-        params = context.get("params") or {}
-        paths = flow_file_paths(self.flow_files, self.flow)
-        principals = params.get("fence_principals") or []
-        if isinstance(principals, str):
-            principals = [p for p in principals.replace(",", "\n").split() if p]
-        try:
-            request = FailoverRequest(
-                flow=self.flow,
-                flow_files=tuple(str(p) for p in paths),
-                run_id=str(context.get("run_id") or "manual"),
-                mode=str(params.get("mode") or "planned"),
-                group_pattern=str(params.get("group_pattern") or ".*"),
-                fence_principals=tuple(str(p) for p in principals),
-                dry_run=bool(params.get("dry_run")),
-                catch_up_timeout_s=float(params.get("catch_up_timeout_seconds") or 300),
-                state_dir=self.state_dir,
-            )
-            result = STEP_FUNCTIONS[self.step](request, log=lambda line: self.log.info("%s", line))
-        except StepSkipped as skipped:
-            raise AirflowSkipException(str(skipped)) from None
-        except MirrorflowError as exc:
-            raise AirflowException(f"failover of {self.flow}, step {self.step}: {exc}") from None
-        if self.step == "report" and result.get("failed_steps"):
-            raise AirflowException(
-                f"failover of {self.flow} failed at step {result['failed_steps'][0]}; "
-                f"report: {result['markdown']}"
-            )
-        return result
-
-
-class FailbackStepOperator(BaseOperator):
-    """One step of a flow's failback DAG (``failback__<source>__<target>``): runs
-    :data:`mirrorflow.dr.failback.STEP_FUNCTIONS` ``[step]`` with the run's Params, as
-    :class:`FailoverStepOperator` does for a failover (a step that does not apply is skipped;
-    ``report`` fails the run when an earlier step failed, after writing the report).
-
-    Params read: ``group_pattern``, ``fence_principals`` (on the DR cluster), ``dry_run``,
-    ``failover_run_id`` (empty: the latest failover that held the flow).
-    """
-
-    ui_color = "#e0f0e8"
-
-    def __init__(
-        self,
-        *,
-        step: str,
-        flow: str,
-        flow_files: Sequence[str],
-        state_dir: str | None = None,
-        **kwargs: Any,
-    ) -> None:
-        from mirrorflow.dr.failback import STEPS
-
-        if step not in STEPS:
-            raise ValueError(f"unknown failback step {step!r}: one of {', '.join(STEPS)}")
-        jobs.split_flow(flow)
-        if not flow_files:
-            raise ValueError(f"flow {flow}: no flow files given")
-        super().__init__(**kwargs)
-        self.step, self.flow, self.flow_files = step, flow, list(flow_files)
+        self.kind, self.step, self.flow, self.flow_files = kind, step, flow, list(flow_files)
         self.state_dir = state_dir
 
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowSkipException
 
-        from mirrorflow.dr.failback import STEP_FUNCTIONS, FailbackRequest
-        from mirrorflow.dr.failover import StepSkipped
+        from mirrorflow.dr.steps import StepSkipped, workflow
 
-        params = context.get("params") or {}
+        dr = workflow(self.kind)
         paths = flow_file_paths(self.flow_files, self.flow)
-        principals = params.get("fence_principals") or []
-        if isinstance(principals, str):
-            principals = [p for p in principals.replace(",", "\n").split() if p]
         try:
-            request = FailbackRequest(
+            request = dr.request_class.from_params(
+                context.get("params") or {},
                 flow=self.flow,
                 flow_files=tuple(str(p) for p in paths),
                 run_id=str(context.get("run_id") or "manual"),
-                group_pattern=str(params.get("group_pattern") or ".*"),
-                fence_principals=tuple(str(p) for p in principals),
-                dry_run=bool(params.get("dry_run")),
-                failover_run_id=str(params.get("failover_run_id") or ""),
                 state_dir=self.state_dir,
             )
-            result = STEP_FUNCTIONS[self.step](request, log=lambda line: self.log.info("%s", line))
+            result = dr.functions[self.step](request, log=lambda line: self.log.info("%s", line))
         except StepSkipped as skipped:
             raise AirflowSkipException(str(skipped)) from None
         except MirrorflowError as exc:
-            raise AirflowException(f"failback of {self.flow}, step {self.step}: {exc}") from None
+            raise AirflowException(f"{self.kind} of {self.flow}, step {self.step}: {exc}") from None
         if self.step == "report" and result.get("failed_steps"):
             raise AirflowException(
-                f"failback of {self.flow} failed at step {result['failed_steps'][0]}; "
+                f"{self.kind} of {self.flow} failed at step {result['failed_steps'][0]}; "
                 f"report: {result['markdown']}"
             )
         return result
 
 
-class DrillStepOperator(BaseOperator):
-    """One step of a flow's DR drill DAG (``drill__<source>__<target>``): runs
-    :data:`mirrorflow.dr.drill.STEP_FUNCTIONS` ``[step]`` with the run's Params and returns what
-    it found (XCom); the logic lives in :mod:`mirrorflow.dr.drill`.
+class FailoverStepOperator(DRStepOperator):
+    """A step of a flow's failover DAG (``failover__<source>__<target>``),
+    :mod:`mirrorflow.dr.failover`. Params: ``mode`` (planned, emergency, auto),
+    ``group_pattern``, ``fence_principals``, ``dry_run``, ``catch_up_timeout_seconds``."""
 
-    Params read: ``mode`` (non-destructive, destructive), ``canaries``, ``group_prefix``,
-    ``dry_run``, ``traffic_seconds``, ``rate``. The ``report`` step fails when an earlier step
-    failed, so a failed drill fails its run, report written.
-    """
+    kind = "failover"
+    ui_color = "#f8e8e0"
 
+
+class FailbackStepOperator(DRStepOperator):
+    """A step of a flow's failback DAG (``failback__<source>__<target>``),
+    :mod:`mirrorflow.dr.failback`. Params: ``group_pattern``, ``fence_principals`` (on the DR
+    cluster), ``dry_run``, ``failover_run_id`` (empty: the latest failover that held the flow)."""
+
+    kind = "failback"
+    ui_color = "#e0f0e8"
+
+
+class DrillStepOperator(DRStepOperator):
+    """A step of a flow's DR drill DAG (``drill__<source>__<target>``), :mod:`mirrorflow.dr.drill`.
+    Params: ``mode`` (non-destructive, destructive), ``canaries``, ``group_prefix``, ``dry_run``,
+    ``traffic_seconds``, ``rate``."""
+
+    kind = "drill"
     ui_color = "#e8f0f8"
-
-    def __init__(
-        self,
-        *,
-        step: str,
-        flow: str,
-        flow_files: Sequence[str],
-        state_dir: str | None = None,
-        **kwargs: Any,
-    ) -> None:
-        from mirrorflow.dr.drill import STEPS
-
-        if step not in STEPS:
-            raise ValueError(f"unknown drill step {step!r}: one of {', '.join(STEPS)}")
-        jobs.split_flow(flow)
-        if not flow_files:
-            raise ValueError(f"flow {flow}: no flow files given")
-        super().__init__(**kwargs)
-        self.step, self.flow, self.flow_files, self.state_dir = (
-            step,
-            flow,
-            list(flow_files),
-            state_dir,
-        )
-
-    def execute(self, context: Any) -> dict[str, Any]:
-        from airflow.sdk.exceptions import AirflowSkipException
-
-        from mirrorflow.dr.drill import STEP_FUNCTIONS, DrillRequest
-        from mirrorflow.dr.failover import StepSkipped
-
-        params = context.get("params") or {}
-        paths = flow_file_paths(self.flow_files, self.flow)
-        try:
-            request = DrillRequest(
-                flow=self.flow,
-                flow_files=tuple(str(p) for p in paths),
-                run_id=str(context.get("run_id") or "manual"),
-                mode=str(params.get("mode") or "non-destructive"),
-                canaries=int(params.get("canaries") or 100),
-                group_prefix=str(params.get("group_prefix") or "mirrorflow-drill-"),
-                dry_run=bool(params.get("dry_run")),
-                traffic_seconds=float(params.get("traffic_seconds") or 12),
-                rate=int(params.get("rate") or 200),
-                state_dir=self.state_dir,
-            )
-            result = STEP_FUNCTIONS[self.step](request, log=lambda line: self.log.info("%s", line))
-        except StepSkipped as skipped:
-            raise AirflowSkipException(str(skipped)) from None
-        except MirrorflowError as exc:
-            raise AirflowException(f"drill of {self.flow}, step {self.step}: {exc}") from None
-        if self.step == "report" and result.get("failed_steps"):
-            raise AirflowException(
-                f"drill of {self.flow} failed at step {result['failed_steps'][0]}; "
-                f"report: {result['markdown']}"
-            )
-        return result

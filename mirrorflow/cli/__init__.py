@@ -17,8 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     from mirrorflow.cli import (
         checkpoints_cmd,
         demo_cmd,
-        failback_cmd,
-        failover_cmd,
+        dr_cmd,
         flows_cmd,
         mirror_cmd,
         render_cmd,
@@ -39,8 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         mirror_cmd,
         sync_cmd,
         checkpoints_cmd,
-        failover_cmd,
-        failback_cmd,
+        dr_cmd,
         render_cmd,
         demo_cmd,
     ):

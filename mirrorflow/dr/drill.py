@@ -59,15 +59,16 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from mirrorflow import paths
-from mirrorflow.dr import failover
-from mirrorflow.dr.failover import StepRecord, StepSkipped, safe_run_id
+from mirrorflow.dr import failover, steps
+from mirrorflow.dr.steps import Log, Partition, StepRecord, StepSkipped, safe_run_id
+from mirrorflow.dr.steps import iso as _iso
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
 from mirrorflow.replication.checkpoints import flow_positions
 from mirrorflow.replication.spec import MirrorSpec
@@ -78,17 +79,12 @@ DRILL_TOPIC = "mirrorflow-drill-canary"
 DRILL_PARTITIONS = 2
 MODES = ("non-destructive", "destructive")
 STEPS = ("preflight", "traffic", "failover", "verify", "restore", "report")
-Log = Callable[[str], None]
-Partition = tuple[str, int]
 
 
 @dataclass(frozen=True)
-class DrillRequest:
+class DrillRequest(steps.DRRequest):
     """What a drill run was asked to do (a DAG run's Params)."""
 
-    flow: str
-    flow_files: tuple[str, ...]
-    run_id: str
     mode: str = "non-destructive"
     canaries: int = 100  # non-destructive: canary records
     group_prefix: str = "mirrorflow-drill-"
@@ -97,10 +93,9 @@ class DrillRequest:
     rate: int = 200  # destructive: records per second
     timeout_s: float = 120.0  # each wait (the flow copying, the group reading)
     sandbox_dir: str | None = None
-    state_dir: str | None = None  # the flows' state directory (default $MIRRORFLOW_STATE/flows)
 
     def __post_init__(self) -> None:
-        jobs.split_flow(self.flow)
+        super().__post_init__()
         if self.mode not in MODES:
             raise MirrorflowError(
                 f"drill mode {self.mode!r} is not one of {', '.join(MODES)}",
@@ -119,21 +114,29 @@ class DrillRequest:
             if value < low:
                 raise MirrorflowError(f"drill {name} {value} is below {low}")
 
-    @property
-    def source(self) -> str:
-        return jobs.split_flow(self.flow)[0]
-
-    @property
-    def target(self) -> str:
-        return jobs.split_flow(self.flow)[1]
+    PARAMS = {
+        "mode": ("mode", str, "non-destructive"),
+        "canaries": ("canaries", int, 100),
+        "group_prefix": ("group_prefix", str, "mirrorflow-drill-"),
+        "dry_run": ("dry_run", bool, False),
+        "traffic_seconds": ("traffic_seconds", float, 12),
+        "rate": ("rate", int, 200),
+    }
 
     @property
     def group(self) -> str:
         """The drill's own consumer group (its shadow group, non-destructive)."""
         return self.group_prefix + safe_run_id(self.run_id)
 
-    def flow_dir(self) -> Path:
-        return jobs.JobFiles.for_flow(self.flow, self.state_dir).flow_dir(self.flow)
+    def record(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "canaries": self.canaries,
+            "group": self.group,
+            "dry_run": self.dry_run,
+            "traffic_seconds": self.traffic_seconds,
+            "rate": self.rate,
+        }
 
     def failover_request(self) -> failover.FailoverRequest:
         """The emergency failover of the drill group (destructive), recorded under
@@ -151,7 +154,7 @@ class DrillRequest:
 
 def reports_dir() -> Path:
     """Where drill runs keep their record and report: ``$MIRRORFLOW_STATE/reports/drill``."""
-    return paths.state_dir() / "reports" / "drill"
+    return steps.reports_dir("drill")
 
 
 def sandbox_dir(request: DrillRequest) -> Path:
@@ -189,81 +192,33 @@ def sandbox_cluster(bootstrap_servers: str, directory: Path) -> str | None:
     return found.pop() if len(found) == 1 else None
 
 
-class DrillRun:
-    """A drill run's record, ``run.json`` in its report directory (as a failover's)."""
+class DrillRun(steps.Run):
+    """A drill run's record, ``run.json`` in its report directory (as a failover's), with the
+    run's timeline (:meth:`~mirrorflow.dr.steps.Run.event`)."""
 
-    def __init__(self, request: DrillRequest) -> None:
-        self.request = request
-        self.directory = reports_dir() / safe_run_id(request.run_id)
-        self.file = self.directory / "run.json"
-        try:
-            data = json.loads(self.file.read_text())
-        except (OSError, ValueError):
-            data = {}
-        self.data: dict = data or {
-            "flow": request.flow,
-            "run_id": request.run_id,
-            "request": {
-                "mode": request.mode,
-                "canaries": request.canaries,
-                "group": request.group,
-                "dry_run": request.dry_run,
-                "traffic_seconds": request.traffic_seconds,
-                "rate": request.rate,
-                "flow_files": list(request.flow_files),
-            },
-            "started": _now(),
-            "steps": [],
-            "timeline": [],
-        }
+    KIND = "drill"
 
-    @property
-    def steps(self) -> list[dict]:
-        return self.data["steps"]
+    def new_record(self) -> dict:
+        return {**super().new_record(), "timeline": []}
 
-    def step(self, name: str) -> dict:
-        found = [s for s in self.steps if s["step"] == name]
-        return found[-1].get("details", {}) if found else {}
+    def report_context(self) -> dict:
+        return report_context(self)
 
-    def event(self, what: str, at: float | None = None) -> float:
-        """Add a moment to the timeline (epoch seconds); returns it."""
-        at = time.time() if at is None else at
-        self.data["timeline"].append({"at": _iso(at), "epoch": at, "event": what})
-        return at
-
-    def save(self) -> None:
-        paths.write_private(self.file, json.dumps(self.data, indent=1, sort_keys=True) + "\n")
-
-    @contextlib.contextmanager
-    def recording(self, name: str) -> Iterator[StepRecord]:
-        record = StepRecord(name, _now())
-        try:
-            yield record
-            record.status = "success"
-        except StepSkipped as skipped:
-            record.status, record.summary = "skipped", str(skipped)
-            raise
-        except Exception as exc:
-            record.status, record.summary = "failed", str(exc)
-            raise
-        finally:
-            record.ended = _now()
-            self.steps.append(asdict(record))
-            self.save()
+    def report_lines(self, context: dict) -> list[str]:
+        figures = context["figures"]
+        if not figures:
+            return []
+        return [
+            f"drill figures: RPO {figures['rpo_records']} record(s), RTO "
+            f"{figures['rto_s']}s, per group "
+            + ", ".join(
+                f"{g}: {r['lost']} lost, {r['repeated']} repeated"
+                for g, r in figures["groups"].items()
+            )
+        ]
 
 
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds")
-
-
-def _iso(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds")
-
-
-def _spec(request: DrillRequest) -> MirrorSpec:
-    return failover._spec(
-        failover.FailoverRequest(request.flow, request.flow_files, request.run_id)
-    )
+WORKFLOW = steps.Workflow(DrillRun, DrillRequest, STEPS, always=("restore", "report"))
 
 
 def _client(config: dict[str, str], **extra: object) -> dict:
@@ -278,74 +233,70 @@ def _skip_when_dry(request: DrillRequest) -> None:
 # -- preflight -----------------------------------------------------------------------------
 
 
-def preflight(request: DrillRequest, log: Log = print) -> dict:
+@WORKFLOW.step("preflight")
+def preflight(request: DrillRequest, run: DrillRun, record: StepRecord, log: Log) -> None:
     """Both clusters answer; the flow replicates the drill topic and checkpoints the drill
     group; destructive: the source is a sandbox cluster. Creates the drill topic (not in a dry
     run) and notes where the target's copy ends and the real groups' offsets there."""
-    run = DrillRun(request)
-    with run.recording("preflight") as record:
-        spec = _spec(request)
-        for alias, config in ((spec.target, spec.target_admin), (spec.source, spec.source_admin)):
-            down = failover.reachable(alias, config, 15.0)
-            if down:
-                raise ClusterUnreachable(
-                    f"a drill needs both clusters; {alias} is unreachable: {down}",
-                    f"check {alias}.bootstrap.servers, or run the failover DAG if it is down",
-                )
-        if not spec.should_replicate(DRILL_TOPIC):
-            raise MirrorflowError(
-                f"flow {request.flow} does not replicate the drill topic {DRILL_TOPIC}",
-                f"add {DRILL_TOPIC} to {request.flow}.topics and render again",
+    spec = request.spec()
+    for alias, config in ((spec.target, spec.target_admin), (spec.source, spec.source_admin)):
+        down = failover.reachable(alias, config, 15.0)
+        if down:
+            raise ClusterUnreachable(
+                f"a drill needs both clusters; {alias} is unreachable: {down}",
+                f"check {alias}.bootstrap.servers, or run the failover DAG if it is down",
             )
-        if not spec.should_replicate_group(request.group):
+    if not spec.should_replicate(DRILL_TOPIC):
+        raise MirrorflowError(
+            f"flow {request.flow} does not replicate the drill topic {DRILL_TOPIC}",
+            f"add {DRILL_TOPIC} to {request.flow}.topics and render again",
+        )
+    if not spec.should_replicate_group(request.group):
+        raise MirrorflowError(
+            f"flow {request.flow} does not checkpoint the drill group {request.group}",
+            f"add {request.group_prefix}.* to {request.flow}.groups and render again",
+        )
+    if request.mode == "destructive" and spec.emit_checkpoints_enabled is False:
+        raise MirrorflowError(
+            f"flow {request.flow} emits no checkpoints: nothing to fail a group over with",
+            f"set {request.flow}.emit.checkpoints.enabled = true",
+        )
+    details: dict = {
+        "source": spec.source,
+        "target": spec.target,
+        "topic": DRILL_TOPIC,
+        "remote_topic": spec.remote_topic(DRILL_TOPIC),
+        "group": request.group,
+        "exactly_once": spec.exactly_once,
+    }
+    if request.mode == "destructive":
+        directory = sandbox_dir(request)
+        name = sandbox_cluster(spec.source_admin.get("bootstrap.servers", ""), directory)
+        if name is None:
             raise MirrorflowError(
-                f"flow {request.flow} does not checkpoint the drill group {request.group}",
-                f"add {request.group_prefix}.* to {request.flow}.groups and render again",
+                f"a destructive drill kills {spec.source}'s broker, and {spec.source} is not "
+                f"a mirrorflow sandbox cluster (none in {directory} listens at its "
+                "bootstrap servers)",
+                "run the non-destructive drill on this flow, or point MIRRORFLOW_SANDBOX "
+                "at the sandbox that runs it",
             )
-        if request.mode == "destructive" and spec.emit_checkpoints_enabled is False:
-            raise MirrorflowError(
-                f"flow {request.flow} emits no checkpoints: nothing to fail a group over with",
-                f"set {request.flow}.emit.checkpoints.enabled = true",
-            )
-        details: dict = {
-            "source": spec.source,
-            "target": spec.target,
-            "topic": DRILL_TOPIC,
-            "remote_topic": spec.remote_topic(DRILL_TOPIC),
-            "group": request.group,
-            "exactly_once": spec.exactly_once,
-        }
-        if request.mode == "destructive":
-            directory = sandbox_dir(request)
-            name = sandbox_cluster(spec.source_admin.get("bootstrap.servers", ""), directory)
-            if name is None:
-                raise MirrorflowError(
-                    f"a destructive drill kills {spec.source}'s broker, and {spec.source} is not "
-                    f"a mirrorflow sandbox cluster (none in {directory} listens at its "
-                    "bootstrap servers)",
-                    "run the non-destructive drill on this flow, or point MIRRORFLOW_SANDBOX "
-                    "at the sandbox that runs it",
-                )
-            details["sandbox"] = {"directory": str(directory), "cluster": name}
-        source = ClusterAdmin(spec.source, spec.source_admin)
-        target = ClusterAdmin(spec.target, spec.target_admin)
-        details["real_groups_before"] = _real_group_offsets(
-            spec, target, spec.target_admin, request
-        )
-        details["real_source_groups_before"] = _real_group_offsets(
-            spec, source, spec.source_admin, request
-        )
-        if not request.dry_run:
-            _ensure_topic(source)
-        record.details = details
-        record.summary = (
-            f"{request.mode} drill of {request.flow}: both clusters answer; topic {DRILL_TOPIC} "
-            f"(on {spec.target}: {details['remote_topic']}), group {request.group}"
-            + (f", sandbox cluster {details['sandbox']['cluster']}" if "sandbox" in details else "")
-            + (" (dry run: nothing will be written or moved)" if request.dry_run else "")
-        )
-        log(record.summary)
-    return {"step": "preflight", **record.details, "summary": record.summary}
+        details["sandbox"] = {"directory": str(directory), "cluster": name}
+    source = ClusterAdmin(spec.source, spec.source_admin)
+    target = ClusterAdmin(spec.target, spec.target_admin)
+    details["real_groups_before"] = _real_group_offsets(spec, target, spec.target_admin, request)
+    details["real_source_groups_before"] = _real_group_offsets(
+        spec, source, spec.source_admin, request
+    )
+    if not request.dry_run:
+        _ensure_topic(source)
+    record.details = details
+    record.summary = (
+        f"{request.mode} drill of {request.flow}: both clusters answer; topic {DRILL_TOPIC} "
+        f"(on {spec.target}: {details['remote_topic']}), group {request.group}"
+        + (f", sandbox cluster {details['sandbox']['cluster']}" if "sandbox" in details else "")
+        + (" (dry run: nothing will be written or moved)" if request.dry_run else "")
+    )
+    log(record.summary)
 
 
 def _ensure_topic(admin: ClusterAdmin) -> None:
@@ -502,40 +453,38 @@ class _GroupReader:
             self.consumer.close()
 
 
-def traffic(request: DrillRequest, log: Log = print) -> dict:
+@WORKFLOW.step("traffic", xcom_details=False)
+def traffic(request: DrillRequest, run: DrillRun, record: StepRecord, log: Log) -> None:
     """Non-destructive: canaries, half of them read by the shadow group on the source.
     Destructive: continuous writes, the drill group reading the first half, then the kill."""
-    run = DrillRun(request)
-    with run.recording("traffic") as record:
-        _skip_when_dry(request)
-        spec = _spec(request)
-        tag = safe_run_id(request.run_id)
-        # The drill group starts at the topic's end: earlier runs' records are not its own.
-        start = _end_offsets(spec.source_admin, DRILL_TOPIC, DRILL_PARTITIONS)
-        _commit(spec.source_admin, request.group, start)
-        producer = _Producer(spec.source_admin, tag)
-        reader = _GroupReader(spec.source_admin, request.group, tag, DRILL_TOPIC)
-        run.event("traffic started")
-        try:
-            if request.mode == "non-destructive":
-                details = _canaries(request, spec, run, producer, reader, log)
-            else:
-                details = _continuous_then_kill(request, spec, run, producer, reader, log)
-        finally:
-            reader.close()
-        details["acked"] = producer.acked
-        details["failed_deliveries"] = producer.failed
-        details["read_on_source"] = reader.read
-        details["source_start"] = {str(p): o for p, o in start.items()}
-        record.details = details
-        record.summary = (
-            f"{producer.sent} record(s) written to {DRILL_TOPIC} on {spec.source}, "
-            f"{len(producer.acked)} acknowledged; group {request.group} read "
-            f"{len(reader.read)} there"
-            + (f"; {spec.source} killed at {_iso(details['cut'])}" if "cut" in details else "")
-        )
-        log(record.summary)
-    return {"step": "traffic", "summary": record.summary}
+    _skip_when_dry(request)
+    spec = request.spec()
+    tag = safe_run_id(request.run_id)
+    # The drill group starts at the topic's end: earlier runs' records are not its own.
+    start = _end_offsets(spec.source_admin, DRILL_TOPIC, DRILL_PARTITIONS)
+    _commit(spec.source_admin, request.group, start)
+    producer = _Producer(spec.source_admin, tag)
+    reader = _GroupReader(spec.source_admin, request.group, tag, DRILL_TOPIC)
+    run.event("traffic started")
+    try:
+        if request.mode == "non-destructive":
+            details = _canaries(request, spec, run, producer, reader, log)
+        else:
+            details = _continuous_then_kill(request, spec, run, producer, reader, log)
+    finally:
+        reader.close()
+    details["acked"] = producer.acked
+    details["failed_deliveries"] = producer.failed
+    details["read_on_source"] = reader.read
+    details["source_start"] = {str(p): o for p, o in start.items()}
+    record.details = details
+    record.summary = (
+        f"{producer.sent} record(s) written to {DRILL_TOPIC} on {spec.source}, "
+        f"{len(producer.acked)} acknowledged; group {request.group} read "
+        f"{len(reader.read)} there"
+        + (f"; {spec.source} killed at {_iso(details['cut'])}" if "cut" in details else "")
+    )
+    log(record.summary)
 
 
 def _commit(config: dict[str, str], group: str, offsets: dict[int, int]) -> None:
@@ -620,7 +569,7 @@ def _continuous_then_kill(
         log(f"group {request.group} read {len(reader.read)} on {spec.source}; checkpointed")
         while time.monotonic() - started < request.traffic_seconds:
             time.sleep(0.1)
-        sandbox = run.step("preflight")["sandbox"]
+        sandbox = run.details("preflight")["sandbox"]
         cut = _sandbox("kill", sandbox)
         run.event(f"{spec.source} broker killed (SIGKILL): the cut", cut)
         log(f"{spec.source}'s broker ({sandbox['cluster']}) killed mid-traffic at {_iso(cut)}")
@@ -703,159 +652,154 @@ def _wait_copied(spec: MirrorSpec, acked: dict[str, list[int]], timeout: float) 
 # -- failover ------------------------------------------------------------------------------
 
 
-def failover_step(request: DrillRequest, log: Log = print) -> dict:
+@WORKFLOW.step("failover", xcom_details=False)
+def failover_step(request: DrillRequest, run: DrillRun, record: StepRecord, log: Log) -> None:
     """Non-destructive: the shadow group checkpointed now and committed on the target, nothing
     else. Destructive: the emergency failover's steps for the drill group."""
-    run = DrillRun(request)
-    with run.recording("failover") as record:
-        _skip_when_dry(request)
-        spec = _spec(request)
-        trigger = run.event("failover triggered")
-        if request.mode == "non-destructive":
-            from mirrorflow.replication.checkpoints import run_group_sync
+    _skip_when_dry(request)
+    spec = request.spec()
+    trigger = run.event("failover triggered")
+    if request.mode == "non-destructive":
+        from mirrorflow.replication.checkpoints import run_group_sync
 
-            result = run_group_sync(spec, {request.group}, sync_offsets=True)
-            for line in result.lines():
-                log(line)
-            written = result.report.written if result.report else {}
-            details = {
-                "committed": {
-                    g: {failover._key(tp): o for tp, o in tps.items()} for g, tps in written.items()
-                },
-                "positions_at_cut": {
-                    failover._key(tp): o
-                    for tp, o in flow_positions(spec).items()
-                    if tp[0] == DRILL_TOPIC
-                },
-            }
-        else:
-            inner = request.failover_request()
-            failover.preflight(inner, log=log)
-            jobs.hold(request.flow_dir(), f"drill {request.run_id}")
-            log(f"{request.flow} held paused for the drill ({request.flow_dir() / jobs.HOLD_FILE})")
-            final = failover.final_sync(inner, log=log)
-            failover.report(inner, log=log)
-            details = {
-                "committed": final["committed"],
-                "targets": final["targets"],
-                "failover_estimate": final["rpo"]["summary_short"],
-                "failover_report": str(failover.FailoverRun(inner).directory / "report.md"),
-                "held": True,
-                "positions_at_cut": {
-                    failover._key((t, int(p))): o
-                    for t, parts in final["rpo"]["positions_at_cut"].items()
-                    for p, o in parts.items()
-                    if t == DRILL_TOPIC
-                },
-            }
-        details["trigger"] = trigger
-        record.details = details
-        offsets = details["committed"].get(request.group, {})
-        record.summary = f"group {request.group} failed over to {spec.target}: " + (
-            ", ".join(f"{k}@{v}" for k, v in offsets.items()) or "no offset committed"
-        )
-        log(record.summary)
-    return {"step": "failover", "summary": record.summary}
+        result = run_group_sync(spec, {request.group}, sync_offsets=True)
+        for line in result.lines():
+            log(line)
+        written = result.report.written if result.report else {}
+        details = {
+            "committed": {
+                g: {failover._key(tp): o for tp, o in tps.items()} for g, tps in written.items()
+            },
+            "positions_at_cut": {
+                failover._key(tp): o
+                for tp, o in flow_positions(spec).items()
+                if tp[0] == DRILL_TOPIC
+            },
+        }
+    else:
+        inner = request.failover_request()
+        failover.preflight(inner, log=log)
+        jobs.hold(request.flow_dir(), f"drill {request.run_id}")
+        log(f"{request.flow} held paused for the drill ({request.flow_dir() / jobs.HOLD_FILE})")
+        final = failover.final_sync(inner, log=log)
+        failover.report(inner, log=log)
+        details = {
+            "committed": final["committed"],
+            "targets": final["targets"],
+            "failover_estimate": final["rpo"]["summary_short"],
+            "failover_report": str(failover.FailoverRun(inner).directory / "report.md"),
+            "held": True,
+            "positions_at_cut": {
+                failover._key((t, int(p))): o
+                for t, parts in final["rpo"]["positions_at_cut"].items()
+                for p, o in parts.items()
+                if t == DRILL_TOPIC
+            },
+        }
+    details["trigger"] = trigger
+    record.details = details
+    offsets = details["committed"].get(request.group, {})
+    record.summary = f"group {request.group} failed over to {spec.target}: " + (
+        ", ".join(f"{k}@{v}" for k, v in offsets.items()) or "no offset committed"
+    )
+    log(record.summary)
 
 
 # -- verify --------------------------------------------------------------------------------
 
 
-def verify(request: DrillRequest, log: Log = print) -> dict:
+@WORKFLOW.step("verify")
+def verify(request: DrillRequest, run: DrillRun, record: StepRecord, log: Log) -> None:
     """The group reads on the target; RPO, RTO, lost and repeated."""
-    run = DrillRun(request)
-    with run.recording("verify") as record:
-        _skip_when_dry(request)
-        spec = _spec(request)
-        pre, sent, over = run.step("preflight"), run.step("traffic"), run.step("failover")
-        if not sent or not over:
-            raise MirrorflowError("the traffic or failover step did not run: nothing to verify")
-        remote = pre["remote_topic"]
-        acked: dict[str, list[int]] = sent["acked"]
-        positions = {int(k.rsplit("-", 1)[1]): o for k, o in over["positions_at_cut"].items()}
-        if request.mode == "destructive":  # the source is still down: what its last reads
-            # before the cut brought (a batch in flight at the kill lands after it)
-            positions = {p: o for (t, p), o in flow_positions(spec).items() if t == DRILL_TOPIC}
-        copied = {s for s, (p, o) in acked.items() if o < positions.get(p, 0)}
-        read_on_source = set(sent["read_on_source"])
-        expected = copied - read_on_source
-        reader = _GroupReader(spec.target_admin, request.group, safe_run_id(request.run_id), remote)
-        ends = _end_offsets(spec.target_admin, remote, DRILL_PARTITIONS)
-        deadline = time.monotonic() + request.timeout_s
-        try:
-            while time.monotonic() < deadline:
-                reader.poll(0.5)
-                if reader.first_read is not None and _at_ends(reader, remote, ends):
-                    break
-        finally:
-            reader.close()
-        if reader.first_read is not None:
-            run.event(f"first record read by {request.group} on {spec.target}", reader.first_read)
-        read = reader.read
-        lost = sorted(expected - set(read), key=int)
-        repeated = len(read) - len(set(read)) + len(set(read) & read_on_source)
-        on_target = _records_on_target(spec, remote, run, safe_run_id(request.run_id))
-        trigger = sent.get("cut") or over["trigger"]
-        rto = None if reader.first_read is None else round(reader.first_read - trigger, 3)
-        rpo = len(acked) - len(copied)
-        details = {
-            "rpo_records": rpo,
-            "rto_s": rto,
-            "rto_basis": "the source broker's kill"
-            if request.mode == "destructive"
-            else "the start of the failover step",
-            "acked": len(acked),
-            "copied_at_cut": len(copied),
-            "groups": {
-                request.group: {
-                    "read_on_source": len(read_on_source),
-                    "expected_on_target": len(expected),
-                    "read_on_target": len(read),
-                    "lost": len(lost),
-                    "lost_examples": lost[:10],
-                    "repeated": repeated,
-                }
-            },
-            "on_target": on_target,
-            "replication_latency_s": sent.get("replication_latency_s"),
-        }
-        if request.mode == "non-destructive":
-            target = ClusterAdmin(spec.target, spec.target_admin)
-            source = ClusterAdmin(spec.source, spec.source_admin)
-            after = _real_group_offsets(spec, target, spec.target_admin, request)
-            after_source = _real_group_offsets(spec, source, spec.source_admin, request)
-            details["real_groups_unchanged"] = (
-                after == pre["real_groups_before"]
-                and after_source == pre["real_source_groups_before"]
-            )
-            details["real_groups"] = sorted(after)
-        record.details = details
-        record.summary = (
-            f"RPO {rpo} record(s) (acknowledged by {spec.source}, not on {spec.target} at the "
-            f"cut); RTO {'-' if rto is None else f'{rto:.1f}s'} (from {details['rto_basis']} "
-            f"to the first read on {spec.target}); group {request.group}: {len(read)} read on "
-            f"{spec.target}, {len(lost)} lost, {repeated} repeated"
+    _skip_when_dry(request)
+    spec = request.spec()
+    pre, sent, over = run.details("preflight"), run.details("traffic"), run.details("failover")
+    if not sent or not over:
+        raise MirrorflowError("the traffic or failover step did not run: nothing to verify")
+    remote = pre["remote_topic"]
+    acked: dict[str, list[int]] = sent["acked"]
+    positions = {int(k.rsplit("-", 1)[1]): o for k, o in over["positions_at_cut"].items()}
+    if request.mode == "destructive":  # the source is still down: what its last reads
+        # before the cut brought (a batch in flight at the kill lands after it)
+        positions = {p: o for (t, p), o in flow_positions(spec).items() if t == DRILL_TOPIC}
+    copied = {s for s, (p, o) in acked.items() if o < positions.get(p, 0)}
+    read_on_source = set(sent["read_on_source"])
+    expected = copied - read_on_source
+    reader = _GroupReader(spec.target_admin, request.group, safe_run_id(request.run_id), remote)
+    ends = _end_offsets(spec.target_admin, remote, DRILL_PARTITIONS)
+    deadline = time.monotonic() + request.timeout_s
+    try:
+        while time.monotonic() < deadline:
+            reader.poll(0.5)
+            if reader.first_read is not None and _at_ends(reader, remote, ends):
+                break
+    finally:
+        reader.close()
+    if reader.first_read is not None:
+        run.event(f"first record read by {request.group} on {spec.target}", reader.first_read)
+    read = reader.read
+    lost = sorted(expected - set(read), key=int)
+    repeated = len(read) - len(set(read)) + len(set(read) & read_on_source)
+    on_target = _records_on_target(spec, remote, run, safe_run_id(request.run_id))
+    trigger = sent.get("cut") or over["trigger"]
+    rto = None if reader.first_read is None else round(reader.first_read - trigger, 3)
+    rpo = len(acked) - len(copied)
+    details = {
+        "rpo_records": rpo,
+        "rto_s": rto,
+        "rto_basis": "the source broker's kill"
+        if request.mode == "destructive"
+        else "the start of the failover step",
+        "acked": len(acked),
+        "copied_at_cut": len(copied),
+        "groups": {
+            request.group: {
+                "read_on_source": len(read_on_source),
+                "expected_on_target": len(expected),
+                "read_on_target": len(read),
+                "lost": len(lost),
+                "lost_examples": lost[:10],
+                "repeated": repeated,
+            }
+        },
+        "on_target": on_target,
+        "replication_latency_s": sent.get("replication_latency_s"),
+    }
+    if request.mode == "non-destructive":
+        target = ClusterAdmin(spec.target, spec.target_admin)
+        source = ClusterAdmin(spec.source, spec.source_admin)
+        after = _real_group_offsets(spec, target, spec.target_admin, request)
+        after_source = _real_group_offsets(spec, source, spec.source_admin, request)
+        details["real_groups_unchanged"] = (
+            after == pre["real_groups_before"] and after_source == pre["real_source_groups_before"]
         )
-        log(record.summary)
-        if request.mode == "non-destructive":
-            log(
-                f"canaries on {spec.target}: {on_target['once']} once, {on_target['missing']} "
-                f"missing, {on_target['duplicated']} duplicated; real groups "
-                + ("unchanged" if details["real_groups_unchanged"] else "CHANGED")
-            )
-        problems = []
-        if reader.first_read is None:
-            problems.append(f"{request.group} read nothing on {spec.target}")
-        if lost or repeated:
-            problems.append(f"{len(lost)} lost, {repeated} repeated")
-        if request.mode == "non-destructive" and not details["real_groups_unchanged"]:
-            problems.append("the real groups' offsets changed")
-        if problems:
-            raise MirrorflowError(
-                f"drill of {request.flow} failed its verification: {'; '.join(problems)}",
-                "see the report for the timeline and per-group figures",
-            )
-    return {"step": "verify", **record.details, "summary": record.summary}
+        details["real_groups"] = sorted(after)
+    record.details = details
+    record.summary = (
+        f"RPO {rpo} record(s) (acknowledged by {spec.source}, not on {spec.target} at the "
+        f"cut); RTO {'-' if rto is None else f'{rto:.1f}s'} (from {details['rto_basis']} "
+        f"to the first read on {spec.target}); group {request.group}: {len(read)} read on "
+        f"{spec.target}, {len(lost)} lost, {repeated} repeated"
+    )
+    log(record.summary)
+    if request.mode == "non-destructive":
+        log(
+            f"canaries on {spec.target}: {on_target['once']} once, {on_target['missing']} "
+            f"missing, {on_target['duplicated']} duplicated; real groups "
+            + ("unchanged" if details["real_groups_unchanged"] else "CHANGED")
+        )
+    problems = []
+    if reader.first_read is None:
+        problems.append(f"{request.group} read nothing on {spec.target}")
+    if lost or repeated:
+        problems.append(f"{len(lost)} lost, {repeated} repeated")
+    if request.mode == "non-destructive" and not details["real_groups_unchanged"]:
+        problems.append("the real groups' offsets changed")
+    if problems:
+        raise MirrorflowError(
+            f"drill of {request.flow} failed its verification: {'; '.join(problems)}",
+            "see the report for the timeline and per-group figures",
+        )
 
 
 def _at_ends(reader: _GroupReader, topic: str, ends: dict[int, int]) -> bool:
@@ -869,7 +813,7 @@ def _records_on_target(spec: MirrorSpec, remote: str, run: DrillRun, tag: str) -
     """Each acknowledged record of this run found on the target's copy: once, missing, more."""
     from confluent_kafka import Consumer, TopicPartition
 
-    acked = run.step("traffic")["acked"]
+    acked = run.details("traffic")["acked"]
     consumer = Consumer(
         _client(
             spec.target_admin,
@@ -909,52 +853,48 @@ def _records_on_target(spec: MirrorSpec, remote: str, run: DrillRun, tag: str) -
 # -- restore -------------------------------------------------------------------------------
 
 
-def restore(request: DrillRequest, log: Log = print) -> dict:
+@WORKFLOW.step("restore")
+def restore(request: DrillRequest, run: DrillRun, record: StepRecord, log: Log) -> None:
     """Destructive: the broker restarted, the hold released, the flow resumes. Both: the
     drill group deleted on both clusters."""
-    run = DrillRun(request)
-    with run.recording("restore") as record:
-        _skip_when_dry(request)
-        spec = _spec(request)
-        details: dict = {}
-        pre = run.step("preflight")
-        if request.mode == "destructive" and pre.get("sandbox"):
-            _sandbox("up", pre["sandbox"])
-            run.event(f"{spec.source} broker restarted")
-            log(f"{spec.source}'s broker restarted")
-            details["released"] = jobs.release(request.flow_dir())
-            jobs.set_paused(request.flow_dir(), False)
-            log(f"{request.flow}: hold released, the flow resumes")
-            acked = run.step("traffic").get("acked", {})
-            state_dir = Path(request.state_dir) if request.state_dir else jobs.default_state_dir()
-            running = jobs.mirror_processes(state_dir, request.flow) or jobs.running_jobs(
-                state_dir, request.flow
-            )
-            if not running:  # e.g. it gave up during the outage: its DAG's retries restart it
-                log(
-                    f"no mirror job runs {request.flow} now: it resumes when the mirror DAG "
-                    "starts its job again"
-                )
-            caught = _wait_copied(spec, acked, request.timeout_s) if running else None
-            details["mirror_job_running"] = bool(running)
-            details["flow_caught_up"] = caught is not None
-            if caught is not None:
-                run.event(
-                    f"the flow copied the rest of the drill's records to {spec.target}", caught
-                )
-            log(
-                f"{request.flow} "
-                + ("copied the rest after the restore" if caught else "has not caught up yet")
-            )
-        details["deleted_groups"] = _delete_group(spec, request.group)
-        record.details = details
-        record.summary = (
-            ("broker restarted, flow resumed; " if "released" in details else "")
-            + f"group {request.group} deleted on "
-            + (", ".join(details["deleted_groups"]) or "no cluster")
+    _skip_when_dry(request)
+    spec = request.spec()
+    details: dict = {}
+    pre = run.details("preflight")
+    if request.mode == "destructive" and pre.get("sandbox"):
+        _sandbox("up", pre["sandbox"])
+        run.event(f"{spec.source} broker restarted")
+        log(f"{spec.source}'s broker restarted")
+        details["released"] = jobs.release(request.flow_dir())
+        jobs.set_paused(request.flow_dir(), False)
+        log(f"{request.flow}: hold released, the flow resumes")
+        acked = run.details("traffic").get("acked", {})
+        state_dir = request.flows_state_dir()
+        running = jobs.mirror_processes(state_dir, request.flow) or jobs.running_jobs(
+            state_dir, request.flow
         )
-        log(record.summary)
-    return {"step": "restore", **record.details, "summary": record.summary}
+        if not running:  # e.g. it gave up during the outage: its DAG's retries restart it
+            log(
+                f"no mirror job runs {request.flow} now: it resumes when the mirror DAG "
+                "starts its job again"
+            )
+        caught = _wait_copied(spec, acked, request.timeout_s) if running else None
+        details["mirror_job_running"] = bool(running)
+        details["flow_caught_up"] = caught is not None
+        if caught is not None:
+            run.event(f"the flow copied the rest of the drill's records to {spec.target}", caught)
+        log(
+            f"{request.flow} "
+            + ("copied the rest after the restore" if caught else "has not caught up yet")
+        )
+    details["deleted_groups"] = _delete_group(spec, request.group)
+    record.details = details
+    record.summary = (
+        ("broker restarted, flow resumed; " if "released" in details else "")
+        + f"group {request.group} deleted on "
+        + (", ".join(details["deleted_groups"]) or "no cluster")
+    )
+    log(record.summary)
 
 
 def _delete_group(spec: MirrorSpec, group: str) -> list[str]:
@@ -971,103 +911,28 @@ def _delete_group(spec: MirrorSpec, group: str) -> list[str]:
 
 # -- report --------------------------------------------------------------------------------
 
-TEMPLATES = (
-    ("drill_report.md.j2", "report.md", "markdown"),
-    ("drill_report.html.j2", "report.html", "html"),
-)
-
 
 def report_context(run: DrillRun) -> dict:
     """What the templates show, from the run record (without the per-record lists)."""
     data = run.data
-    steps = [
-        {
-            **{k: v for k, v in s.items() if k != "details"},
-            "seconds": _seconds(s.get("started"), s.get("ended")),
-        }
-        for s in data["steps"]
-    ]
-    failed = [s for s in steps if s["status"] == "failed"]
-    figures = run.step("verify")
-    over = run.step("failover")
+    figures = run.details("verify")
+    over = run.details("failover")
     return {
-        "flow": data["flow"],
-        "run_id": data["run_id"],
-        "request": data["request"],
+        **run.report_header(step_details=False, ended=False),
         "mode": data["request"]["mode"],
-        "dry_run": bool(data["request"]["dry_run"]),
-        "started": data.get("started"),
-        "status": "failed at " + failed[0]["step"] if failed else "success",
-        "steps": steps,
         "timeline": sorted(
             ({"at": e["at"], "event": e["event"]} for e in data["timeline"]),
             key=lambda e: e["at"],
         ),
-        "preflight": {k: v for k, v in run.step("preflight").items() if not k.startswith("real_")},
+        "preflight": {
+            k: v for k, v in run.details("preflight").items() if not k.startswith("real_")
+        },
         "figures": figures,
         "committed": over.get("committed") or {},
         "failover_report": over.get("failover_report"),
-        "restore": run.step("restore"),
+        "restore": run.details("restore"),
     }
 
 
-def _seconds(started: str | None, ended: str | None) -> float | None:
-    try:
-        return round(
-            (
-                datetime.fromisoformat(str(ended)) - datetime.fromisoformat(str(started))
-            ).total_seconds(),
-            3,
-        )
-    except ValueError:
-        return None
-
-
-def report(request: DrillRequest, log: Log = print) -> dict:
-    """Write the run's report (Markdown, HTML, JSON); log where and the figures."""
-    import jinja2
-
-    run = DrillRun(request)
-    with run.recording("report") as record:
-        record.summary = f"report written to {run.directory}"
-    context = report_context(run)
-    environment = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(paths.resource("templates"))),
-        undefined=jinja2.StrictUndefined,
-        autoescape=jinja2.select_autoescape(["html.j2"]),
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-    )
-    written = {}
-    for template, name, key in TEMPLATES:
-        text = environment.get_template(template).render(**context)
-        written[key] = str(paths.write_private(run.directory / name, text))
-    written["json"] = str(
-        paths.write_private(
-            run.directory / "report.json", json.dumps(context, indent=1, sort_keys=True)
-        )
-    )
-    figures = context["figures"]
-    if figures:
-        log(
-            f"drill figures: RPO {figures['rpo_records']} record(s), RTO "
-            f"{figures['rto_s']}s, per group "
-            + ", ".join(
-                f"{g}: {r['lost']} lost, {r['repeated']} repeated"
-                for g, r in figures["groups"].items()
-            )
-        )
-    log(f"drill report: {written['markdown']} (and report.html, report.json)")
-    failed = [s["step"] for s in run.steps if s["status"] == "failed"]
-    return {"step": "report", **written, "failed_steps": failed}
-
-
-STEP_FUNCTIONS: dict[str, Callable[..., dict]] = {
-    "preflight": preflight,
-    "traffic": traffic,
-    "failover": failover_step,
-    "verify": verify,
-    "restore": restore,
-    "report": report,
-}
+report = WORKFLOW.report
+STEP_FUNCTIONS: dict[str, Callable[..., dict]] = WORKFLOW.functions

@@ -53,27 +53,27 @@ A dry run computes and reports everything and changes nothing. Records and repor
 
 from __future__ import annotations
 
+import contextlib
 import json
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from mirrorflow import paths
+from mirrorflow.dr import steps
 from mirrorflow.dr.failover import (
-    FailoverRun,
-    Log,
-    Partition,
-    StepSkipped,
+    _groups,
     _key,
+    _nested,
     _replicated_partitions,
     _source_bounds,
+    create_acls,
+    deny_write_bindings,
     fences_file,
     reachable,
     reports_dir,
-    safe_run_id,
 )
+from mirrorflow.dr.steps import Log, Partition, StepRecord, StepSkipped, safe_run_id
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
 from mirrorflow.replication.spec import MirrorSpec
 from mirrorflow.replication.topics import ADMIN_TIMEOUT_S, ClusterAdmin, cluster_error
@@ -93,77 +93,39 @@ DIVERGED_SUFFIX = "diverged"
 
 
 @dataclass(frozen=True)
-class FailbackRequest:
-    """What a failback run was asked to do (a DAG run's Params, or a command's options)."""
+class FailbackRequest(steps.GroupsRequest):
+    """What a failback run was asked to do (a DAG run's Params, or a command's options).
+    ``flow`` is the flow failed over, S->T: the failback goes from T back to S; the groups and
+    the producers to fence are those on T."""
 
-    flow: str  # the flow failed over, S->T: the failback goes from T back to S
-    flow_files: tuple[str, ...]
-    run_id: str
-    group_pattern: str = ".*"
-    fence_principals: tuple[str, ...] = ()
-    dry_run: bool = False
     failover_run_id: str = ""  # the failover undone (default: the latest that held the flow)
     reachability_timeout_s: float = 15.0
-    state_dir: str | None = None
 
-    def __post_init__(self) -> None:
-        jobs.split_flow(self.flow)
-        try:
-            re.compile(self.group_pattern)
-        except re.error as exc:
-            raise MirrorflowError(
-                f"group pattern {self.group_pattern!r} is not a regular expression: {exc}",
-                "write a Python regex, e.g. billing.* or .*",
-            ) from None
-        for principal in self.fence_principals:
-            if not re.fullmatch(r"(User:)?[^\s:,]+", principal):
-                raise MirrorflowError(
-                    f"fence principal {principal!r} is not a principal name",
-                    "write it as alice or User:alice",
-                )
+    mode = "failback"  # as its run record names it
 
-    mode = "failback"
-    catch_up_timeout_s = 0.0
-
-    @property
-    def source(self) -> str:
-        return jobs.split_flow(self.flow)[0]
-
-    @property
-    def target(self) -> str:
-        return jobs.split_flow(self.flow)[1]
-
-    @property
-    def principals(self) -> list[str]:
-        return sorted({p if p.startswith("User:") else f"User:{p}" for p in self.fence_principals})
-
-    def flows_state_dir(self) -> Path:
-        return Path(self.state_dir) if self.state_dir else jobs.default_state_dir()
-
-    def flow_dir(self) -> Path:
-        return jobs.JobFiles.for_flow(self.flow, self.state_dir).flow_dir(self.flow)
+    PARAMS = {**steps.GroupsRequest.PARAMS, "failover_run_id": ("failover_run_id", str, "")}
 
 
-class FailbackRun(FailoverRun):
+class FailbackRun(steps.Run):
     """A failback's record (``reports/failback/<run id>/run.json``), as a failover's."""
 
     KIND = "failback"
+
+    def report_context(self) -> dict:
+        return report_context(self)
+
+
+WORKFLOW = steps.Workflow(FailbackRun, FailbackRequest, STEPS)
 
 
 def _spec_and_policy(request: FailbackRequest):
     """The forward flow's spec and its replication policy (the flow files, from the project
     root as the mirror job reads them)."""
-    import contextlib
-
     from mirrorflow.config.topology import load_topology
-    from mirrorflow.replication.spec import spec_for_flow
 
-    files = [Path(p) for p in request.flow_files]
-    missing = [str(p) for p in files if not p.is_file()]
-    if missing:
-        raise MirrorflowError(f"flow file(s) not found: {', '.join(missing)}")
+    files = request.flow_paths()
+    spec = request.spec()
     with contextlib.chdir(paths.project_root()):
-        spec = spec_for_flow(files, request.flow)
         topology = load_topology(files)
     return spec, topology, topology.flow(request.flow).policy
 
@@ -188,9 +150,9 @@ def latest_failover(flow: str, run_id: str = "") -> dict:
             continue
         if run_id and data.get("run_id") != run_id and path.parent.name != safe_run_id(run_id):
             continue
-        steps = {s["step"]: s for s in data.get("steps", [])}
-        held = steps.get("stop-mirror", {}).get("details", {}).get("held")
-        rpo = steps.get("final-sync", {}).get("details", {}).get("rpo")
+        recorded = {s["step"]: s for s in data.get("steps", [])}
+        held = recorded.get("stop-mirror", {}).get("details", {}).get("held")
+        rpo = recorded.get("final-sync", {}).get("details", {}).get("rpo")
         if held and rpo:
             candidates.append((data.get("started") or "", data))
     if not candidates:
@@ -232,13 +194,6 @@ def _reverse_positions(spec: MirrorSpec) -> dict[Partition, int]:
         reader.close()
 
 
-def _nested(values: dict[Partition, int]) -> dict[str, dict[str, int]]:
-    nested: dict[str, dict[str, int]] = {}
-    for (topic, partition), value in sorted(values.items()):
-        nested.setdefault(topic, {})[str(partition)] = value
-    return nested
-
-
 def _flat(nested: dict[str, dict[str, int]]) -> dict[Partition, int]:
     return {(t, int(p)): int(v) for t, parts in (nested or {}).items() for p, v in parts.items()}
 
@@ -246,193 +201,144 @@ def _flat(nested: dict[str, dict[str, int]]) -> dict[Partition, int]:
 # -- the steps ---------------------------------------------------------------------------------
 
 
-def preflight(request: FailbackRequest, log: Log = print) -> dict:
+@WORKFLOW.step("preflight")
+def preflight(request: FailbackRequest, run: FailbackRun, record: StepRecord, log: Log) -> None:
     """The failover undone, both clusters, the policy, the ranges to copy back and set aside."""
     from mirrorflow.replication.checkpoints import read_offset_map
 
-    run = FailbackRun(request)
-    with run.recording("preflight") as record:
-        spec, _topology, policy = _spec_and_policy(request)
-        for alias, config in ((spec.source, spec.source_admin), (spec.target, spec.target_admin)):
-            down = reachable(alias, config, request.reachability_timeout_s)
-            if down:
-                raise ClusterUnreachable(
-                    f"a failback of {request.flow} needs {alias}, which is unreachable: {down}",
-                    f"wait until {alias} is back, then trigger the failback again",
-                )
-        failover = latest_failover(request.flow, request.failover_run_id)
-        steps = {s["step"]: s for s in failover["steps"]}
-        cut = _flat(steps["final-sync"]["details"]["rpo"]["positions_at_cut"])
-        if not jobs.held(request.flow_dir()):
-            raise MirrorflowError(
-                f"{request.flow} is not held paused: it was resumed after failover "
-                f"{failover['run_id']}, so its positions are no longer the cut",
-                "a failback resumes a held flow; fail over again first",
+    spec, _topology, policy = _spec_and_policy(request)
+    for alias, config in ((spec.source, spec.source_admin), (spec.target, spec.target_admin)):
+        down = reachable(alias, config, request.reachability_timeout_s)
+        if down:
+            raise ClusterUnreachable(
+                f"a failback of {request.flow} needs {alias}, which is unreachable: {down}",
+                f"wait until {alias} is back, then trigger the failback again",
             )
-        reverse = f"{spec.target}->{spec.source}"
-        running = jobs.mirror_processes(request.flows_state_dir(), reverse) or jobs.running_jobs(
-            request.flows_state_dir(), reverse
+    failover = latest_failover(request.flow, request.failover_run_id)
+    recorded = {s["step"]: s for s in failover["steps"]}
+    cut = _flat(recorded["final-sync"]["details"]["rpo"]["positions_at_cut"])
+    if not jobs.held(request.flow_dir()):
+        raise MirrorflowError(
+            f"{request.flow} is not held paused: it was resumed after failover "
+            f"{failover['run_id']}, so its positions are no longer the cut",
+            "a failback resumes a held flow; fail over again first",
         )
-        if running:
-            raise MirrorflowError(
-                f"the reverse flow {reverse} runs in mirror job(s) {running}: the failback "
-                "copies the reverse direction itself",
-                f"pause flow__{spec.target}__{spec.source} (or its mirror DAG) and trigger "
-                "the failback again; it resumes after the failback's copy",
+    reverse = f"{spec.target}->{spec.source}"
+    running = jobs.mirror_processes(request.flows_state_dir(), reverse) or jobs.running_jobs(
+        request.flows_state_dir(), reverse
+    )
+    if running:
+        raise MirrorflowError(
+            f"the reverse flow {reverse} runs in mirror job(s) {running}: the failback "
+            "copies the reverse direction itself",
+            f"pause flow__{spec.target}__{spec.source} (or its mirror DAG) and trigger "
+            "the failback again; it resumes after the failback's copy",
+        )
+    identity = _is_identity(policy)
+    source = ClusterAdmin(spec.source, spec.source_admin)
+    target = ClusterAdmin(spec.target, spec.target_admin)
+    # The flow's topics now (positions of topics its filter no longer takes are history),
+    # without the heartbeats: the target's own heartbeats are no data to bring back.
+    topics = sorted(
+        t
+        for t in {t for t, _p in _replicated_partitions(spec, source)} | {t for t, _ in cut}
+        if spec.should_replicate(t) and not policy.is_heartbeats_topic(t)
+    )
+    # What T holds that S does not: default policy, T's own topic of the same name (written
+    # there during the failover); identity, the same topic past the forward flow's copies.
+    forward_map = read_offset_map(spec)
+    reverse_positions = _reverse_positions(spec)
+    copies = []
+    for topic in topics:
+        partitions = _topic_partitions(target, topic)
+        if not partitions:
+            continue
+        ends = _end_offsets(target, [(topic, p) for p in partitions])
+        bounds = _source_bounds(spec, target, [(topic, p) for p in partitions])
+        for p in partitions:
+            if identity:
+                last = forward_map.last_run((topic, p))
+                start = last.downstream_end if last is not None else bounds[(topic, p)][0]
+            else:
+                start = bounds[(topic, p)][0]
+            start = max(start, reverse_positions.get((topic, p), 0), bounds[(topic, p)][0])
+            copies.append(
+                {
+                    "topic": topic,
+                    "partition": p,
+                    "to": topic if identity else policy.format_remote_topic(spec.target, topic),
+                    "start": start,
+                    "end": max(start, ends[(topic, p)]),
+                }
             )
-        identity = _is_identity(policy)
-        source = ClusterAdmin(spec.source, spec.source_admin)
-        target = ClusterAdmin(spec.target, spec.target_admin)
-        # The flow's topics now (positions of topics its filter no longer takes are history),
-        # without the heartbeats: the target's own heartbeats are no data to bring back.
-        topics = sorted(
-            t
-            for t in {t for t, _p in _replicated_partitions(spec, source)} | {t for t, _ in cut}
-            if spec.should_replicate(t) and not policy.is_heartbeats_topic(t)
-        )
-        # What T holds that S does not: default policy, T's own topic of the same name (written
-        # there during the failover); identity, the same topic past the forward flow's copies.
-        forward_map = read_offset_map(spec)
-        reverse_positions = _reverse_positions(spec)
-        copies = []
-        for topic in topics:
-            partitions = _topic_partitions(target, topic)
-            if not partitions:
-                continue
-            ends = _end_offsets(target, [(topic, p) for p in partitions])
-            bounds = _source_bounds(spec, target, [(topic, p) for p in partitions])
-            for p in partitions:
-                if identity:
-                    last = forward_map.last_run((topic, p))
-                    start = last.downstream_end if last is not None else bounds[(topic, p)][0]
-                else:
-                    start = bounds[(topic, p)][0]
-                start = max(start, reverse_positions.get((topic, p), 0), bounds[(topic, p)][0])
-                copies.append(
+    diverged = []
+    if identity:
+        held = {tp: position for tp, position in cut.items() if tp[0] in topics}
+        ends = _end_offsets(source, sorted(held))
+        side = {t: f"{t}.{DIVERGED_SUFFIX}.{safe_run_id(request.run_id)}" for t, _ in held}
+        for (topic, p), position in sorted(held.items()):
+            if ends[(topic, p)] > position:
+                diverged.append(
                     {
                         "topic": topic,
                         "partition": p,
-                        "to": topic if identity else policy.format_remote_topic(spec.target, topic),
-                        "start": start,
-                        "end": max(start, ends[(topic, p)]),
+                        "to": side[topic],
+                        "start": position,
+                        "end": ends[(topic, p)],
                     }
                 )
-        diverged = []
-        if identity:
-            held = {tp: position for tp, position in cut.items() if tp[0] in topics}
-            ends = _end_offsets(source, sorted(held))
-            side = {t: f"{t}.{DIVERGED_SUFFIX}.{safe_run_id(request.run_id)}" for t, _ in held}
-            for (topic, p), position in sorted(held.items()):
-                if ends[(topic, p)] > position:
-                    diverged.append(
-                        {
-                            "topic": topic,
-                            "partition": p,
-                            "to": side[topic],
-                            "start": position,
-                            "end": ends[(topic, p)],
-                        }
-                    )
-        groups = _target_groups(spec, target, request.group_pattern)
-        written_on_target = sum(c["end"] - c["start"] for c in copies)
-        record.details = {
-            "source": spec.source,
-            "target": spec.target,
-            "failover_run_id": failover["run_id"],
-            "policy": type(policy).__name__,
-            "identity": identity,
-            "positions_at_cut": _nested(cut),
-            "topics": topics,  # the flow's topics now, heartbeats left out
-            "copies": copies,
-            "written_on_target": written_on_target,
-            "diverged": diverged,
-            "diverged_records": sum(d["end"] - d["start"] for d in diverged),
-            "groups": groups,
-        }
-        record.summary = (
-            f"failback of {request.flow} (failover {failover['run_id']}, "
-            f"{type(policy).__name__}): {written_on_target} record(s) written on {spec.target} "
-            f"during the failover to copy back, {len(groups)} group(s)"
-            + (
-                f", {record.details['diverged_records']} record(s) on {spec.source} past the "
-                "cut to set aside"
-                if identity
-                else ""
-            )
-            + (" (dry run: nothing will be changed)" if request.dry_run else "")
+    groups = _groups(spec, target, request.group_pattern)
+    written_on_target = sum(c["end"] - c["start"] for c in copies)
+    record.details = {
+        "source": spec.source,
+        "target": spec.target,
+        "failover_run_id": failover["run_id"],
+        "policy": type(policy).__name__,
+        "identity": identity,
+        "positions_at_cut": _nested(cut),
+        "topics": topics,  # the flow's topics now, heartbeats left out
+        "copies": copies,
+        "written_on_target": written_on_target,
+        "diverged": diverged,
+        "diverged_records": sum(d["end"] - d["start"] for d in diverged),
+        "groups": groups,
+    }
+    record.summary = (
+        f"failback of {request.flow} (failover {failover['run_id']}, "
+        f"{type(policy).__name__}): {written_on_target} record(s) written on {spec.target} "
+        f"during the failover to copy back, {len(groups)} group(s)"
+        + (
+            f", {record.details['diverged_records']} record(s) on {spec.source} past the "
+            "cut to set aside"
+            if identity
+            else ""
         )
-        log(record.summary)
-    return {"step": "preflight", **record.details, "summary": record.summary}
-
-
-def _target_groups(spec: MirrorSpec, target: ClusterAdmin, pattern: str) -> list[str]:
-    try:
-        listed = target.client.list_consumer_groups(request_timeout=ADMIN_TIMEOUT_S).result()
-    except Exception as exc:
-        raise cluster_error(
-            target, "listing consumer groups", exc, "DESCRIBE on the groups"
-        ) from None
-    return sorted(
-        g.group_id
-        for g in listed.valid
-        if spec.should_replicate_group(g.group_id) and re.fullmatch(pattern, g.group_id)
+        + (" (dry run: nothing will be changed)" if request.dry_run else "")
     )
+    log(record.summary)
 
 
-def _details(run: FailbackRun, step: str) -> dict:
-    return run.step(step).get("details", {})
-
-
-def fence_producers(request: FailbackRequest, log: Log = print) -> dict:
+@WORKFLOW.step("fence-producers")
+def fence_producers(
+    request: FailbackRequest, run: FailbackRun, record: StepRecord, log: Log
+) -> None:
     """Deny WRITE on ``T``'s copied topics to the named principals (kept after the failback)."""
-    from confluent_kafka.admin import (
-        AclBinding,
-        AclOperation,
-        AclPermissionType,
-        ResourcePatternType,
-        ResourceType,
+    principals = request.principals
+    if not principals:
+        raise StepSkipped("no principal to fence")
+    spec, _t, _p = _spec_and_policy(request)
+    topics = sorted({c["topic"] for c in run.details("preflight").get("copies", [])})
+    bindings = deny_write_bindings([(p, t) for t in topics for p in principals])
+    acls = [{"principal": b.principal, "topic": b.name} for b in bindings]
+    verb = "would deny" if request.dry_run else "denied"
+    if bindings and not request.dry_run:
+        create_acls(ClusterAdmin(spec.target, spec.target_admin), bindings)
+    record.details = {"acls": acls, "applied": not request.dry_run}
+    record.summary = (
+        f"{verb} WRITE on {len(topics)} topic(s) of {spec.target} to "
+        f"{', '.join(principals)} ({len(acls)} ACL(s); kept after the failback)"
     )
-
-    run = FailbackRun(request)
-    with run.recording("fence-producers") as record:
-        principals = request.principals
-        if not principals:
-            raise StepSkipped("no principal to fence")
-        spec, _t, _p = _spec_and_policy(request)
-        topics = sorted({c["topic"] for c in _details(run, "preflight").get("copies", [])})
-        bindings = [
-            AclBinding(
-                ResourceType.TOPIC,
-                topic,
-                ResourcePatternType.LITERAL,
-                principal,
-                "*",
-                AclOperation.WRITE,
-                AclPermissionType.DENY,
-            )
-            for topic in topics
-            for principal in principals
-        ]
-        acls = [{"principal": b.principal, "topic": b.name} for b in bindings]
-        verb = "would deny" if request.dry_run else "denied"
-        if bindings and not request.dry_run:
-            target = ClusterAdmin(spec.target, spec.target_admin)
-            try:
-                for future in target.client.create_acls(
-                    bindings, request_timeout=ADMIN_TIMEOUT_S
-                ).values():
-                    future.result()
-            except Exception as exc:
-                raise cluster_error(
-                    target, "creating DENY WRITE ACLs", exc, "ALTER on the cluster"
-                ) from None
-        record.details = {"acls": acls, "applied": not request.dry_run}
-        record.summary = (
-            f"{verb} WRITE on {len(topics)} topic(s) of {spec.target} to "
-            f"{', '.join(principals)} ({len(acls)} ACL(s); kept after the failback)"
-        )
-        log(record.summary)
-    return {"step": "fence-producers", **record.details, "summary": record.summary}
+    log(record.summary)
 
 
 def copy_range(
@@ -538,131 +444,127 @@ def _ensure_topic(admin: ClusterAdmin, topic: str, like: ClusterAdmin, like_topi
                 ) from None
 
 
-def set_aside(request: FailbackRequest, log: Log = print) -> dict:
+@WORKFLOW.step("set-aside")
+def set_aside(request: FailbackRequest, run: FailbackRun, record: StepRecord, log: Log) -> None:
     """Identity policy: copy the records of ``S`` past the cut to the side topic."""
-    run = FailbackRun(request)
-    with run.recording("set-aside") as record:
-        pre = _details(run, "preflight")
-        if not pre.get("identity"):
-            raise StepSkipped(
-                f"{pre.get('policy')}: the records written on {request.source} after the cut "
-                f"stay in their topics and reach {request.target} when {request.flow} resumes"
-            )
-        spec, _t, _p = _spec_and_policy(request)
-        source = ClusterAdmin(spec.source, spec.source_admin)
-        ranges = pre.get("diverged", [])
-        for d in ranges:
-            line = (
-                f"{d['topic']}-{d['partition']} offsets {d['start']}..{d['end'] - 1} "
-                f"({d['end'] - d['start']} record(s)) written on {spec.source} after the cut, "
-                f"never copied to {spec.target}"
-            )
-            if request.dry_run:
-                log(f"would set aside {line} in {d['to']}")
-                continue
-            _ensure_topic(source, d["to"], source, d["topic"])
-            d["copies"] = copy_range(
-                spec.source_consumer_client,
-                spec.source_client,
-                d["topic"],
-                d["partition"],
-                d["start"],
-                d["end"],
-                d["to"],
-            )
-            log(f"set aside {line} in {d['to']}")
-        records = sum(d["end"] - d["start"] for d in ranges)
-        record.details = {"diverged": ranges, "records": records, "applied": not request.dry_run}
-        record.summary = (
-            f"{'would set' if request.dry_run else 'set'} aside {records} record(s) of "
-            f"{spec.source} written after the cut in "
-            f"{', '.join(sorted({d['to'] for d in ranges})) or 'no topic (none diverged)'}"
+    pre = run.details("preflight")
+    if not pre.get("identity"):
+        raise StepSkipped(
+            f"{pre.get('policy')}: the records written on {request.source} after the cut "
+            f"stay in their topics and reach {request.target} when {request.flow} resumes"
         )
-        log(record.summary)
-    return {"step": "set-aside", **record.details, "summary": record.summary}
+    spec, _t, _p = _spec_and_policy(request)
+    source = ClusterAdmin(spec.source, spec.source_admin)
+    ranges = pre.get("diverged", [])
+    for d in ranges:
+        line = (
+            f"{d['topic']}-{d['partition']} offsets {d['start']}..{d['end'] - 1} "
+            f"({d['end'] - d['start']} record(s)) written on {spec.source} after the cut, "
+            f"never copied to {spec.target}"
+        )
+        if request.dry_run:
+            log(f"would set aside {line} in {d['to']}")
+            continue
+        _ensure_topic(source, d["to"], source, d["topic"])
+        d["copies"] = copy_range(
+            spec.source_consumer_client,
+            spec.source_client,
+            d["topic"],
+            d["partition"],
+            d["start"],
+            d["end"],
+            d["to"],
+        )
+        log(f"set aside {line} in {d['to']}")
+    records = sum(d["end"] - d["start"] for d in ranges)
+    record.details = {"diverged": ranges, "records": records, "applied": not request.dry_run}
+    record.summary = (
+        f"{'would set' if request.dry_run else 'set'} aside {records} record(s) of "
+        f"{spec.source} written after the cut in "
+        f"{', '.join(sorted({d['to'] for d in ranges})) or 'no topic (none diverged)'}"
+    )
+    log(record.summary)
 
 
-def reverse_copy(request: FailbackRequest, log: Log = print) -> dict:
+@WORKFLOW.step("reverse-copy")
+def reverse_copy(request: FailbackRequest, run: FailbackRun, record: StepRecord, log: Log) -> None:
     """Copy what ``T`` holds past the failover's point back to ``S``; ``T->S``'s positions."""
     from mirrorflow.replication.positions import PositionWriter, offsets_topic
 
-    run = FailbackRun(request)
-    with run.recording("reverse-copy") as record:
-        spec, _t, _p = _spec_and_policy(request)
-        pre = _details(run, "preflight")
-        source = ClusterAdmin(spec.source, spec.source_admin)
-        target = ClusterAdmin(spec.target, spec.target_admin)
-        copies = [dict(c) for c in pre.get("copies", [])]
-        ends = _end_offsets(target, [(c["topic"], c["partition"]) for c in copies])
+    spec, _t, _p = _spec_and_policy(request)
+    pre = run.details("preflight")
+    source = ClusterAdmin(spec.source, spec.source_admin)
+    target = ClusterAdmin(spec.target, spec.target_admin)
+    copies = [dict(c) for c in pre.get("copies", [])]
+    ends = _end_offsets(target, [(c["topic"], c["partition"]) for c in copies])
+    for c in copies:
+        c["end"] = max(c["start"], ends[(c["topic"], c["partition"])])
+    total = sum(c["end"] - c["start"] for c in copies)
+    copied = 0
+    if not request.dry_run:
         for c in copies:
-            c["end"] = max(c["start"], ends[(c["topic"], c["partition"])])
-        total = sum(c["end"] - c["start"] for c in copies)
-        copied = 0
-        if not request.dry_run:
-            for c in copies:
-                if c["end"] <= c["start"]:
-                    c["runs"] = []
-                    continue
-                _ensure_topic(source, c["to"], target, c["topic"])
-                c["runs"] = copy_range(
-                    spec.target_consumer,
-                    spec.source_client,
-                    c["topic"],
-                    c["partition"],
-                    c["start"],
-                    c["end"],
-                    c["to"],
-                )
-                copied += sum(r[2] for r in c["runs"])
-            if copies:
-                from mirrorflow.replication.topics import ensure_internal_topic
-
-                topic = offsets_topic(spec.target)
-                ensure_internal_topic(
-                    source,
-                    topic,
-                    min(spec.offsets_replication_factor, len(source.metadata().brokers)),
-                    "offset.storage.replication.factor",
-                    spec.offsets_partitions,
-                )
-                writer = PositionWriter(spec.source_client, topic, spec.target, spec.source)
-                try:
-                    writer.write({(c["topic"], c["partition"]): c["end"] for c in copies})
-                finally:
-                    writer.close()
-        after = (
-            {}
-            if request.dry_run  # the topics may not exist yet
-            else _end_offsets(source, sorted({(c["to"], c["partition"]) for c in copies}))
-        )
-        resume_at = {}
-        if pre.get("identity"):
-            topics = set(pre.get("topics", []))
-            cut = [tp for tp in _flat(pre.get("positions_at_cut", {})) if tp[0] in topics]
-            resume_at = _end_offsets(source, sorted(cut)) if not request.dry_run else {}
-        for c in copies:
-            log(
-                f"{'would copy' if request.dry_run else 'copied'} {spec.target} "
-                f"{c['topic']}-{c['partition']} offsets {c['start']}..{c['end'] - 1} "
-                f"({c['end'] - c['start']} record(s)) to {c['to']} on {spec.source}"
+            if c["end"] <= c["start"]:
+                c["runs"] = []
+                continue
+            _ensure_topic(source, c["to"], target, c["topic"])
+            c["runs"] = copy_range(
+                spec.target_consumer,
+                spec.source_client,
+                c["topic"],
+                c["partition"],
+                c["start"],
+                c["end"],
+                c["to"],
             )
-        record.details = {
-            "copies": copies,
-            "written_on_target": total,
-            "copied": copied,
-            "source_ends_after": {_key(tp): o for tp, o in sorted(after.items())},
-            "resume_positions": _nested(resume_at),
-        }
-        record.summary = (
-            f"{'would copy' if request.dry_run else 'copied'} "
-            f"{total if request.dry_run else copied} record(s) written on {spec.target} during "
-            f"the failover back to {spec.source} "
-            f"({', '.join(sorted({c['to'] for c in copies})) or 'no topic'}); "
-            f"{'would write' if request.dry_run else 'wrote'} {spec.target}->{spec.source}'s "
-            "positions after them"
+            copied += sum(r[2] for r in c["runs"])
+        if copies:
+            from mirrorflow.replication.topics import ensure_internal_topic
+
+            topic = offsets_topic(spec.target)
+            ensure_internal_topic(
+                source,
+                topic,
+                min(spec.offsets_replication_factor, len(source.metadata().brokers)),
+                "offset.storage.replication.factor",
+                spec.offsets_partitions,
+            )
+            writer = PositionWriter(spec.source_client, topic, spec.target, spec.source)
+            try:
+                writer.write({(c["topic"], c["partition"]): c["end"] for c in copies})
+            finally:
+                writer.close()
+    after = (
+        {}
+        if request.dry_run  # the topics may not exist yet
+        else _end_offsets(source, sorted({(c["to"], c["partition"]) for c in copies}))
+    )
+    resume_at = {}
+    if pre.get("identity"):
+        topics = set(pre.get("topics", []))
+        cut = [tp for tp in _flat(pre.get("positions_at_cut", {})) if tp[0] in topics]
+        resume_at = _end_offsets(source, sorted(cut)) if not request.dry_run else {}
+    for c in copies:
+        log(
+            f"{'would copy' if request.dry_run else 'copied'} {spec.target} "
+            f"{c['topic']}-{c['partition']} offsets {c['start']}..{c['end'] - 1} "
+            f"({c['end'] - c['start']} record(s)) to {c['to']} on {spec.source}"
         )
-        log(record.summary)
-    return {"step": "reverse-copy", **record.details, "summary": record.summary}
+    record.details = {
+        "copies": copies,
+        "written_on_target": total,
+        "copied": copied,
+        "source_ends_after": {_key(tp): o for tp, o in sorted(after.items())},
+        "resume_positions": _nested(resume_at),
+    }
+    record.summary = (
+        f"{'would copy' if request.dry_run else 'copied'} "
+        f"{total if request.dry_run else copied} record(s) written on {spec.target} during "
+        f"the failover back to {spec.source} "
+        f"({', '.join(sorted({c['to'] for c in copies})) or 'no topic'}); "
+        f"{'would write' if request.dry_run else 'wrote'} {spec.target}->{spec.source}'s "
+        "positions after them"
+    )
+    log(record.summary)
 
 
 def _via_runs(runs: list[list[int]], offset: int, end: int, after: int | None) -> int | None:
@@ -676,7 +578,8 @@ def _via_runs(runs: list[list[int]], offset: int, end: int, after: int | None) -
     return after
 
 
-def group_sync(request: FailbackRequest, log: Log = print) -> dict:
+@WORKFLOW.step("group-sync")
+def group_sync(request: FailbackRequest, run: FailbackRun, record: StepRecord, log: Log) -> None:
     """The groups' offsets on ``T`` translated back and committed on ``S``."""
     from confluent_kafka import TopicPartition
 
@@ -686,203 +589,173 @@ def group_sync(request: FailbackRequest, log: Log = print) -> dict:
         read_offset_map,
     )
 
-    run = FailbackRun(request)
-    with run.recording("group-sync") as record:
-        spec, _t, _p = _spec_and_policy(request)
-        pre = _details(run, "preflight")
-        copy = _details(run, "reverse-copy")
-        identity = pre.get("identity")
-        target = ClusterAdmin(spec.target, spec.target_admin)
-        source = ClusterAdmin(spec.source, spec.source_admin)
-        forward = read_offset_map(spec)
-        copies = {(c["topic"], c["partition"]): c for c in copy.get("copies", [])}
-        resumes = _flat(copy.get("resume_positions", {}))  # identity: S's ends after the copy
-        remote: dict[Partition, Partition] = {}  # T's copy of S's partition -> S's partition
-        for topic, p in forward.partitions:
-            remote[(spec.remote_topic(topic), p)] = (topic, p)
-        reader = GroupOffsetsClient(target, spec.target_consumer)
-        state = GroupOffsetSync(spec, {spec.target: source}, dict)  # describes groups on S
-        writer = GroupOffsetsClient(source, spec.source_consumer_client)
-        results: dict[str, list[dict]] = {}
-        committed: dict[str, dict[str, int]] = {}
-        active = []
-        for group in pre.get("groups", []):
-            offsets = reader.committed(group, sorted(set(remote) | set(copies)))
-            rows = []
-            for (topic, p), (offset, _meta) in sorted(offsets.items()):
-                c = copies.get((topic, p))
-                # Identity: a group at or past the forward flow's last copy has read nothing
-                # the failback sets aside: it resumes at the copies, after those records.
-                in_copy = c is not None and (not identity or offset >= c["start"])
-                if in_copy:
-                    if "runs" not in c:  # a dry run: where the copies land is not known
-                        at, how = None, "copy (dry run: known after the copy)"
-                    else:
-                        at = _via_runs(c["runs"], offset, c["end"], resumes.get((topic, p)))
-                        how = "copy"
-                    where = c["to"]
-                elif (topic, p) in remote:
-                    translation = forward.translate_back(remote[(topic, p)], offset)
-                    at = None if translation is None else translation.upstream
-                    where, how = remote[(topic, p)][0], "offset map"
+    spec, _t, _p = _spec_and_policy(request)
+    pre = run.details("preflight")
+    copy = run.details("reverse-copy")
+    identity = pre.get("identity")
+    target = ClusterAdmin(spec.target, spec.target_admin)
+    source = ClusterAdmin(spec.source, spec.source_admin)
+    forward = read_offset_map(spec)
+    copies = {(c["topic"], c["partition"]): c for c in copy.get("copies", [])}
+    resumes = _flat(copy.get("resume_positions", {}))  # identity: S's ends after the copy
+    remote: dict[Partition, Partition] = {}  # T's copy of S's partition -> S's partition
+    for topic, p in forward.partitions:
+        remote[(spec.remote_topic(topic), p)] = (topic, p)
+    reader = GroupOffsetsClient(target, spec.target_consumer)
+    state = GroupOffsetSync(spec, {spec.target: source}, dict)  # describes groups on S
+    writer = GroupOffsetsClient(source, spec.source_consumer_client)
+    results: dict[str, list[dict]] = {}
+    committed: dict[str, dict[str, int]] = {}
+    active = []
+    for group in pre.get("groups", []):
+        offsets = reader.committed(group, sorted(set(remote) | set(copies)))
+        rows = []
+        for (topic, p), (offset, _meta) in sorted(offsets.items()):
+            c = copies.get((topic, p))
+            # Identity: a group at or past the forward flow's last copy has read nothing
+            # the failback sets aside: it resumes at the copies, after those records.
+            in_copy = c is not None and (not identity or offset >= c["start"])
+            if in_copy:
+                if "runs" not in c:  # a dry run: where the copies land is not known
+                    at, how = None, "copy (dry run: known after the copy)"
                 else:
-                    continue
-                rows.append(
-                    {
-                        "on_target": f"{topic}-{p}",
-                        "target_offset": offset,
-                        "topic": where,
-                        "partition": p,
-                        "offset": at,
-                        "how": how,
-                    }
-                )
-            results[group] = rows
-            wanted = [
-                TopicPartition(r["topic"], r["partition"], r["offset"])
-                for r in rows
-                if r["offset"] is not None
-            ]
-            if not wanted:
+                    at = _via_runs(c["runs"], offset, c["end"], resumes.get((topic, p)))
+                    how = "copy"
+                where = c["to"]
+            elif (topic, p) in remote:
+                translation = forward.translate_back(remote[(topic, p)], offset)
+                at = None if translation is None else translation.upstream
+                where, how = remote[(topic, p)][0], "offset map"
+            else:
                 continue
-            if state._state(group) == "ACTIVE":
-                active.append(group)
-                log(f"group {group} has members on {spec.source}: its offsets are not committed")
-                continue
-            if not request.dry_run:
-                writer.commit(group, wanted)
-            committed[group] = {f"{t.topic}-{t.partition}": t.offset for t in wanted}
-        for group, rows in results.items():
-            where = ", ".join(
-                f"{r['topic']}-{r['partition']}@{'-' if r['offset'] is None else r['offset']}"
-                for r in rows
+            rows.append(
+                {
+                    "on_target": f"{topic}-{p}",
+                    "target_offset": offset,
+                    "topic": where,
+                    "partition": p,
+                    "offset": at,
+                    "how": how,
+                }
             )
-            log(f"group {group}: read on {spec.source} from {where or 'nothing yet'}")
-        record.details = {"targets": results, "committed": committed, "active": active}
-        record.summary = (
-            f"{'would commit' if request.dry_run else 'committed'} "
-            f"{sum(len(o) for o in committed.values())} offset(s) of {len(committed)} group(s) "
-            f"on {spec.source}" + (f", skipped {len(active)} with members there" if active else "")
-        )
-        log(record.summary)
-    return {"step": "group-sync", **record.details, "summary": record.summary}
-
-
-def unfence(request: FailbackRequest, log: Log = print) -> dict:
-    """Remove exactly the DENY WRITE ACLs the failover recorded in ``fences.json``."""
-    from confluent_kafka.admin import (
-        AclBindingFilter,
-        AclOperation,
-        AclPermissionType,
-        ResourcePatternType,
-        ResourceType,
-    )
-
-    run = FailbackRun(request)
-    with run.recording("unfence") as record:
-        path = fences_file(request.flow)
-        try:
-            fences = json.loads(path.read_text())
-        except (OSError, ValueError):
-            fences = []
-        if not fences:
-            raise StepSkipped(f"the failover fenced no producer ({path} lists none)")
-        spec, _t, _p = _spec_and_policy(request)
-        acls = sorted({(f["principal"], f["topic"]) for f in fences})
+        results[group] = rows
+        wanted = [
+            TopicPartition(r["topic"], r["partition"], r["offset"])
+            for r in rows
+            if r["offset"] is not None
+        ]
+        if not wanted:
+            continue
+        if state._state(group) == "ACTIVE":
+            active.append(group)
+            log(f"group {group} has members on {spec.source}: its offsets are not committed")
+            continue
         if not request.dry_run:
-            source = ClusterAdmin(spec.source, spec.source_admin)
-            filters = [
-                AclBindingFilter(
-                    ResourceType.TOPIC,
-                    topic,
-                    ResourcePatternType.LITERAL,
-                    principal,
-                    "*",
-                    AclOperation.WRITE,
-                    AclPermissionType.DENY,
-                )
-                for principal, topic in acls
-            ]
-            try:
-                for future in source.client.delete_acls(
-                    filters, request_timeout=ADMIN_TIMEOUT_S
-                ).values():
-                    future.result()
-            except Exception as exc:
-                raise cluster_error(
-                    source, "removing DENY WRITE ACLs", exc, "ALTER on the cluster"
-                ) from None
-            paths.write_private(path, "[]\n")
-        verb = "would remove" if request.dry_run else "removed"
-        for principal, topic in acls:
-            log(f"{verb} DENY WRITE on topic {topic} of {spec.source} for {principal}")
-        record.details = {
-            "acls": [{"principal": p, "topic": t} for p, t in acls],
-            "applied": not request.dry_run,
-        }
-        record.summary = f"{verb} the failover's {len(acls)} DENY WRITE ACL(s) on {spec.source}"
-        log(record.summary)
-    return {"step": "unfence", **record.details, "summary": record.summary}
+            writer.commit(group, wanted)
+        committed[group] = {f"{t.topic}-{t.partition}": t.offset for t in wanted}
+    for group, rows in results.items():
+        where = ", ".join(
+            f"{r['topic']}-{r['partition']}@{'-' if r['offset'] is None else r['offset']}"
+            for r in rows
+        )
+        log(f"group {group}: read on {spec.source} from {where or 'nothing yet'}")
+    record.details = {"targets": results, "committed": committed, "active": active}
+    record.summary = (
+        f"{'would commit' if request.dry_run else 'committed'} "
+        f"{sum(len(o) for o in committed.values())} offset(s) of {len(committed)} group(s) "
+        f"on {spec.source}" + (f", skipped {len(active)} with members there" if active else "")
+    )
+    log(record.summary)
 
 
-def resume(request: FailbackRequest, log: Log = print) -> dict:
+@WORKFLOW.step("unfence")
+def unfence(request: FailbackRequest, run: FailbackRun, record: StepRecord, log: Log) -> None:
+    """Remove exactly the DENY WRITE ACLs the failover recorded in ``fences.json``."""
+    path = fences_file(request.flow)
+    try:
+        fences = json.loads(path.read_text())
+    except (OSError, ValueError):
+        fences = []
+    if not fences:
+        raise StepSkipped(f"the failover fenced no producer ({path} lists none)")
+    spec, _t, _p = _spec_and_policy(request)
+    acls = sorted({(f["principal"], f["topic"]) for f in fences})
+    if not request.dry_run:
+        source = ClusterAdmin(spec.source, spec.source_admin)
+        filters = deny_write_bindings(acls, as_filter=True)
+        try:
+            for future in source.client.delete_acls(
+                filters, request_timeout=ADMIN_TIMEOUT_S
+            ).values():
+                future.result()
+        except Exception as exc:
+            raise cluster_error(
+                source, "removing DENY WRITE ACLs", exc, "ALTER on the cluster"
+            ) from None
+        paths.write_private(path, "[]\n")
+    verb = "would remove" if request.dry_run else "removed"
+    for principal, topic in acls:
+        log(f"{verb} DENY WRITE on topic {topic} of {spec.source} for {principal}")
+    record.details = {
+        "acls": [{"principal": p, "topic": t} for p, t in acls],
+        "applied": not request.dry_run,
+    }
+    record.summary = f"{verb} the failover's {len(acls)} DENY WRITE ACL(s) on {spec.source}"
+    log(record.summary)
+
+
+@WORKFLOW.step("resume")
+def resume(request: FailbackRequest, run: FailbackRun, record: StepRecord, log: Log) -> None:
     """Release ``S->T``'s hold and unpause it (identity: its positions past the copies)."""
     from mirrorflow.replication.checkpoints import flow_positions
     from mirrorflow.replication.positions import PositionWriter
 
-    run = FailbackRun(request)
-    with run.recording("resume") as record:
-        spec, _t, _p = _spec_and_policy(request)
-        pre = _details(run, "preflight")
-        copy = _details(run, "reverse-copy")
-        before = flow_positions(spec)
-        moved = _flat(copy.get("resume_positions", {})) if pre.get("identity") else {}
-        moved = {tp: o for tp, o in moved.items() if o > before.get(tp, 0)}
-        flow_dir = request.flow_dir()
-        if not request.dry_run:
-            if moved:
-                writer = PositionWriter(
-                    spec.target_client, spec.offsets_topic, spec.source, spec.target
-                )
-                try:
-                    writer.write(moved)
-                finally:
-                    writer.close()
-            jobs.release(flow_dir)
-            jobs.set_paused(flow_dir, False)
-        verb = "would" if request.dry_run else ""
-        for (topic, p), offset in sorted(moved.items()):
-            log(
-                f"{verb + ' move' if verb else 'moved'} {request.flow}'s position in "
-                f"{topic}-{p} from {before.get((topic, p), 0)} to {offset} (past the records "
-                "set aside and those copied back)"
+    spec, _t, _p = _spec_and_policy(request)
+    pre = run.details("preflight")
+    copy = run.details("reverse-copy")
+    before = flow_positions(spec)
+    moved = _flat(copy.get("resume_positions", {})) if pre.get("identity") else {}
+    moved = {tp: o for tp, o in moved.items() if o > before.get(tp, 0)}
+    flow_dir = request.flow_dir()
+    if not request.dry_run:
+        if moved:
+            writer = PositionWriter(
+                spec.target_client, spec.offsets_topic, spec.source, spec.target
             )
-        record.details = {
-            "positions_before": _nested(before),
-            "positions_moved": _nested(moved),
-            "released": not request.dry_run,
-        }
-        record.summary = (
-            f"{'would release' if request.dry_run else 'released'} {request.flow}'s hold and "
-            f"{'unpause' if request.dry_run else 'unpaused'} it: it resumes from its positions"
-            + (f" ({len(moved)} moved past the failback's copies)" if moved else "")
+            try:
+                writer.write(moved)
+            finally:
+                writer.close()
+        jobs.release(flow_dir)
+        jobs.set_paused(flow_dir, False)
+    verb = "would" if request.dry_run else ""
+    for (topic, p), offset in sorted(moved.items()):
+        log(
+            f"{verb + ' move' if verb else 'moved'} {request.flow}'s position in "
+            f"{topic}-{p} from {before.get((topic, p), 0)} to {offset} (past the records "
+            "set aside and those copied back)"
         )
-        log(record.summary)
-    return {"step": "resume", **record.details, "summary": record.summary}
+    record.details = {
+        "positions_before": _nested(before),
+        "positions_moved": _nested(moved),
+        "released": not request.dry_run,
+    }
+    record.summary = (
+        f"{'would release' if request.dry_run else 'released'} {request.flow}'s hold and "
+        f"{'unpause' if request.dry_run else 'unpaused'} it: it resumes from its positions"
+        + (f" ({len(moved)} moved past the failback's copies)" if moved else "")
+    )
+    log(record.summary)
 
 
 def report_context(run: FailbackRun) -> dict:
     """What the failback templates show, from the run record."""
-    from mirrorflow.dr.report import _seconds
-
     data = run.data
-    steps = [{**s, "seconds": _seconds(s.get("started"), s.get("ended"))} for s in data["steps"]]
-    pre = _details(run, "preflight")
-    copy = _details(run, "reverse-copy")
-    aside = _details(run, "set-aside")
-    groups = _details(run, "group-sync")
+    pre = run.details("preflight")
+    copy = run.details("reverse-copy")
+    aside = run.details("set-aside")
+    groups = run.details("group-sync")
     dry = bool(data["request"]["dry_run"])
-    failed = [s for s in steps if s["status"] == "failed"]
     changes = []
     would = "would " if dry else ""
     for c in copy.get("copies", []):
@@ -899,28 +772,19 @@ def report_context(run: FailbackRun) -> dict:
     for group, offsets in (groups.get("committed") or {}).items():
         where = ", ".join(f"{tp}@{o}" for tp, o in offsets.items())
         changes.append(f"{would}commit offsets of group {group} on {pre.get('source')}: {where}")
-    for a in _details(run, "unfence").get("acls", []):
+    for a in run.details("unfence").get("acls", []):
         changes.append(f"{would}remove DENY WRITE on {a['topic']} for {a['principal']}")
-    for a in _details(run, "fence-producers").get("acls", []):
+    for a in run.details("fence-producers").get("acls", []):
         changes.append(
             f"{would}deny WRITE on {a['topic']} of {pre.get('target')} to {a['principal']}"
         )
-    resumed = _details(run, "resume")
+    resumed = run.details("resume")
     if resumed:
         changes.append(f"{would}release the hold of {data['flow']} and unpause it")
-    ended = steps[-1]["ended"] if steps else None
     return {
+        **run.report_header(),
         "kind": "failback",
-        "flow": data["flow"],
         "reverse": f"{pre.get('target')}->{pre.get('source')}",
-        "run_id": data["run_id"],
-        "request": data["request"],
-        "dry_run": dry,
-        "started": data.get("started"),
-        "ended": ended,
-        "seconds": _seconds(data.get("started"), ended),
-        "status": "failed at " + failed[0]["step"] if failed else "success",
-        "steps": steps,
         "preflight": pre,
         "copies": copy.get("copies") or pre.get("copies") or [],
         "written_on_target": copy.get("written_on_target", pre.get("written_on_target", 0)),
@@ -933,50 +797,11 @@ def report_context(run: FailbackRun) -> dict:
     }
 
 
-def report(request: FailbackRequest, log: Log = print) -> dict:
-    """Write the failback's report (Markdown, HTML, JSON)."""
-    from mirrorflow.dr.report import write_report
-
-    run = FailbackRun(request)
-    with run.recording("report") as record:
-        record.details = {"directory": str(run.directory)}
-        record.summary = f"report written to {run.directory}"
-    written = write_report(run, report_context(run))
-    log(f"failback report: {written['markdown']} (and report.html, report.json)")
-    failed = [s["step"] for s in run.steps if s["status"] == "failed"]
-    return {"step": "report", **written, "failed_steps": failed}
-
-
-STEP_FUNCTIONS: dict[str, Callable[..., dict]] = {
-    "preflight": preflight,
-    "fence-producers": fence_producers,
-    "set-aside": set_aside,
-    "reverse-copy": reverse_copy,
-    "group-sync": group_sync,
-    "unfence": unfence,
-    "resume": resume,
-    "report": report,
-}
+report = WORKFLOW.report
+STEP_FUNCTIONS: dict[str, Callable[..., dict]] = WORKFLOW.functions
 
 
 def run_all(request: FailbackRequest, log: Log = print) -> FailbackRun:
     """Every step in order (``mirrorflow failback``): skipped steps pass, the first failure
     ends the run, the report is written however it ended."""
-    failed: MirrorflowError | None = None
-    for name in STEPS:
-        if failed is not None and name != "report":
-            continue
-        try:
-            STEP_FUNCTIONS[name](request, log=log)
-        except StepSkipped as skipped:
-            log(f"{name}: skipped: {skipped}")
-        except MirrorflowError as exc:
-            log(f"{name}: failed: {exc}")
-            failed = exc
-    run = FailbackRun(request)
-    if failed is not None:
-        raise MirrorflowError(
-            f"failback of {request.flow} failed: {failed.message}",
-            (failed.hint + "; " if failed.hint else "") + f"report: {run.directory / 'report.md'}",
-        )
-    return run
+    return WORKFLOW.run_all(request, log)  # type: ignore[return-value]

@@ -42,93 +42,57 @@ no hold. The run record (``run.json``) and the report live in
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from mirrorflow import paths
+from mirrorflow.dr import steps
+from mirrorflow.dr.steps import Log, Partition, StepRecord, StepSkipped
+from mirrorflow.dr.steps import now as _now
+from mirrorflow.dr.steps import safe_run_id as safe_run_id  # as it was named here
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
 from mirrorflow.replication.checkpoints import flow_positions
-from mirrorflow.replication.spec import MirrorSpec, spec_for_flow
+from mirrorflow.replication.spec import MirrorSpec
 from mirrorflow.replication.topics import ADMIN_TIMEOUT_S, ClusterAdmin, cluster_error
 from mirrorflow.runtime import jobs
 
 MODES = ("planned", "emergency", "auto")
 STEPS = ("preflight", "fence-producers", "catch-up", "stop-mirror", "final-sync", "report")
 STOPPED_STATES = ("PAUSED", "STOPPED", "FAILED")
-Log = Callable[[str], None]
-Partition = tuple[str, int]
-
-
-class StepSkipped(Exception):
-    """A step that does not apply to this run (e.g. no principal to fence): the reason."""
 
 
 @dataclass(frozen=True)
-class FailoverRequest:
+class FailoverRequest(steps.GroupsRequest):
     """What a failover run was asked to do (a DAG run's Params, or a command's options)."""
 
-    flow: str
-    flow_files: tuple[str, ...]
-    run_id: str
     mode: str = "auto"
-    group_pattern: str = ".*"
-    fence_principals: tuple[str, ...] = ()
-    dry_run: bool = False
     catch_up_timeout_s: float = 300.0
     stop_timeout_s: float = 120.0
     reachability_timeout_s: float = 15.0
-    state_dir: str | None = None  # the flows' state directory (default $MIRRORFLOW_STATE/flows)
 
     def __post_init__(self) -> None:
-        jobs.split_flow(self.flow)
+        super().__post_init__()
         if self.mode not in MODES:
             raise MirrorflowError(
                 f"failover mode {self.mode!r} is not one of {', '.join(MODES)}",
                 "choose planned (the source is up), emergency (it is not) or auto",
             )
-        try:
-            re.compile(self.group_pattern)
-        except re.error as exc:
-            raise MirrorflowError(
-                f"group pattern {self.group_pattern!r} is not a regular expression: {exc}",
-                "write a Python regex, e.g. billing.* or .*",
-            ) from None
-        for principal in self.fence_principals:
-            if not re.fullmatch(r"(User:)?[^\s:,]+", principal):
-                raise MirrorflowError(
-                    f"fence principal {principal!r} is not a principal name",
-                    "write it as alice or User:alice",
-                )
 
-    @property
-    def source(self) -> str:
-        return jobs.split_flow(self.flow)[0]
-
-    @property
-    def target(self) -> str:
-        return jobs.split_flow(self.flow)[1]
-
-    @property
-    def principals(self) -> list[str]:
-        """The principals to fence, as Kafka names them (``User:alice``)."""
-        return sorted({p if p.startswith("User:") else f"User:{p}" for p in self.fence_principals})
-
-    def flows_state_dir(self) -> Path:
-        return Path(self.state_dir) if self.state_dir else jobs.default_state_dir()
-
-    def flow_dir(self) -> Path:
-        return jobs.JobFiles.for_flow(self.flow, self.state_dir).flow_dir(self.flow)
+    PARAMS = {
+        **steps.GroupsRequest.PARAMS,
+        "mode": ("mode", str, "planned"),
+        "catch_up_timeout_s": ("catch_up_timeout_seconds", float, 300),
+    }
 
 
 def reports_dir() -> Path:
     """Where failover runs keep their record and report: ``$MIRRORFLOW_STATE/reports/failover``."""
-    return paths.state_dir() / "reports" / "failover"
+    return steps.reports_dir("failover")
 
 
 def fences_file(flow: str) -> Path:
@@ -137,102 +101,26 @@ def fences_file(flow: str) -> Path:
     return paths.state_dir() / "failover" / f"{source}-{target}" / "fences.json"
 
 
-def safe_run_id(run_id: str) -> str:
-    """A DAG run id as a directory name (``manual__2026-…+00:00`` keeps its letters)."""
-    cleaned = re.sub(r"[^A-Za-z0-9_.\-]+", "_", run_id).strip("._")
-    return cleaned or "run"
-
-
-@dataclass
-class StepRecord:
-    """One step of a run: when it ran, how it ended, what it found or changed."""
-
-    step: str
-    started: str
-    ended: str | None = None
-    status: str = "running"  # running, success, skipped, failed
-    summary: str = ""
-    details: dict = field(default_factory=dict)
-
-
-class FailoverRun:
-    """A run's record, ``run.json`` in its report directory: the request, the mode decided,
-    each step's record. Every step reads it and adds its own, so steps run in separate
-    processes (Airflow tasks) share what they found. ``KIND`` names the report folder
-    (``reports/<KIND>/``; the failback's run record is a subclass)."""
+class FailoverRun(steps.Run):
+    """A failover's record (``reports/failover/<run id>/run.json``): the request, the mode
+    decided, each step's record."""
 
     KIND = "failover"
 
-    def __init__(self, request: FailoverRequest) -> None:
-        self.request = request
-        self.directory = reports_dir().parent / self.KIND / safe_run_id(request.run_id)
-        self.file = self.directory / "run.json"
-        try:
-            data = json.loads(self.file.read_text())
-        except (OSError, ValueError):
-            data = {}
-        self.data: dict = data or {
-            "flow": request.flow,
-            "run_id": request.run_id,
-            "request": {
-                "mode": request.mode,
-                "group_pattern": request.group_pattern,
-                "fence_principals": request.principals,
-                "dry_run": request.dry_run,
-                "flow_files": list(request.flow_files),
-            },
-            "started": _now(),
-            "steps": [],
-        }
-
-    # -- the record ------------------------------------------------------------------------
     @property
     def mode(self) -> str:
-        return self.data.get("mode") or self.request.mode
+        return self.data.get("mode") or self.request.mode  # type: ignore[attr-defined]
 
-    @property
-    def steps(self) -> list[dict]:
-        return self.data["steps"]
+    def report_context(self) -> dict:
+        from mirrorflow.dr.report import report_context
 
-    def step(self, name: str) -> dict:
-        """The latest record of step ``name`` (empty when it has not run)."""
-        found = [s for s in self.steps if s["step"] == name]
-        return found[-1] if found else {}
+        return report_context(self)
 
-    def save(self) -> None:
-        paths.write_private(self.file, json.dumps(self.data, indent=1, sort_keys=True) + "\n")
-
-    @contextlib.contextmanager
-    def recording(self, name: str) -> Iterator[StepRecord]:
-        """Run a step: its record is saved however it ends (success, skipped, failed)."""
-        record = StepRecord(name, _now())
-        try:
-            yield record
-            record.status = "success"
-        except StepSkipped as skipped:
-            record.status, record.summary = "skipped", str(skipped)
-            raise
-        except Exception as exc:
-            record.status, record.summary = "failed", str(exc)
-            raise
-        finally:
-            record.ended = _now()
-            self.steps.append(asdict(record))
-            self.save()
+    def report_lines(self, context: dict) -> list[str]:
+        return _group_lines(self.details("final-sync").get("targets", {}), self.request.target)
 
 
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds")
-
-
-def _spec(request: FailoverRequest) -> MirrorSpec:
-    files = [Path(p) for p in request.flow_files]
-    missing = [str(p) for p in files if not p.is_file()]
-    if missing:
-        raise MirrorflowError(f"flow file(s) not found: {', '.join(missing)}")
-    # ${file:…} references resolve from the project root, as for the mirror job.
-    with contextlib.chdir(paths.project_root()):
-        return spec_for_flow(files, request.flow)
+WORKFLOW = steps.Workflow(FailoverRun, FailoverRequest, STEPS)
 
 
 def reachable(alias: str, config: dict[str, str], timeout_s: float) -> str | None:
@@ -282,55 +170,53 @@ def _key(tp: Partition) -> str:
 # -- the steps ---------------------------------------------------------------------------------
 
 
-def preflight(request: FailoverRequest, log: Log = print) -> dict:
+@WORKFLOW.step("preflight")
+def preflight(request: FailoverRequest, run: FailoverRun, record: StepRecord, log: Log) -> None:
     """Reachability of both clusters, the mode, the replicated topics and the groups."""
-    run = FailoverRun(request)
-    with run.recording("preflight") as record:
-        spec = _spec(request)
-        timeout = request.reachability_timeout_s
-        target_down = reachable(spec.target, spec.target_admin, timeout)
-        if target_down:
-            raise ClusterUnreachable(
-                f"the DR cluster {spec.target} is unreachable: {target_down}",
-                f"a failover needs {spec.target}; check {spec.target}.bootstrap.servers",
-            )
-        source_down = reachable(spec.source, spec.source_admin, timeout)
-        mode = request.mode
-        if mode == "auto":
-            mode = "emergency" if source_down else "planned"
-        elif mode == "planned" and source_down:
-            raise ClusterUnreachable(
-                f"a planned failover needs the source {spec.source}, which is unreachable: "
-                f"{source_down}",
-                "trigger the failover with mode emergency",
-            )
-        groups: list[str] = []
-        topics: list[str] = []
-        if source_down is None:
-            source = ClusterAdmin(spec.source, spec.source_admin)
-            topics = sorted({t for t, _p in _replicated_partitions(spec, source)})
-            groups = _groups(spec, source, request.group_pattern)
-        if mode == "emergency":  # the groups the target holds checkpoints of
-            groups = sorted(set(groups) | set(_checkpointed_groups(spec, request.group_pattern)))
-        run.data["mode"] = mode
-        record.details = {
-            "source": spec.source,
-            "target": spec.target,
-            "source_reachable": source_down is None,
-            "source_error": source_down,
-            "mode": mode,
-            "topics": topics,
-            "remote_topics": {t: spec.remote_topic(t) for t in topics},
-            "groups": groups,
-        }
-        record.summary = (
-            f"{mode} failover of {request.flow}: {spec.target} answers, {spec.source} "
-            f"{'answers' if source_down is None else 'does not (' + source_down + ')'}; "
-            f"{len(topics)} replicated topic(s), {len(groups)} group(s) to fail over"
-            + (" (dry run: nothing will be changed)" if request.dry_run else "")
+    spec = request.spec()
+    timeout = request.reachability_timeout_s
+    target_down = reachable(spec.target, spec.target_admin, timeout)
+    if target_down:
+        raise ClusterUnreachable(
+            f"the DR cluster {spec.target} is unreachable: {target_down}",
+            f"a failover needs {spec.target}; check {spec.target}.bootstrap.servers",
         )
-        log(record.summary)
-    return {"step": "preflight", **record.details, "summary": record.summary}
+    source_down = reachable(spec.source, spec.source_admin, timeout)
+    mode = request.mode
+    if mode == "auto":
+        mode = "emergency" if source_down else "planned"
+    elif mode == "planned" and source_down:
+        raise ClusterUnreachable(
+            f"a planned failover needs the source {spec.source}, which is unreachable: "
+            f"{source_down}",
+            "trigger the failover with mode emergency",
+        )
+    groups: list[str] = []
+    topics: list[str] = []
+    if source_down is None:
+        source = ClusterAdmin(spec.source, spec.source_admin)
+        topics = sorted({t for t, _p in _replicated_partitions(spec, source)})
+        groups = _groups(spec, source, request.group_pattern)
+    if mode == "emergency":  # the groups the target holds checkpoints of
+        groups = sorted(set(groups) | set(_checkpointed_groups(spec, request.group_pattern)))
+    run.data["mode"] = mode
+    record.details = {
+        "source": spec.source,
+        "target": spec.target,
+        "source_reachable": source_down is None,
+        "source_error": source_down,
+        "mode": mode,
+        "topics": topics,
+        "remote_topics": {t: spec.remote_topic(t) for t in topics},
+        "groups": groups,
+    }
+    record.summary = (
+        f"{mode} failover of {request.flow}: {spec.target} answers, {spec.source} "
+        f"{'answers' if source_down is None else 'does not (' + source_down + ')'}; "
+        f"{len(topics)} replicated topic(s), {len(groups)} group(s) to fail over"
+        + (" (dry run: nothing will be changed)" if request.dry_run else "")
+    )
+    log(record.summary)
 
 
 def _checkpointed_groups(spec: MirrorSpec, pattern: str) -> list[str]:
@@ -340,66 +226,76 @@ def _checkpointed_groups(spec: MirrorSpec, pattern: str) -> list[str]:
     return sorted({g for g, _t, _p in latest if re.fullmatch(pattern, g)})
 
 
-def fence_producers(request: FailoverRequest, log: Log = print) -> dict:
+@WORKFLOW.step("fence-producers")
+def fence_producers(
+    request: FailoverRequest, run: FailoverRun, record: StepRecord, log: Log
+) -> None:
     """Planned: deny WRITE on the replicated source topics to the named principals."""
-    run = FailoverRun(request)
-    with run.recording("fence-producers") as record:
-        if run.mode != "planned":
-            raise StepSkipped("an emergency failover cannot fence producers: the source is away")
-        principals = request.principals
-        if not principals:
-            raise StepSkipped("no principal to fence")
-        from confluent_kafka.admin import (
-            AclBinding,
-            AclOperation,
-            AclPermissionType,
-            ResourcePatternType,
-            ResourceType,
-        )
+    if run.mode != "planned":
+        raise StepSkipped("an emergency failover cannot fence producers: the source is away")
+    principals = request.principals
+    if not principals:
+        raise StepSkipped("no principal to fence")
+    spec = request.spec()
+    topics = run.details("preflight").get("topics", [])
+    source = ClusterAdmin(spec.source, spec.source_admin)
+    bindings = deny_write_bindings([(p, t) for t in topics for p in principals])
+    acls = [
+        {"principal": b.principal, "topic": b.name, "operation": "WRITE", "permission": "DENY"}
+        for b in bindings
+    ]
+    verb = "would deny" if request.dry_run else "denied"
+    for acl in acls:
+        log(f"{verb} WRITE on topic {acl['topic']} of {spec.source} to {acl['principal']}")
+    if bindings and not request.dry_run:
+        create_acls(source, bindings)
+        _record_fences(request, acls)
+    record.details = {"acls": acls, "applied": not request.dry_run}
+    record.summary = (
+        f"{verb} WRITE on {len(topics)} topic(s) of {spec.source} to "
+        f"{', '.join(principals)} ({len(acls)} ACL(s))"
+    )
+    if not request.dry_run:
+        record.summary += f"; recorded in {fences_file(request.flow)} for the failback"
+    log(record.summary)
 
-        spec = _spec(request)
-        topics = run.step("preflight").get("details", {}).get("topics", [])
-        source = ClusterAdmin(spec.source, spec.source_admin)
-        bindings = [
-            AclBinding(
-                ResourceType.TOPIC,
-                topic,
-                ResourcePatternType.LITERAL,
-                principal,
-                "*",
-                AclOperation.WRITE,
-                AclPermissionType.DENY,
-            )
-            for topic in topics
-            for principal in principals
-        ]
-        acls = [
-            {"principal": b.principal, "topic": b.name, "operation": "WRITE", "permission": "DENY"}
-            for b in bindings
-        ]
-        verb = "would deny" if request.dry_run else "denied"
-        for acl in acls:
-            log(f"{verb} WRITE on topic {acl['topic']} of {spec.source} to {acl['principal']}")
-        if bindings and not request.dry_run:
-            try:
-                for future in source.client.create_acls(
-                    bindings, request_timeout=ADMIN_TIMEOUT_S
-                ).values():
-                    future.result()
-            except Exception as exc:
-                raise cluster_error(
-                    source, "creating DENY WRITE ACLs", exc, "ALTER on the cluster"
-                ) from None
-            _record_fences(request, acls)
-        record.details = {"acls": acls, "applied": not request.dry_run}
-        record.summary = (
-            f"{verb} WRITE on {len(topics)} topic(s) of {spec.source} to "
-            f"{', '.join(principals)} ({len(acls)} ACL(s))"
+
+def deny_write_bindings(acls: Sequence[tuple[str, str]], as_filter: bool = False) -> list:
+    """ACL bindings denying WRITE, one per ``(principal, topic)`` (a literal topic name), from
+    any host (``as_filter``: the filters that match exactly those, to delete them)."""
+    from confluent_kafka.admin import (
+        AclBinding,
+        AclBindingFilter,
+        AclOperation,
+        AclPermissionType,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    make = AclBindingFilter if as_filter else AclBinding
+    return [
+        make(
+            ResourceType.TOPIC,
+            topic,
+            ResourcePatternType.LITERAL,
+            principal,
+            "*",
+            AclOperation.WRITE,
+            AclPermissionType.DENY,
         )
-        if not request.dry_run:
-            record.summary += f"; recorded in {fences_file(request.flow)} for the failback"
-        log(record.summary)
-    return {"step": "fence-producers", **record.details, "summary": record.summary}
+        for principal, topic in acls
+    ]
+
+
+def create_acls(admin: ClusterAdmin, bindings: list) -> None:
+    """Create the DENY WRITE ``bindings`` on ``admin``'s cluster; a refusal fails, naming it."""
+    try:
+        for future in admin.client.create_acls(bindings, request_timeout=ADMIN_TIMEOUT_S).values():
+            future.result()
+    except Exception as exc:
+        raise cluster_error(
+            admin, "creating DENY WRITE ACLs", exc, "ALTER on the cluster"
+        ) from None
 
 
 def _record_fences(request: FailoverRequest, acls: list[dict]) -> None:
@@ -451,95 +347,93 @@ def _behind(
     return behind
 
 
-def catch_up(request: FailoverRequest, log: Log = print, poll_s: float = 2.0) -> dict:
+@WORKFLOW.step("catch-up")
+def catch_up(
+    request: FailoverRequest, run: FailoverRun, record: StepRecord, log: Log, poll_s: float = 2.0
+) -> None:
     """Planned: wait until the flow's positions reach the source's end offsets."""
-    run = FailoverRun(request)
-    with run.recording("catch-up") as record:
-        if run.mode != "planned":
-            raise StepSkipped("an emergency failover cannot wait for the source: it is away")
-        spec = _spec(request)
-        source = ClusterAdmin(spec.source, spec.source_admin)
-        started = time.monotonic()
-        deadline = started + request.catch_up_timeout_s
-        last_said = 0.0
-        while True:
-            partitions = list(_replicated_partitions(spec, source))
-            bounds = _source_bounds(spec, source, partitions)
-            behind = _behind(bounds, flow_positions(spec))
-            if not behind:
-                break
-            now = time.monotonic()
-            if now > deadline:
-                listed = ", ".join(f"{_key(tp)} ({n})" for tp, n in sorted(behind.items())[:10])
-                raise MirrorflowError(
-                    f"{request.flow} did not catch up within {request.catch_up_timeout_s:.0f}s: "
-                    f"{sum(behind.values())} record(s) not copied yet, in {listed}",
-                    "check that the mirror job runs (mirror DAG, progress.json) and that "
-                    "producers are fenced, then trigger the failover again",
-                )
-            if now - last_said > 15:
-                log(f"waiting for {request.flow}: {sum(behind.values())} record(s) to copy")
-                last_said = now
-            time.sleep(poll_s)
-        waited = time.monotonic() - started
-        record.details = {
-            "waited_s": round(waited, 1),
-            "end_offsets": {_key(tp): end for tp, (_s, end) in sorted(bounds.items())},
-        }
-        record.summary = (
-            f"{request.flow} caught up with {spec.source}'s end offsets of "
-            f"{len(bounds)} partition(s) after {waited:.1f}s"
-        )
-        log(record.summary)
-    return {"step": "catch-up", **record.details, "summary": record.summary}
-
-
-def stop_mirror(request: FailoverRequest, log: Log = print) -> dict:
-    """Hold the flow paused and wait until its running job has ended the flow's batch."""
-    run = FailoverRun(request)
-    with run.recording("stop-mirror") as record:
-        flow_dir = request.flow_dir()
-        state_dir = request.flows_state_dir()
-        # The drivers that run the flow, however started; else the jobs the DAGs recorded.
-        running = jobs.mirror_processes(state_dir, request.flow) or jobs.running_jobs(
-            state_dir, request.flow
-        )
-        before = jobs.read_progress(flow_dir).get("state")
-        if request.dry_run:
-            record.details = {"held": False, "jobs": running, "state": before}
-            record.summary = (
-                f"would hold {request.flow} paused ({flow_dir / jobs.HOLD_FILE}); "
-                f"{len(running)} running mirror job(s) run it, state {before or 'unknown'}"
+    if run.mode != "planned":
+        raise StepSkipped("an emergency failover cannot wait for the source: it is away")
+    spec = request.spec()
+    source = ClusterAdmin(spec.source, spec.source_admin)
+    started = time.monotonic()
+    deadline = started + request.catch_up_timeout_s
+    last_said = 0.0
+    while True:
+        partitions = list(_replicated_partitions(spec, source))
+        bounds = _source_bounds(spec, source, partitions)
+        behind = _behind(bounds, flow_positions(spec))
+        if not behind:
+            break
+        now = time.monotonic()
+        if now > deadline:
+            listed = ", ".join(f"{_key(tp)} ({n})" for tp, n in sorted(behind.items())[:10])
+            raise MirrorflowError(
+                f"{request.flow} did not catch up within {request.catch_up_timeout_s:.0f}s: "
+                f"{sum(behind.values())} record(s) not copied yet, in {listed}",
+                "check that the mirror job runs (mirror DAG, progress.json) and that "
+                "producers are fenced, then trigger the failover again",
             )
-            log(record.summary)
-            return {"step": "stop-mirror", **record.details, "summary": record.summary}
-        held_at = time.time()
-        jobs.hold(flow_dir, f"failover {request.run_id}")
-        log(f"{request.flow} held paused ({flow_dir / jobs.HOLD_FILE}): it copies nothing more")
-        deadline = time.monotonic() + request.stop_timeout_s
-        state = before
-        while running:
-            progress = jobs.read_progress(flow_dir)
-            state = progress.get("state")
-            updated = _epoch(progress.get("updated"))
-            if state in STOPPED_STATES and (updated >= held_at - 1 or before in STOPPED_STATES):
-                break  # stopped now, or was already (paused by its DAG, failed)
-            running = [p for p in running if jobs.process_alive(p)]
-            if time.monotonic() > deadline:
-                raise MirrorflowError(
-                    f"the mirror job of {request.flow} did not pause it within "
-                    f"{request.stop_timeout_s:.0f}s (state {state})",
-                    "stop the site's mirror DAG (pause it) and trigger the failover again",
-                )
-            time.sleep(0.5)
-        record.details = {"held": True, "state": state, "jobs": running}
+        if now - last_said > 15:
+            log(f"waiting for {request.flow}: {sum(behind.values())} record(s) to copy")
+            last_said = now
+        time.sleep(poll_s)
+    waited = time.monotonic() - started
+    record.details = {
+        "waited_s": round(waited, 1),
+        "end_offsets": {_key(tp): end for tp, (_s, end) in sorted(bounds.items())},
+    }
+    record.summary = (
+        f"{request.flow} caught up with {spec.source}'s end offsets of "
+        f"{len(bounds)} partition(s) after {waited:.1f}s"
+    )
+    log(record.summary)
+
+
+@WORKFLOW.step("stop-mirror")
+def stop_mirror(request: FailoverRequest, run: FailoverRun, record: StepRecord, log: Log) -> None:
+    """Hold the flow paused and wait until its running job has ended the flow's batch."""
+    flow_dir = request.flow_dir()
+    state_dir = request.flows_state_dir()
+    # The drivers that run the flow, however started; else the jobs the DAGs recorded.
+    running = jobs.mirror_processes(state_dir, request.flow) or jobs.running_jobs(
+        state_dir, request.flow
+    )
+    before = jobs.read_progress(flow_dir).get("state")
+    if request.dry_run:
+        record.details = {"held": False, "jobs": running, "state": before}
         record.summary = (
-            f"{request.flow} stopped ({state}) in its running mirror job"
-            if running
-            else f"no running mirror job runs {request.flow}; held paused so none starts it"
+            f"would hold {request.flow} paused ({flow_dir / jobs.HOLD_FILE}); "
+            f"{len(running)} running mirror job(s) run it, state {before or 'unknown'}"
         )
         log(record.summary)
-    return {"step": "stop-mirror", **record.details, "summary": record.summary}
+        return
+    held_at = time.time()
+    jobs.hold(flow_dir, f"failover {request.run_id}")
+    log(f"{request.flow} held paused ({flow_dir / jobs.HOLD_FILE}): it copies nothing more")
+    deadline = time.monotonic() + request.stop_timeout_s
+    state = before
+    while running:
+        progress = jobs.read_progress(flow_dir)
+        state = progress.get("state")
+        updated = _epoch(progress.get("updated"))
+        if state in STOPPED_STATES and (updated >= held_at - 1 or before in STOPPED_STATES):
+            break  # stopped now, or was already (paused by its DAG, failed)
+        running = [p for p in running if jobs.process_alive(p)]
+        if time.monotonic() > deadline:
+            raise MirrorflowError(
+                f"the mirror job of {request.flow} did not pause it within "
+                f"{request.stop_timeout_s:.0f}s (state {state})",
+                "stop the site's mirror DAG (pause it) and trigger the failover again",
+            )
+        time.sleep(0.5)
+    record.details = {"held": True, "state": state, "jobs": running}
+    record.summary = (
+        f"{request.flow} stopped ({state}) in its running mirror job"
+        if running
+        else f"no running mirror job runs {request.flow}; held paused so none starts it"
+    )
+    log(record.summary)
 
 
 def _epoch(stamp: str | None) -> float:
@@ -549,39 +443,33 @@ def _epoch(stamp: str | None) -> float:
         return 0.0
 
 
-def final_sync(request: FailoverRequest, log: Log = print) -> dict:
+@WORKFLOW.step("final-sync")
+def final_sync(request: FailoverRequest, run: FailoverRun, record: StepRecord, log: Log) -> None:
     """Configs and ACLs, checkpoints and group offsets now (planned), or the stored checkpoints
     committed (emergency); then each group's targets and the RPO."""
-    run = FailoverRun(request)
-    with run.recording("final-sync") as record:
-        spec = _spec(request)
-        groups = set(run.step("preflight").get("details", {}).get("groups", []))
-        dry = request.dry_run
-        details: dict = {"dry_run": dry}
-        if run.mode == "planned":
-            details["topic_sync"] = _topic_syncs(spec, dry, log)
-            sync = _planned_group_sync(spec, groups, dry, log)
-        else:
-            sync = _emergency_group_sync(spec, groups, dry, log)
-        details.update(sync)
-        details["rpo"] = rpo = measure_rpo(spec, run.mode, request)
-        for line in _group_lines(details["targets"], spec.target):
-            log(line)
-        log(rpo["summary"])
-        record.details = details
-        commits = sum(len(o) for o in details["committed"].values())
-        record.summary = (
-            f"{'would commit' if dry else 'committed'} {commits} offset(s) of "
-            f"{len(details['committed'])} group(s) on {spec.target}"
-            + (
-                f", skipped {len(details['active'])} with members there"
-                if details["active"]
-                else ""
-            )
-            + f"; RPO {rpo['summary_short']}"
-        )
-        log(record.summary)
-    return {"step": "final-sync", **record.details, "summary": record.summary}
+    spec = request.spec()
+    groups = set(run.details("preflight").get("groups", []))
+    dry = request.dry_run
+    details: dict = {"dry_run": dry}
+    if run.mode == "planned":
+        details["topic_sync"] = _topic_syncs(spec, dry, log)
+        sync = _planned_group_sync(spec, groups, dry, log)
+    else:
+        sync = _emergency_group_sync(spec, groups, dry, log)
+    details.update(sync)
+    details["rpo"] = rpo = measure_rpo(spec, run.mode, request)
+    for line in _group_lines(details["targets"], spec.target):
+        log(line)
+    log(rpo["summary"])
+    record.details = details
+    commits = sum(len(o) for o in details["committed"].values())
+    record.summary = (
+        f"{'would commit' if dry else 'committed'} {commits} offset(s) of "
+        f"{len(details['committed'])} group(s) on {spec.target}"
+        + (f", skipped {len(details['active'])} with members there" if details["active"] else "")
+        + f"; RPO {rpo['summary_short']}"
+    )
+    log(record.summary)
 
 
 def _topic_syncs(spec: MirrorSpec, dry_run: bool, log: Log) -> list[dict]:
@@ -734,53 +622,12 @@ def _nested(offsets: dict[Partition, int]) -> dict[str, dict[str, int]]:
     return nested
 
 
-def report(request: FailoverRequest, log: Log = print) -> dict:
-    """Write the run's report (Markdown, HTML, JSON) and return where and what it says."""
-    from mirrorflow.dr.report import write_report
-
-    run = FailoverRun(request)
-    with run.recording("report") as record:
-        record.details = {"directory": str(run.directory)}
-        record.summary = f"report written to {run.directory}"
-    written = write_report(run)
-    for line in _group_lines(
-        run.step("final-sync").get("details", {}).get("targets", {}), request.target
-    ):
-        log(line)
-    log(f"failover report: {written['markdown']} (and report.html, report.json)")
-    failed = [s["step"] for s in run.steps if s["status"] == "failed"]
-    return {"step": "report", **written, "failed_steps": failed}
-
-
-STEP_FUNCTIONS: dict[str, Callable[..., dict]] = {
-    "preflight": preflight,
-    "fence-producers": fence_producers,
-    "catch-up": catch_up,
-    "stop-mirror": stop_mirror,
-    "final-sync": final_sync,
-    "report": report,
-}
+report = WORKFLOW.report
+STEP_FUNCTIONS: dict[str, Callable[..., dict]] = WORKFLOW.functions
 
 
 def run_all(request: FailoverRequest, log: Log = print) -> FailoverRun:
     """Every step in order, as the failover DAG runs them: a step that does not apply is
     skipped, a failed step ends the run, and the report is written however it ended (the
     ``mirrorflow failover`` command). Returns the run's record."""
-    failed: Exception | None = None
-    for name in STEPS:
-        if failed is not None and name != "report":
-            continue
-        try:
-            STEP_FUNCTIONS[name](request, log=log)
-        except StepSkipped as skipped:
-            log(f"{name}: skipped: {skipped}")
-        except MirrorflowError as exc:
-            log(f"{name}: failed: {exc}")
-            failed = exc
-    run = FailoverRun(request)
-    if failed is not None:
-        raise MirrorflowError(
-            f"failover of {request.flow} failed: {failed.message}",
-            (failed.hint + "; " if failed.hint else "") + f"report: {run.directory / 'report.md'}",
-        )
-    return run
+    return WORKFLOW.run_all(request, log)  # type: ignore[return-value]

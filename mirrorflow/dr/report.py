@@ -1,6 +1,7 @@
 """A failover run's report, from its run record: Markdown and HTML rendered from the Jinja2
 templates ``templates/failover_report.{md,html}.j2``, and the record itself as JSON, written
-beside ``run.json`` in ``$MIRRORFLOW_STATE/reports/failover/<run id>/``.
+beside ``run.json`` in ``$MIRRORFLOW_STATE/reports/failover/<run id>/`` (by
+:func:`mirrorflow.dr.steps.write_report`, which every DR workflow's report step uses).
 
 The report holds the timeline of the steps, the mode, the RPO, per group where to read now
 (remote topics under the flow's policy, offsets), and what the run changed (ACLs, committed
@@ -10,40 +11,23 @@ offsets and the flow files' paths only.
 
 from __future__ import annotations
 
-import json
-from datetime import datetime
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mirrorflow.paths import resource, write_private
+from mirrorflow.dr.steps import write_report
 
 if TYPE_CHECKING:
     from mirrorflow.dr.failover import FailoverRun
 
-TEMPLATES = ("failover_report.md.j2", "failover_report.html.j2")
-
-
-def _seconds(started: str | None, ended: str | None) -> float | None:
-    try:
-        return round(
-            (
-                datetime.fromisoformat(str(ended)) - datetime.fromisoformat(str(started))
-            ).total_seconds(),
-            3,
-        )
-    except ValueError:
-        return None
+__all__ = ["report_context", "write_report"]
 
 
 def report_context(run: FailoverRun) -> dict:
     """What the templates show, from the run record."""
     data = run.data
-    steps = [{**s, "seconds": _seconds(s.get("started"), s.get("ended"))} for s in data["steps"]]
-    final = run.step("final-sync").get("details", {})
-    preflight = run.step("preflight").get("details", {})
-    fence = run.step("fence-producers").get("details", {})
-    stop = run.step("stop-mirror").get("details", {})
-    failed = [s for s in steps if s["status"] == "failed"]
+    final = run.details("final-sync")
+    preflight = run.details("preflight")
+    fence = run.details("fence-producers")
+    stop = run.details("stop-mirror")
     dry = bool(data["request"]["dry_run"])
     changes = []
     if fence.get("acls"):
@@ -64,18 +48,9 @@ def report_context(run: FailoverRun) -> dict:
             changes += [
                 f"{'would sync' if dry else 'synced'}: {line.strip()}" for line in sync["lines"][1:]
             ]
-    ended = steps[-1]["ended"] if steps else None
     return {
-        "flow": data["flow"],
-        "run_id": data["run_id"],
-        "request": data["request"],
+        **run.report_header(),
         "mode": data.get("mode") or data["request"]["mode"],
-        "dry_run": dry,
-        "started": data.get("started"),
-        "ended": ended,
-        "seconds": _seconds(data.get("started"), ended),
-        "status": "failed at " + failed[0]["step"] if failed else "success",
-        "steps": steps,
         "preflight": preflight,
         "rpo": final.get("rpo"),
         "targets": final.get("targets") or {},
@@ -83,32 +58,3 @@ def report_context(run: FailoverRun) -> dict:
         "without_checkpoints": final.get("without_checkpoints") or [],
         "changes": changes,
     }
-
-
-def write_report(run: FailoverRun, context: dict | None = None) -> dict[str, str]:
-    """Render and write ``report.md``, ``report.html`` and ``report.json``; their paths. The
-    templates are ``<run.KIND>_report.{md,html}.j2`` (failover, failback); ``context`` defaults
-    to :func:`report_context`."""
-    import jinja2
-
-    context = report_context(run) if context is None else context
-    environment = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(resource("templates"))),
-        undefined=jinja2.StrictUndefined,
-        autoescape=jinja2.select_autoescape(["html.j2"]),
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-    )
-    directory: Path = run.directory
-    written = {}
-    for template, name, key in (
-        (f"{run.KIND}_report.md.j2", "report.md", "markdown"),
-        (f"{run.KIND}_report.html.j2", "report.html", "html"),
-    ):
-        text = environment.get_template(template).render(**context)
-        written[key] = str(write_private(directory / name, text))
-    written["json"] = str(
-        write_private(directory / "report.json", json.dumps(context, indent=1, sort_keys=True))
-    )
-    return written

@@ -2,7 +2,8 @@
 
 Each run leaves ``$MIRRORFLOW_STATE/reports/<kind>/<run>/report.json`` (and ``report.html``,
 ``report.md``), where ``<kind>`` is ``failover``, ``drill``, ``failback`` or any later kind and
-``<run>`` the run's directory (its DAG run id, made safe as a directory name). The reports are
+``<run>`` the run's directory (its DAG run id, made safe as a directory name); :func:`paginate`
+cuts the history, newest first, into pages. The reports are
 read generically, so a kind whose report has other keys still shows: its flow, mode, result,
 RPO, RTO and time when it names them, a dash when it does not.
 
@@ -19,6 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 KNOWN_KINDS = ("failover", "drill", "failback")
+PAGE_SIZE, MAX_PAGE_SIZE = 20, 200  # the history's runs per page: by default, at most
 REPORT_JSON, REPORT_HTML = "report.json", "report.html"
 
 
@@ -66,6 +68,43 @@ def history(state: Path) -> list[RunReport]:
     still shows, with its result saying so."""
     runs = [read_report(kind, directory) for kind, directory in _run_dirs(reports_root(state))]
     return sorted(runs, key=lambda r: (r.at, r.kind, r.run), reverse=True)
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of the history: its runs (newest first) and where it sits among the others."""
+
+    runs: list[RunReport]
+    page: int  # from 1
+    limit: int  # runs per page
+    total: int  # runs on every page
+    pages: int  # at least 1, even with no run
+    newer: int | None  # the page before it (newer runs), None on the first
+    older: int | None  # the page after it (older runs), None on the last
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "runs": [r.as_dict() for r in self.runs],
+            "page": self.page,
+            "limit": self.limit,
+            "total": self.total,
+            "pages": self.pages,
+            "newer_page": self.newer,
+            "older_page": self.older,
+        }
+
+
+def paginate(runs: list[RunReport], page: int = 1, limit: int = PAGE_SIZE) -> Page:
+    """Page ``page`` (from 1) of ``runs`` (already newest first), ``limit`` a page. A page past
+    the last has no run and points back to the last."""
+    if page < 1 or not 1 <= limit <= MAX_PAGE_SIZE:
+        raise ValueError(f"page {page} / limit {limit}: page from 1, limit 1 to {MAX_PAGE_SIZE}")
+    total = len(runs)
+    pages = max(1, -(-total // limit))
+    chosen = runs[(page - 1) * limit : page * limit]
+    newer = min(page - 1, pages) if page > 1 else None
+    older = page + 1 if page < pages else None
+    return Page(chosen, page, limit, total, pages, newer, older)
 
 
 def find_report(state: Path, kind: str, run: str, name: str = REPORT_HTML) -> Path | None:

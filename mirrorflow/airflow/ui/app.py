@@ -3,15 +3,21 @@
 Routes (under the plugin's prefix, ``/mirrorflow``):
 
 - ``GET /``: the topology page, server-rendered HTML (``templates/ui/topology.html.j2``): the
-  clusters, and every flow of the rendered mirror DAGs with its health, reason, lag, last
-  heartbeat, checkpoint and batch; it reloads itself every few seconds.
+  clusters and flows drawn as a graph (inline SVG laid out by :mod:`.graph`: a box per cluster,
+  an arrow per flow with its health and lag), and every flow of the rendered mirror DAGs with its
+  health, reason, lag, last heartbeat, checkpoint and batch; it reloads itself every few
+  seconds.
 - ``GET /api/health``: the same as JSON.
-- ``GET /history``: the history of failovers, drills and failbacks, newest first, from their
-  reports (:mod:`mirrorflow.health.history`), each linking to its HTML report; and, per flow
-  whose failover or drill DAG Airflow knows, buttons that trigger that DAG through Airflow's own
+- ``GET /history?page=N&limit=M``: the history of failovers, drills and failbacks, newest
+  first, from their reports (:mod:`mirrorflow.health.history`), ``limit`` (default 20, at most
+  200) a page with links to the newer and older pages, each linking to its HTML report; and,
+  per flow whose failover, drill or failback DAG Airflow knows, buttons that trigger that DAG
+  through Airflow's own
   REST API (``POST /api/v2/dags/{dag_id}/dagRuns``) from the browser, as the logged-in user (the
   UI's ``_token`` cookie): Airflow's own permission checks decide, not this app.
-- ``GET /api/history``: the history as JSON.
+- ``GET /api/history?page=N&limit=M``: the same page as JSON (``runs``, ``page``, ``limit``,
+  ``total``, ``pages``, ``newer_page``, ``older_page``, ``actions``); a bad ``page`` or
+  ``limit`` is a 400 naming it.
 - ``GET /flows/{source}/{target}``: one flow in detail (:mod:`mirrorflow.health.detail`): its
   health, lag per partition, topics, groups with their last checkpoints (read from the target,
   bounded in time; an unreachable cluster gives a note), and its DR runs.
@@ -41,10 +47,11 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
 from mirrorflow import paths
+from mirrorflow.airflow.ui.graph import layout
 from mirrorflow.airflow.ui.sites import dags_paused, site_dags
 from mirrorflow.health import detail as flow_details
 from mirrorflow.health import history as dr_history
-from mirrorflow.health.model import SiteDag
+from mirrorflow.health.model import STATES, SiteDag
 from mirrorflow.health.status import topology_health
 from mirrorflow.runtime import jobs
 
@@ -53,7 +60,7 @@ REFRESH_SECONDS = 5
 TEMPLATE = "ui/topology.html.j2"
 HISTORY_TEMPLATE = "ui/history.html.j2"
 FLOW_TEMPLATE = "ui/flow.html.j2"
-TRIGGER_KINDS = ("failover", "drill")  # the DR DAGs the page can trigger, when they exist
+TRIGGER_KINDS = ("failover", "drill", "failback")  # DR DAGs the pages trigger, when they exist
 # A run's report is the project's own HTML, but serve it locked down all the same.
 REPORT_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src data:",
@@ -110,19 +117,20 @@ def dr_dag_id(kind: str, flow: str | None) -> str | None:
     return f"{kind}__{source}__{target}" if arrow and source and target else None
 
 
-def collect_history(user: BaseUser | None) -> dict[str, Any]:
-    """The DR runs' reports ``user`` may see (their kind's DAG for the flow is readable), and
-    per flow of the rendered mirror DAGs, the failover and drill DAGs Airflow knows."""
-    state = paths.state_dir()
-    runs = [
-        r.as_dict()
-        for r in dr_history.history(state)
+def readable_runs(user: BaseUser | None) -> list[dr_history.RunReport]:
+    """The DR runs' reports ``user`` may see (their kind's DAG for the flow is readable),
+    newest first."""
+    return [
+        r
+        for r in dr_history.history(paths.state_dir())
         if user is None or _may_read(user, dr_dag_id(r.kind, r.flow))
     ]
-    topology = collect(user)
+
+
+def dr_actions(user: BaseUser | None, flows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per flow, the failover, drill and failback DAGs Airflow knows and ``user`` may read."""
     wanted = {
-        flow["flow"]: [dr_dag_id(kind, flow["flow"]) for kind in TRIGGER_KINDS]
-        for flow in topology["flows"]
+        flow["flow"]: [dr_dag_id(kind, flow["flow"]) for kind in TRIGGER_KINDS] for flow in flows
     }
     known = dags_paused([d for ids in wanted.values() for d in ids if d])
     actions = []
@@ -133,12 +141,35 @@ def collect_history(user: BaseUser | None) -> dict[str, Any]:
             if dag_id in known and (user is None or _may_read(user, dag_id))
         ]
         actions.append({"flow": flow, "dags": dags})
+    return actions
+
+
+def collect_history(
+    user: BaseUser | None, page: int = 1, limit: int = dr_history.PAGE_SIZE
+) -> dict[str, Any]:
+    """Page ``page`` of the DR runs ``user`` may see (``limit`` a page, newest first), and per
+    flow of the rendered mirror DAGs, the DR DAGs Airflow knows (:func:`dr_actions`)."""
+    chosen = dr_history.paginate(readable_runs(user), page, limit)
     return {
         "generated_at": time.time(),
-        "reports_dir": str(dr_history.reports_root(state)),
-        "runs": runs,
-        "actions": actions,
+        "reports_dir": str(dr_history.reports_root(paths.state_dir())),
+        **chosen.as_dict(),
+        "actions": dr_actions(user, collect(user)["flows"]),
     }
+
+
+def page_number(name: str, value: str | None, default: int, maximum: int | None = None) -> int:
+    """A paging parameter of the query (``page``, ``limit``): a whole number from 1 (to
+    ``maximum``), else 400 naming it."""
+    if value is None or value == "":
+        return default
+    bound = f" to {maximum}" if maximum else ""
+    whole = value.isascii() and value.isdigit() and len(value) <= 9
+    if not whole or not 1 <= int(value) <= (maximum or int(value)):
+        raise HTTPException(
+            400, f"{name}={value[:40]!r}: give {name} as a whole number from 1{bound}"
+        )
+    return int(value)
 
 
 def collect_flow(user: BaseUser | None, source: str, target: str) -> dict[str, Any]:
@@ -154,14 +185,22 @@ def collect_flow(user: BaseUser | None, source: str, target: str) -> dict[str, A
     if not found or not sites:
         raise HTTPException(404, f"no flow {flow} in the mirror DAGs you may read")
     detail = flow_details.flow_detail(list(sites[0].flow_files), flow, jobs.default_state_dir())
-    history = collect_history(user)
     return {
         "generated_at": topology["generated_at"],
         "flow": found[0],
         **detail,
-        "runs": [r for r in history["runs"] if r["flow"] == flow],
-        "dags": [d for a in history["actions"] if a["flow"] == flow for d in a["dags"]],
+        "runs": [r.as_dict() for r in readable_runs(user) if r.flow == flow],
+        "dags": [d for a in dr_actions(user, found) for d in a["dags"]],
     }
+
+
+def history_paging(page: str | None = None, limit: str | None = None) -> tuple[int, int]:
+    """The history's ``?page=`` and ``?limit=`` (a dependency of its routes)."""
+    size = page_number("limit", limit, dr_history.PAGE_SIZE, dr_history.MAX_PAGE_SIZE)
+    return page_number("page", page, 1), size
+
+
+Paging = Annotated[tuple[int, int], Depends(history_paging)]
 
 
 def _jinja():
@@ -211,19 +250,21 @@ def create_app() -> FastAPI:
 
     @app.get("/", response_class=HTMLResponse)
     def page(user: User) -> str:
-        return render_page(collect(user))
+        data = collect(user)
+        graph = layout(data["clusters"], data["flows"])
+        return render_page({**data, "graph": graph, "states": STATES})
 
     @app.get("/api/health")
     def health(user: User) -> dict[str, Any]:
         return collect(user)
 
     @app.get("/history", response_class=HTMLResponse)
-    def history_page(user: User) -> str:
-        return render_page(collect_history(user), HISTORY_TEMPLATE)
+    def history_page(user: User, paging: Paging) -> str:
+        return render_page(collect_history(user, *paging), HISTORY_TEMPLATE)
 
     @app.get("/api/history")
-    def history_json(user: User) -> dict[str, Any]:
-        return collect_history(user)
+    def history_json(user: User, paging: Paging) -> dict[str, Any]:
+        return collect_history(user, *paging)
 
     @app.get("/flows/{source}/{target}", response_class=HTMLResponse)
     def flow_page(source: str, target: str, user: User) -> str:

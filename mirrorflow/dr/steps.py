@@ -1,0 +1,468 @@
+"""The step plumbing the disaster-recovery workflows share: the failover
+(:mod:`mirrorflow.dr.failover`), the failback (:mod:`mirrorflow.dr.failback`) and the drill
+(:mod:`mirrorflow.dr.drill`).
+
+A workflow (:class:`Workflow`) is a kind (``failover``, ``failback``, ``drill``: its DAG's and
+its report folder's name), a request class (:class:`DRRequest`: what a run was asked to do,
+from a DAG run's Params or a command's options), a run record class (:class:`Run`) and its
+steps in order, each registered with :meth:`Workflow.step`. A step runs in a process of its own
+(an Airflow task) or in turn with the others (:meth:`Workflow.run_all`, the ``mirrorflow``
+commands); either way it reads the run record, ``$MIRRORFLOW_STATE/reports/<kind>/<run
+id>/run.json``, and adds its own :class:`StepRecord` to it, however it ends: success, skipped
+(:class:`StepSkipped`: the step does not apply to the run) or failed (its one-line error). A
+drill also keeps a timeline (:meth:`Run.event`).
+
+The ``report`` step (:meth:`Workflow.report`) renders the run's report from the record:
+``templates/<kind>_report.{md,html}.j2`` and ``report.json`` (the context), mode 0600
+(:func:`write_report`), and fails the run (its DAG's last task, the command) when an earlier step
+failed. Nothing here holds a secret: run records have names, offsets and paths only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import re
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, ClassVar
+
+from mirrorflow import paths
+from mirrorflow.errors import MirrorflowError
+from mirrorflow.replication.spec import MirrorSpec, spec_for_flow
+from mirrorflow.runtime import jobs
+
+Log = Callable[[str], None]
+Partition = tuple[str, int]
+Step = Callable[..., dict]
+
+
+class StepSkipped(Exception):
+    """A step that does not apply to this run (e.g. no principal to fence): the reason."""
+
+
+def now() -> str:
+    """The time now, as run records keep it (ISO 8601, UTC, milliseconds)."""
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+def iso(epoch: float) -> str:
+    """Epoch seconds as run records keep times."""
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds")
+
+
+def seconds_between(started: str | None, ended: str | None) -> float | None:
+    """Seconds from one recorded time to another (None when either is missing)."""
+    try:
+        return round(
+            (
+                datetime.fromisoformat(str(ended)) - datetime.fromisoformat(str(started))
+            ).total_seconds(),
+            3,
+        )
+    except ValueError:
+        return None
+
+
+def safe_run_id(run_id: str) -> str:
+    """A DAG run id as a directory name (``manual__2026-…+00:00`` keeps its letters)."""
+    cleaned = re.sub(r"[^A-Za-z0-9_.\-]+", "_", run_id).strip("._")
+    return cleaned or "run"
+
+
+def reports_dir(kind: str) -> Path:
+    """Where runs of ``kind`` keep their record and report: ``$MIRRORFLOW_STATE/reports/<kind>``."""
+    return paths.state_dir() / "reports" / kind
+
+
+# -- requests --------------------------------------------------------------------------------
+
+
+def check_group_pattern(pattern: str) -> None:
+    """A consumer-group pattern must be a Python regex; else one line naming it."""
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise MirrorflowError(
+            f"group pattern {pattern!r} is not a regular expression: {exc}",
+            "write a Python regex, e.g. billing.* or .*",
+        ) from None
+
+
+def check_principals(principals: Sequence[str]) -> None:
+    """Principals to fence must be names (``alice`` or ``User:alice``); else one line."""
+    for principal in principals:
+        if not re.fullmatch(r"(User:)?[^\s:,]+", principal):
+            raise MirrorflowError(
+                f"fence principal {principal!r} is not a principal name",
+                "write it as alice or User:alice",
+            )
+
+
+def kafka_principals(principals: Sequence[str]) -> list[str]:
+    """The principals as Kafka names them (``User:alice``), sorted, once each."""
+    return sorted({p if p.startswith("User:") else f"User:{p}" for p in principals})
+
+
+def param_list(value: object) -> tuple[str, ...]:
+    """A list Param (or a string of names separated by commas or white space) as strings."""
+    items = value or []
+    if isinstance(items, str):
+        items = [p for p in items.replace(",", "\n").split() if p]
+    return tuple(str(p) for p in items)  # type: ignore[union-attr]
+
+
+@dataclass(frozen=True)
+class DRRequest:
+    """What a run of a workflow was asked to do: the flow ``S->T``, its flow files, the run's
+    id (its DAG run id), and (keyword only) the flows' state directory of the mirror job
+    (default ``$MIRRORFLOW_STATE/flows``). Each workflow adds its own options."""
+
+    flow: str
+    flow_files: tuple[str, ...]
+    run_id: str
+    state_dir: str | None = field(default=None, kw_only=True)
+    mode: ClassVar[str]  # a field of the workflows that have modes
+    # The DAG's Params the request reads: field -> (Param, conversion, default when unset).
+    PARAMS: ClassVar[dict[str, tuple[str, Callable[[Any], Any], Any]]] = {}
+
+    def __post_init__(self) -> None:
+        jobs.split_flow(self.flow)
+
+    def record(self) -> dict[str, Any]:
+        """The options as the run record keeps them (besides the flow files)."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any], **fixed: Any) -> DRRequest:
+        """The request of a DAG run with Params ``params`` (``fixed``: flow, flow_files,
+        run_id, state_dir), as :attr:`PARAMS` reads them."""
+        read = {
+            name: convert(params.get(param) or default)
+            for name, (param, convert, default) in cls.PARAMS.items()
+        }
+        return cls(**read, **fixed)
+
+    @property
+    def source(self) -> str:
+        return jobs.split_flow(self.flow)[0]
+
+    @property
+    def target(self) -> str:
+        return jobs.split_flow(self.flow)[1]
+
+    def flows_state_dir(self) -> Path:
+        return Path(self.state_dir) if self.state_dir else jobs.default_state_dir()
+
+    def flow_dir(self) -> Path:
+        return jobs.JobFiles.for_flow(self.flow, self.state_dir).flow_dir(self.flow)
+
+    def flow_paths(self) -> list[Path]:
+        """The flow files; a missing one fails, naming it."""
+        files = [Path(p) for p in self.flow_files]
+        missing = [str(p) for p in files if not p.is_file()]
+        if missing:
+            raise MirrorflowError(f"flow file(s) not found: {', '.join(missing)}")
+        return files
+
+    def spec(self) -> MirrorSpec:
+        """The flow's spec; ``${file:…}`` references resolve from the project root, as for the
+        mirror job."""
+        files = self.flow_paths()
+        with contextlib.chdir(paths.project_root()):
+            return spec_for_flow(files, self.flow)
+
+
+@dataclass(frozen=True)
+class GroupsRequest(DRRequest):
+    """A request that moves the consumer groups matching ``group_pattern`` (among those the
+    flow checkpoints) and may first fence producers (``fence_principals`` denied WRITE): the
+    failover's and the failback's. A dry run computes and reports everything, changes nothing."""
+
+    group_pattern: str = ".*"
+    fence_principals: tuple[str, ...] = ()
+    dry_run: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_group_pattern(self.group_pattern)
+        check_principals(self.fence_principals)
+
+    PARAMS = {
+        "group_pattern": ("group_pattern", str, ".*"),
+        "fence_principals": ("fence_principals", param_list, ()),
+        "dry_run": ("dry_run", bool, False),
+    }
+
+    @property
+    def principals(self) -> list[str]:
+        """The principals to fence, as Kafka names them (``User:alice``)."""
+        return kafka_principals(self.fence_principals)
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "group_pattern": self.group_pattern,
+            "fence_principals": self.principals,
+            "dry_run": self.dry_run,
+        }
+
+
+# -- the run record ----------------------------------------------------------------------------
+
+
+@dataclass
+class StepRecord:
+    """One step of a run: when it ran, how it ended, what it found or changed."""
+
+    step: str
+    started: str
+    ended: str | None = None
+    status: str = "running"  # running, success, skipped, failed
+    summary: str = ""
+    details: dict = field(default_factory=dict)
+
+
+class Run:
+    """A run's record, ``run.json`` in its report directory ``reports/<KIND>/<run id>/``: the
+    request, each step's record (and what a workflow adds, e.g. a failover's mode, a drill's
+    timeline). Every step reads it and adds its own, so steps run in separate processes
+    (Airflow tasks) share what they found."""
+
+    KIND: ClassVar[str]
+
+    def __init__(self, request: DRRequest) -> None:
+        self.request = request
+        self.directory = reports_dir(self.KIND) / safe_run_id(request.run_id)
+        self.file = self.directory / "run.json"
+        try:
+            data = json.loads(self.file.read_text())
+        except (OSError, ValueError):
+            data = {}
+        self.data: dict = data or self.new_record()
+
+    def new_record(self) -> dict:
+        """The record of a run no step has recorded yet."""
+        request = self.request
+        return {
+            "flow": request.flow,
+            "run_id": request.run_id,
+            "request": {**request.record(), "flow_files": list(request.flow_files)},
+            "started": now(),
+            "steps": [],
+        }
+
+    @property
+    def steps(self) -> list[dict]:
+        return self.data["steps"]
+
+    def step(self, name: str) -> dict:
+        """The latest record of step ``name`` (empty when it has not run)."""
+        found = [s for s in self.steps if s["step"] == name]
+        return found[-1] if found else {}
+
+    def details(self, name: str) -> dict:
+        """What step ``name`` found or changed, as it last recorded it (empty: not run)."""
+        return self.step(name).get("details", {})
+
+    def failed_steps(self) -> list[str]:
+        return [s["step"] for s in self.steps if s["status"] == "failed"]
+
+    def event(self, what: str, at: float | None = None) -> float:
+        """Add a moment to the timeline (epoch seconds, default now); returns it."""
+        at = time.time() if at is None else at
+        self.data.setdefault("timeline", []).append({"at": iso(at), "epoch": at, "event": what})
+        return at
+
+    def save(self) -> None:
+        paths.write_private(self.file, json.dumps(self.data, indent=1, sort_keys=True) + "\n")
+
+    @contextlib.contextmanager
+    def recording(self, name: str) -> Iterator[StepRecord]:
+        """Run a step: its record is saved however it ends (success, skipped, failed)."""
+        record = StepRecord(name, now())
+        try:
+            yield record
+            record.status = "success"
+        except StepSkipped as skipped:
+            record.status, record.summary = "skipped", str(skipped)
+            raise
+        except Exception as exc:
+            record.status, record.summary = "failed", str(exc)
+            raise
+        finally:
+            record.ended = now()
+            self.steps.append(asdict(record))
+            self.save()
+
+    # -- the report ------------------------------------------------------------------------
+    def report_context(self) -> dict:
+        """What the report templates show (and ``report.json`` holds), from the record."""
+        raise NotImplementedError
+
+    def report_header(self, step_details: bool = True, ended: bool = True) -> dict:
+        """What every report shows of its run: flow, run id, request, dry run, when it started
+        (and ``ended``, when the last step ended and how many seconds it took), its status
+        (``success`` or ``failed at <step>``) and its steps, each with its seconds (and
+        ``step_details``, what it found)."""
+        data = self.data
+        rows = [
+            {
+                **{k: v for k, v in s.items() if step_details or k != "details"},
+                "seconds": seconds_between(s.get("started"), s.get("ended")),
+            }
+            for s in data["steps"]
+        ]
+        failed = self.failed_steps()
+        header = {
+            "flow": data["flow"],
+            "run_id": data["run_id"],
+            "request": data["request"],
+            "dry_run": bool(data["request"]["dry_run"]),
+            "started": data.get("started"),
+            "status": "failed at " + failed[0] if failed else "success",
+            "steps": rows,
+        }
+        if ended:
+            last = rows[-1]["ended"] if rows else None
+            header.update(ended=last, seconds=seconds_between(data.get("started"), last))
+        return header
+
+    def report_lines(self, context: dict) -> list[str]:
+        """Lines the report step logs before saying where the report is (default none)."""
+        return []
+
+
+def write_report(run: Run, context: dict | None = None) -> dict[str, str]:
+    """Render and write ``report.md``, ``report.html`` and ``report.json`` (mode 0600) in the
+    run's directory; their paths. The templates are ``<run.KIND>_report.{md,html}.j2``;
+    ``context`` defaults to the run's :meth:`Run.report_context`."""
+    import jinja2
+
+    context = run.report_context() if context is None else context
+    environment = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(paths.resource("templates"))),
+        undefined=jinja2.StrictUndefined,
+        autoescape=jinja2.select_autoescape(["html.j2"]),
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    written = {}
+    for template, name, key in (
+        (f"{run.KIND}_report.md.j2", "report.md", "markdown"),
+        (f"{run.KIND}_report.html.j2", "report.html", "html"),
+    ):
+        text = environment.get_template(template).render(**context)
+        written[key] = str(paths.write_private(run.directory / name, text))
+    written["json"] = str(
+        paths.write_private(
+            run.directory / "report.json", json.dumps(context, indent=1, sort_keys=True)
+        )
+    )
+    return written
+
+
+# -- workflows ---------------------------------------------------------------------------------
+
+_WORKFLOWS: dict[str, Workflow] = {}
+
+
+class Workflow:
+    """A DR workflow: its kind, request and run record classes, and its steps in order.
+
+    :param run: the run record class (its ``KIND`` is the workflow's kind)
+    :param request: the request class
+    :param steps: the steps' names in order (the DAG's task ids)
+    :param always: the steps that run however the steps before them ended (as their DAG
+        tasks' trigger rule ``all_done``): the report, a drill's restore
+    """
+
+    def __init__(
+        self,
+        run: type[Run],
+        request: type[DRRequest],
+        steps: Sequence[str],
+        always: Sequence[str] = ("report",),
+    ) -> None:
+        self.kind = run.KIND
+        self.run_class, self.request_class = run, request
+        self.steps, self.always = tuple(steps), tuple(always)
+        self.functions: dict[str, Step] = {"report": self.report} if "report" in steps else {}
+        _WORKFLOWS[self.kind] = self
+
+    def step(self, name: str, *, xcom_details: bool = True) -> Callable[[Callable], Step]:
+        """Register the step ``name``: ``body(request, run, record, log, **options)`` fills
+        its record (details, summary) inside the run's recording; the step, called as
+        ``step(request, log=print, **options)``, returns ``{"step", **details, "summary"}``
+        (the task's XCom; without the details when ``xcom_details`` is false: large ones)."""
+        if name not in self.steps:
+            raise ValueError(f"{self.kind} has no step {name!r}")
+
+        def register(body: Callable[..., None]) -> Step:
+            def run_step(request: DRRequest, log: Log = print, **options: Any) -> dict:
+                run = self.run_class(request)
+                with run.recording(name) as record:
+                    body(request, run, record, log, **options)
+                details = record.details if xcom_details else {}
+                return {"step": name, **details, "summary": record.summary}
+
+            # the body's name and docstring; the step's own signature
+            for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
+                setattr(run_step, attribute, getattr(body, attribute))
+            self.functions[name] = run_step
+            return run_step
+
+        return register
+
+    def report(self, request: DRRequest, log: Log = print) -> dict:
+        """The ``report`` step: records itself, writes the report (Markdown, HTML, JSON), logs
+        where; returns the files and the steps that failed (the task fails on those)."""
+        run = self.run_class(request)
+        with run.recording("report") as record:
+            record.details = {"directory": str(run.directory)}
+            record.summary = f"report written to {run.directory}"
+        context = run.report_context()
+        written = write_report(run, context)
+        for line in run.report_lines(context):
+            log(line)
+        log(f"{self.kind} report: {written['markdown']} (and report.html, report.json)")
+        return {"step": "report", **written, "failed_steps": run.failed_steps()}
+
+    def run_all(self, request: DRRequest, log: Log = print) -> Run:
+        """Every step in order, as the DAG runs them: a step that does not apply is skipped, a
+        failed step ends the run but for the steps that always run (the report is written
+        however it ended). Returns the run's record; raises, naming the report, on a failure."""
+        failed: MirrorflowError | None = None
+        for name in self.steps:
+            if failed is not None and name not in self.always:
+                continue
+            try:
+                self.functions[name](request, log=log)
+            except StepSkipped as skipped:
+                log(f"{name}: skipped: {skipped}")
+            except MirrorflowError as exc:
+                log(f"{name}: failed: {exc}")
+                failed = exc
+        run = self.run_class(request)
+        if failed is not None:
+            raise MirrorflowError(
+                f"{self.kind} of {request.flow} failed: {failed.message}",
+                (failed.hint + "; " if failed.hint else "")
+                + f"report: {run.directory / 'report.md'}",
+            )
+        return run
+
+
+def workflow(kind: str) -> Workflow:
+    """The workflow ``kind`` (``failover``, ``failback``, ``drill``), its module imported."""
+    if kind not in _WORKFLOWS:
+        with contextlib.suppress(ModuleNotFoundError):
+            importlib.import_module(f"mirrorflow.dr.{kind}")
+    if kind not in _WORKFLOWS:
+        raise ValueError(f"no DR workflow {kind!r}: one of failover, failback, drill")
+    return _WORKFLOWS[kind]
