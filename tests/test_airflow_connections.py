@@ -28,6 +28,7 @@ from mirrorflow.errors import MirrorflowError
 from mirrorflow.runtime import launch
 from tests import exposure
 from tests.conftest import create_topics
+from tests.dag_harness import add_connection
 from tests.mirror_harness import (
     ROOT,
     produce,
@@ -296,23 +297,6 @@ def test_plan_reads_the_password_from_the_metadata_db(sandbox, airflow_home, top
     assert password not in result.stdout + result.stderr
 
 
-def add_connection(directory: Path, conn_id: str, fields: dict) -> None:
-    """Import a connection into the session's metadata DB as a user does, from a private file
-    (``airflow connections import``), so its password is on no command line."""
-    source = directory / f"{conn_id}.json"
-    source.touch(mode=0o600)
-    source.write_text(json.dumps({conn_id: fields}))
-    airflow = str(Path(sys.executable).parent / "airflow")
-    result = subprocess.run(
-        [airflow, "connections", "import", str(source), "--overwrite"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    source.unlink()
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-
-
 @pytest.mark.kafka
 @pytest.mark.spark
 def test_the_mirror_job_copies_with_the_connection_and_never_holds_it_in_its_processes(
@@ -371,5 +355,7 @@ def test_the_mirror_job_copies_with_the_connection_and_never_holds_it_in_its_pro
     finally:
         if launcher.poll() is None:
             os.killpg(launcher.pid, signal.SIGKILL)  # its job's guard then ends the job
-    assert password not in log.read_text()
+    output = log.read_text()
+    assert "2 config-provider value(s) handed over by the launcher" in output  # no lookup
+    assert password not in output
     assert exposure.files_holding([password], [state]) == []
