@@ -49,12 +49,10 @@ SCRAM = (
 
 
 @pytest.fixture(autouse=True)
-def _fresh_providers():
-    """Each test looks connections up anew (the provider keeps them for its process)."""
-    providers._instances.clear()
+def _no_handed_over_values():
+    """What a test's "driver" received stays in that test."""
     providers._handed_over.clear()
     yield
-    providers._instances.clear()
     providers._handed_over.clear()
 
 
@@ -201,7 +199,6 @@ def test_a_launcher_hands_the_job_only_its_clusters_values_in_a_private_file(tmp
     assert not any(k.startswith("AIRFLOW_CONN_") for k in environment)
     monkeypatch.delenv("AIRFLOW_CONN_KAFKA_A")
     monkeypatch.delenv("AIRFLOW_CONN_KAFKA_B")
-    providers._instances.clear()
     assert providers.receive_handoff(environment) == 4
     assert not path.exists() and not path.parent.exists()  # read once, then deleted
     assert providers.HANDOFF_ENV not in environment

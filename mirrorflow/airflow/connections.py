@@ -18,7 +18,7 @@ The lookup is Airflow's: inside a task, the Task SDK's (the API server's secrets
 metadata DB, the worker's ``AIRFLOW_CONN_<ID>`` variables and secrets backend); elsewhere (a
 ``mirrorflow`` command) ``AIRFLOW_CONN_<ID>``, the configured secrets backend, then the metadata
 DB of ``AIRFLOW_HOME``. A connection that does not exist, or lacks the field, ends in one line
-naming both and what to do. Values are looked up once per process and connection.
+naming both and what to do. A connection is looked up once per flow definition loaded.
 
 This module is loaded by its dotted name when a flow file's reference needs it
 (:mod:`mirrorflow.config.providers`), so the layers below import no Airflow.

@@ -30,7 +30,7 @@ import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -71,7 +71,6 @@ class ConfigProvider(Protocol):
         ...
 
 
-_instances: dict[tuple[str, str, tuple[tuple[str, str], ...]], ConfigProvider] = {}
 _handed_over: dict[tuple[str, str, str], str] = {}
 
 
@@ -82,6 +81,9 @@ class Provider:
     name: str
     class_name: str
     params: Mapping[str, str]
+    # The Python provider, once built: one per flow definition loaded, so a long-lived process
+    # (an api-server) that loads the files again also looks the values up again.
+    _built: list[ConfigProvider] = field(default_factory=list, compare=False, repr=False)
 
     def get(self, path: str, key: str) -> str | None:
         """The value for ``key`` (under ``path``), or None if the provider has none."""
@@ -99,9 +101,8 @@ class Provider:
         return self.class_name in PYTHON_PROVIDERS
 
     def _python(self) -> ConfigProvider:
-        """The provider's Python class, imported and built once per process."""
-        cache_key = (self.class_name, self.name, tuple(sorted(self.params.items())))
-        if cache_key not in _instances:
+        """The provider's Python class, imported and built once per flow definition loaded."""
+        if not self._built:
             module, _, name = self.class_name.rpartition(".")
             try:
                 cls = getattr(importlib.import_module(module), name)
@@ -111,8 +112,8 @@ class Provider:
                     "install what it needs here (for `airflow`: Apache Airflow, as in "
                     "mirrorflow's environment) or resolve the value another way",
                 ) from None
-            _instances[cache_key] = cls(self.name, dict(self.params))
-        return _instances[cache_key]
+            self._built.append(cls(self.name, dict(self.params)))
+        return self._built[0]
 
     def _check_allowed(self, path: str) -> Path:
         resolved = Path(path).resolve()
