@@ -356,3 +356,27 @@ def test_the_mirror_job_copies_with_the_connection_and_never_holds_it_in_its_pro
     assert "2 config-provider value(s) handed over by the launcher" in output  # no lookup
     assert password not in output
     assert exposure.files_holding([password], [state]) == []
+
+
+@pytest.mark.airflow
+def test_the_mirror_task_fails_in_one_line_before_its_job_starts_without_the_connection(
+    tmp_path, monkeypatch
+):
+    from airflow.sdk.exceptions import AirflowException
+
+    from mirrorflow.airflow.operators import MirrorFlowOperator
+
+    spark = connection_json(conn_type="spark", host="local[1]")
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", spark)
+    config = tmp_path / "mm2.properties"
+    jaas = "B.sasl.jaas.config = " + SCRAM.format(conn="kafka_b")
+    config.write_text(PROVIDER + BASE + jaas + "\n")
+    operator = MirrorFlowOperator(
+        task_id="mirror", flows=["A->B"], flow_files=[str(config)], state_dir=str(tmp_path / "s")
+    )
+    with pytest.raises(AirflowException) as failed:
+        operator.execute({})
+    message = str(failed.value)
+    assert message.startswith("the mirror job of A->B cannot start: ")
+    assert "B.sasl.jaas.config: no Airflow connection 'kafka_b'" in message and "\n" not in message
+    assert operator._hook is not None and operator._hook.process is None  # nothing started
