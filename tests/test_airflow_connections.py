@@ -172,6 +172,25 @@ def test_validate_knows_the_provider_and_rejects_what_it_cannot_resolve(tmp_path
     assert not any("not honoured" in p for _, _, p in found)
 
 
+def test_airflow_logs_to_stderr_so_a_commands_output_stays_its_own(tmp_path):
+    """Outside a task Airflow logs to stdout as it loads (here: its warning that connections
+    are not encrypted without a Fernet key); `plan --json` must print JSON only."""
+    environment = {
+        **os.environ,
+        "AIRFLOW_HOME": str(tmp_path / "airflow"),
+        "AIRFLOW__CORE__FERNET_KEY": "",
+        "AIRFLOW_CONN_KAFKA_X": connection_json(login="alice", password="pw-of-alice"),
+    }
+    script = "from mirrorflow.airflow.connections import lookup; print(lookup('kafka_x').login)"
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=environment,
+        timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout == "alice\n"
+    assert "cryptography key" in result.stderr  # Airflow did log: to stderr
+
+
 # -- the handoff to a mirror job --------------------------------------------------------------
 def test_a_launcher_hands_the_job_only_its_clusters_values_in_a_private_file(tmp_path, monkeypatch):
     monkeypatch.setenv("AIRFLOW_CONN_KAFKA_A", connection_json(login="alice", password="pw-a-1"))

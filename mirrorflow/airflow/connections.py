@@ -26,6 +26,7 @@ This module is loaded by its dotted name when a flow file's reference needs it
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from collections.abc import Mapping
@@ -77,6 +78,15 @@ class AirflowConnectionConfigProvider:
 
 def lookup(conn_id: str) -> Any:
     """Airflow's connection ``conn_id``, by the lookup Airflow uses where this runs."""
+    if in_task():
+        return _lookup(conn_id)
+    # Outside a task Airflow configures its logging to stdout as it loads: in a command that is
+    # the command's output (`plan --json`), so Airflow's log lines go to stderr instead.
+    with contextlib.redirect_stdout(sys.stderr):
+        return _lookup(conn_id)
+
+
+def _lookup(conn_id: str) -> Any:
     try:
         from airflow.sdk.exceptions import AirflowNotFoundException
     except ImportError as exc:  # pragma: no cover - Airflow is part of mirrorflow's environment
