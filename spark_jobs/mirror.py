@@ -106,11 +106,17 @@ def main(argv: list[str] | None = None) -> int:
         from mirrorflow.runtime import spark_session
 
         spark_session.prefer_installed_pyspark()
+        from mirrorflow.config import providers
         from mirrorflow.replication.spec import spec_for_flow
         from mirrorflow.runtime import jobs
         from mirrorflow.runtime.application import Application
         from mirrorflow.runtime.metrics import port_from
 
+        handed = providers.receive_handoff()  # what the launcher resolved (${airflow:…})
+        if handed:
+            logging.getLogger("mirrorflow").info(
+                "%d config-provider value(s) handed over by the launcher", handed
+            )
         state_dir = args.state_dir or paths.state_dir() / "flows"
         specs = []
         for flow in dict.fromkeys(args.flow):  # each flow once, in the order given

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from cryptography.fernet import Fernet
 
 # Airflow reads its configuration when first imported: point it at a private home first.
 _SESSION_DIR = Path(tempfile.mkdtemp(prefix="mirrorflow-tests-"))
@@ -25,6 +26,9 @@ os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(_SESSION_DIR / "airflow" / "dags"
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "False")
 os.environ["MIRRORFLOW_STATE"] = str(_SESSION_DIR / "state")
+# Connections stored in the metadata DB are encrypted, as in any real deployment (Airflow would
+# keep their passwords in clear text without a key; tests scan the Airflow home for secrets).
+os.environ.setdefault("AIRFLOW__CORE__FERNET_KEY", Fernet.generate_key().decode())
 # As with an activated virtualenv: its tools (spark-submit, airflow) first on PATH, and Spark's
 # Python workers run the same interpreter as the tests.
 _VENV_BIN = str(Path(sys.executable).parent)

@@ -18,6 +18,25 @@ ROOT = Path(__file__).resolve().parent.parent
 OPTIONS = rendering.RenderOptions(retry_delay_seconds=1, stop_grace_seconds=30)
 
 
+def add_connection(directory: Path, conn_id: str, fields: dict) -> None:
+    """Store an Airflow connection in the session's metadata DB as a user does, from a private
+    file (``airflow connections import``), so its password is on no command line."""
+    source = directory / f"{conn_id}.json"
+    source.touch(mode=0o600)
+    source.write_text(json.dumps({conn_id: fields}))
+    airflow = str(Path(sys.executable).parent / "airflow")
+    try:
+        result = subprocess.run(
+            [airflow, "connections", "import", str(source), "--overwrite"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        source.unlink()
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+
+
 def render_into_dags_folder(flow_file: Path, kind: str = "mirror") -> Path:
     """Render the flow file's DAGs where Airflow looks for DAGs; return the file of its DAG of
     ``kind`` (there is one target site in the tests' flow files)."""

@@ -1,6 +1,7 @@
-"""Secrets nowhere: a flow over TLS and SCRAM with JKS stores (seed 003's way), run as a user
-runs it, and every place a secret could leak scanned for the sandbox users' passwords and the
-stores' password: the output of the offline and online commands, the generated DAG files, the
+"""Secrets nowhere: a flow over TLS and SCRAM with JKS stores (seed 003's way), the target's SCRAM
+password in an Airflow connection of the metadata DB (``${airflow:…}``), run as a user runs it,
+and every place a secret could leak scanned for the sandbox users' passwords and the stores'
+password: the output of the offline and online commands, the generated DAG files, the
 command lines and environments of every process of a real mirror DAG run (Airflow, spark-submit,
 the Spark JVM, its Python driver, the keytool the driver starts), its metrics, its task log, the
 job's state files and Airflow's home. Where a password has to reach a process (keytool reads the
@@ -20,11 +21,18 @@ from pathlib import Path
 
 import pytest
 
+from mirrorflow.config import providers
 from mirrorflow.devtools.sandbox import free_port_block
 from mirrorflow.runtime import jobs
 from tests import exposure
 from tests.conftest import create_topics
-from tests.dag_harness import ROOT, finish, render_into_dags_folder, start_dag_test
+from tests.dag_harness import (
+    ROOT,
+    add_connection,
+    finish,
+    render_into_dags_folder,
+    start_dag_test,
+)
 from tests.mirror_harness import produce, read_topic, topic_names, wait_for, write_flow_file
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.airflow]
@@ -32,12 +40,20 @@ FLOW = "primary->secondary"
 
 
 def flow_file(directory: Path, box, topic: str) -> Path:
-    """The source over mutual TLS, the target over SASL_SSL with SCRAM, JKS stores."""
+    """The source over mutual TLS, the target over SASL_SSL with SCRAM, JKS stores; the
+    target's SCRAM login and password come from the Airflow connection ``kafka_secondary``."""
     clients = {
         "primary": box["primary"].java_client_config("admin", "SSL", "JKS"),
         "secondary": box["secondary"].java_client_config("admin", "SASL_SSL", "JKS"),
     }
+    clients["secondary"]["sasl.jaas.config"] = (
+        "org.apache.kafka.common.security.scram.ScramLoginModule required "
+        'username="${airflow:kafka_secondary:login}" '
+        'password="${airflow:kafka_secondary:password}";'
+    )
     lines = [
+        "config.providers = airflow",
+        f"config.providers.airflow.class = {providers.AIRFLOW}",
         f"{FLOW}.enabled = true",
         f"{FLOW}.topics = {topic}",
         f"{FLOW}.emit.checkpoints.interval.seconds = 5",
@@ -76,6 +92,11 @@ def test_no_password_of_a_tls_and_scram_flow_leaks_anywhere(
     produce(primary, topic, 2, 50)
     config = flow_file(tmp_path, sandbox, topic)
     assert all(s in config.read_text() for s in secrets[-1:])  # the scan looks for real values
+    # The target's password is in Airflow's metadata DB (encrypted), not in the flow file.
+    connection = sandbox["secondary"].passwords["admin"]
+    assert connection not in config.read_text()
+    fields = {"conn_type": "kafka", "login": "admin", "password": connection}
+    add_connection(tmp_path, "kafka_secondary", fields)
 
     outputs = {
         "validate": mirrorflow("validate", str(config)),
@@ -138,4 +159,6 @@ def test_no_password_of_a_tls_and_scram_flow_leaks_anywhere(
         if pid is not None:
             jobs.kill_job(files, pid, log=lambda _line: None)
     assert result["state"] == "success", log.read_text()[-3000:]
+    # The task looked the connection up and handed its login and password to the job.
+    assert "2 config-provider value(s) handed over by the launcher" in log.read_text()
     assert exposure.files_holding(secrets, [log, state, Path(airflow_home)]) == []

@@ -13,6 +13,10 @@ and runs it through :class:`~mirrorflow.airflow.hooks.MirrorJobHook`:
 * **Only paths on the command line**: flow files (relative ones against the project root, which
   is also the job's working directory, so the flow files' ``${file:…}`` references resolve as
   they do for ``mirrorflow`` commands), the flows' names, the state directory, the stop file.
+* **Airflow connections as secrets**: ``${airflow:CONN_ID:FIELD}`` references in the flow
+  files are resolved by the task itself, through Airflow's connection lookup, and handed to the
+  job in a private file it deletes at start (:mod:`mirrorflow.airflow.connections`); the job's
+  environment holds no ``AIRFLOW_CONN_*`` variable.
 * **A clean stop**: the job runs in its own process group. ``on_kill`` (task marked failed,
   timeout) creates the stop file, waits ``stop_grace_period`` for the batches in progress to
   finish, and only then falls back to a kill. Pausing the DAG while the job runs has the same
@@ -192,15 +196,20 @@ class MirrorFlowOperator(BaseOperator):
             dag_id=watcher.dag_id,
         )
         watcher.sync_flow_pauses()  # a flow whose DAG is paused does not start at all
+        try:  # ${airflow:…} references: resolved here, by the task's own connection lookup
+            handoff = launch.handed_over(flow_files, self.flows)
+        except MirrorflowError as exc:  # e.g. no such connection
+            raise AirflowException(f"the mirror job of {self.label} cannot start: {exc}") from None
         self.log.info("running %s on Spark master %s", self.label, master)
         watcher.start()
         try:
             code = hook.submit(
                 guard.guarded(command, files.stop_file, self.stop_grace_period),
                 cwd=project_root(),
-                env=launch.job_environment(),
+                env={**launch.job_environment(), **handoff},
             )
         finally:
+            launch.discard(handoff)
             watcher.stop()
             if hook.process is not None:
                 files.forget(hook.process.pid)

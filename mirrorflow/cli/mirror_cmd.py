@@ -91,4 +91,8 @@ def _mirror(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         retry_timeout=args.retry_timeout,
     )
-    return launch.supervise(command, stop_file, grace_s=args.grace)
+    handoff = launch.handed_over(args.files, flows)  # ${airflow:…} values, for the job alone
+    try:
+        return launch.supervise(command, stop_file, grace_s=args.grace, handoff=handoff)
+    finally:
+        launch.discard(handoff)

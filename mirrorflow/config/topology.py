@@ -424,8 +424,32 @@ class Topology:
         self, settings: dict[str, Setting], role: str, where: str, for_librdkafka: bool
     ) -> dict[str, str]:
         """Resolve config-provider references, then translate for librdkafka if asked."""
-        java = {k: self.providers.resolve(k, s.value) for k, s in settings.items()}
+        try:
+            java = {k: self.providers.resolve(k, s.value) for k, s in settings.items()}
+        except MirrorflowError as exc:
+            raise MirrorflowError(f"{where}: {exc.message}", exc.hint) from None
         return librdkafka.translate(java, role, where) if for_librdkafka else java
+
+    def handed_over_values(self, flows: Iterable[str]) -> dict[tuple[str, str, str], str]:
+        """The references to providers a job's launcher resolves (``${airflow:…}``) in every
+        setting a job of ``flows`` may use (top-level keys, its clusters' and its flows'),
+        resolved; see :func:`mirrorflow.config.providers.hand_over`."""
+        names = [self.flow(name) for name in flows]
+        involved = {alias for f in names for alias in (f.source, f.target)}
+        wanted = {f.name for f in names}
+        found: dict[tuple[str, str, str], str] = {}
+        for key, prop in self.props.items():
+            head = key.split(".", 1)[0]
+            if "->" in head:
+                if head not in wanted:
+                    continue
+            elif head in self.aliases and head not in involved:
+                continue
+            try:
+                found.update(self.providers.resolve_handed_over([prop.value]))
+            except MirrorflowError as exc:
+                raise MirrorflowError(f"{prop.location}: {key}: {exc.message}", exc.hint) from None
+        return found
 
     def _check_selection(self, selected: list[str]) -> None:
         for alias in selected:

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from difflib import SequenceMatcher
 from typing import Literal
 
-from mirrorflow.config import flowfiles
+from mirrorflow.config import flowfiles, providers
 from mirrorflow.config.properties import Location, Property
 from mirrorflow.config.topology import Topology, closest
 from mirrorflow.errors import MirrorflowError
@@ -87,6 +87,7 @@ def validate(topology: Topology) -> list[Finding]:
         findings += _definition(prop, aliases)
     findings += _bootstrap_servers(topology)
     findings += _identity_cycles(topology)
+    findings += _config_providers(topology)
     order = {f: i for i, f in enumerate(topology.files)}
     return sorted(findings, key=lambda f: (order.get(f.location.file, 0), f.location.line))
 
@@ -572,6 +573,34 @@ def _bootstrap_servers(topology: Topology) -> list[Finding]:
                 )
             )
     return found
+
+
+def _config_providers(topology: Topology) -> list[Finding]:
+    """Providers mirrorflow cannot run, and references it could never resolve."""
+    findings = []
+    listed = topology.props.get("config.providers")
+    for name, provider in topology.providers.by_name.items():
+        defined = topology.props.get(f"config.providers.{name}.class")
+        if defined is None:
+            if listed is not None:
+                findings.append(
+                    _at(
+                        listed,
+                        "warning",
+                        f"provider {name!r} has no class: MM2 skips it, and ${{{name}:…}} "
+                        "references stay as written",
+                        f"set config.providers.{name}.class (e.g. {providers.AIRFLOW})",
+                    )
+                )
+        elif provider.class_name not in (*providers.KAFKA_PROVIDERS, *providers.PYTHON_PROVIDERS):
+            problem, fix = providers.unknown_class(name, provider.class_name)
+            findings.append(_at(defined, "error", problem, fix))
+    for prop in topology.props.values():
+        for name, path, key in topology.providers.references(prop.value):
+            wrong = providers.reference_problem(topology.providers.by_name[name], path, key)
+            if wrong:
+                findings.append(_at(prop, "error", *wrong))
+    return findings
 
 
 def _identity_cycles(topology: Topology) -> list[Finding]:

@@ -16,7 +16,9 @@ workers end when the JVM closes their input. The guard forwards SIGTERM and SIGI
 and watches its own launcher: once that is gone, it kills the job at once — unless a stop was
 asked first (``--stop-file`` exists: the launcher was killed while the job was finishing its
 batch, e.g. an Airflow task marked failed), in which case the job has until ``--grace`` seconds
-after the request to end by itself. It exits with the job's exit code.
+after the request to end by itself. It exits with the job's exit code, after removing the
+values its launcher handed the job (:func:`mirrorflow.config.providers.hand_over`) if the driver
+has not already.
 """
 
 from __future__ import annotations
@@ -98,6 +100,9 @@ def run(command: list[str], stop_file: Path | None, grace_s: float) -> int:
                 break
         time.sleep(WATCH_INTERVAL_S)
     code = job.wait()
+    from mirrorflow.config.providers import discard_handoff
+
+    discard_handoff(os.environ)  # the driver deletes it at start; it may not have started
     return code if code >= 0 else 128 - code
 
 

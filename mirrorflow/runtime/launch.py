@@ -4,7 +4,9 @@ Used by ``mirrorflow mirror``, the generated Airflow DAGs, the tests and the ben
 of them run the job the same way: Spark's Kafka connector on ``--jars`` (the driver needs it
 before the application starts), quiet Spark logging, the security settings of
 :mod:`mirrorflow.runtime.spark_security` for its master, and only file paths and the flow's name on
-the command line; credentials stay in the flow files, Spark's secrets in a properties file.
+the command line; credentials stay in the flow files (or the config providers they name; the
+values of ``${airflow:…}`` references are resolved by the launcher and handed to the job in a
+private file, :func:`handed_over`), Spark's secrets in a properties file.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from mirrorflow.config import providers
 from mirrorflow.paths import resource
 from mirrorflow.runtime import driver_archive, guard, spark_security
 from mirrorflow.runtime.submit import job_environment, spark_submit
@@ -94,6 +97,22 @@ def mirror_command(
     return [*command, str(MIRROR_JOB), *job_args(configs, flow, **job_options)]
 
 
+def handed_over(configs: Sequence[Path], flow: str | Sequence[str]) -> dict[str, str]:
+    """Resolve, here in the launcher, the flow files' references to providers that need it
+    (``${airflow:…}``: an Airflow task's connection lookup) and hand them to the job: the
+    environment entry naming the private file that holds them (none if there are no such
+    references). Whoever starts the job calls :func:`discard` with it once the job has ended."""
+    from mirrorflow.config.topology import load_topology
+
+    topology = load_topology(configs)
+    return providers.hand_over(topology.handed_over_values(flow_list(flow)))
+
+
+def discard(handoff: dict[str, str]) -> None:
+    """Remove what :func:`handed_over` wrote, if the job has not already."""
+    providers.discard_handoff(handoff)
+
+
 def stop_file_for(state_dir: Path, flow: str | Sequence[str]) -> Path:
     """The file whose appearance asks the running job of ``flow`` (one name, or the flows of
     one application) to stop after its batch: ``S-T/stop`` for one flow, ``to-T/stop`` for
@@ -110,14 +129,20 @@ def stop_file_for(state_dir: Path, flow: str | Sequence[str]) -> Path:
     return Path(state_dir) / name / "stop"
 
 
-def supervise(command: list[str], stop_file: Path, grace_s: float = 120.0) -> int:
+def supervise(
+    command: list[str],
+    stop_file: Path,
+    grace_s: float = 120.0,
+    handoff: dict[str, str] | None = None,
+) -> int:
     """Run a mirror job in the foreground; on SIGTERM or SIGINT ask it to stop after its
     current batch (through ``stop_file``), and end it only if it has not within ``grace_s``.
 
     spark-submit's JVM is the parent of the Python driver, so a signal sent to it ends the
     job mid-batch; this is how a caller gets a clean stop instead. The job runs under
     :mod:`mirrorflow.runtime.guard`, in a process group of its own: should this process be
-    killed (SIGKILL, a crash), the job ends with it.
+    killed (SIGKILL, a crash), the job ends with it. ``handoff`` (from :func:`handed_over`)
+    joins the job's environment and is discarded when the job ends.
     """
     import signal
     import subprocess
@@ -134,7 +159,9 @@ def supervise(command: list[str], stop_file: Path, grace_s: float = 120.0) -> in
 
     previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     job = subprocess.Popen(
-        guard.guarded(command, stop_file, grace_s), env=job_environment(), start_new_session=True
+        guard.guarded(command, stop_file, grace_s),
+        env={**job_environment(), **(handoff or {})},
+        start_new_session=True,
     )
     try:
         while job.poll() is None:
@@ -151,3 +178,4 @@ def supervise(command: list[str], stop_file: Path, grace_s: float = 120.0) -> in
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         stop_file.unlink(missing_ok=True)
+        discard(handoff or {})

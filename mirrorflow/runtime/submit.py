@@ -52,8 +52,15 @@ def spark_conf(driver_options: tuple[str, ...] = ()) -> dict[str, str]:
 
 def job_environment(base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a mirror job: this Python for Spark's workers, mirrorflow importable,
-    and ``SPARK_LOCAL_IP`` when ``$MIRRORFLOW_SPARK_UI`` opens the UI (where Spark binds it)."""
-    env = dict(os.environ if base is None else base)
+    and ``SPARK_LOCAL_IP`` when ``$MIRRORFLOW_SPARK_UI`` opens the UI (where Spark binds it).
+    Airflow connections given as ``AIRFLOW_CONN_*`` variables are left out: a job gets the values
+    its flow files take from them handed over by its launcher
+    (:func:`mirrorflow.config.providers.hand_over`), never in its environment."""
+    env = {
+        k: v
+        for k, v in (os.environ if base is None else base).items()
+        if not k.startswith("AIRFLOW_CONN_")
+    }
     env["PYSPARK_PYTHON"] = sys.executable
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p
