@@ -66,7 +66,7 @@ def unavailable() -> str | None:
     """Why datacenters cannot be made here (None if they can): not root, no ``ip netns``, no
     TUN devices."""
     if os.geteuid() != 0:
-        return "the fault harness needs root (network namespaces, veth pairs, tc)"
+        return "the fault harness needs root (network namespaces, TUN devices)"
     if not shutil.which("ip"):
         return "the fault harness needs iproute2 (ip)"
     if not _tun_works():
