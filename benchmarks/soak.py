@@ -1,14 +1,16 @@
 """Soak: a million records or more copied between two datacenters under random faults.
 
-The source cluster ``east`` runs in its own network namespace behind a rate-limited veth
-(:mod:`mirrorflow.devtools.datacenters`); the target ``west`` on loopback; the mirror job
-(``east->west``, the same command ``mirrorflow mirror`` runs) in this namespace, kept running
-by a supervisor as Airflow's retries would. While records are produced at an even pace, a
-seeded :class:`~mirrorflow.devtools.faults.FaultScheduler` SIGKILLs the job's driver or a Spark
-Python worker, restarts either broker, and cuts the link, for ``--duration`` seconds; then the
-soak waits for the copy to catch up and reads both sides: records lost and repeated per
-partition, offset syncs checked, catch-up time after the last fault. The figures are printed
-and saved to ``benchmarks/results/soak-<time>.json``. Needs root; see benchmarks/README.md.
+The source cluster ``east`` runs in its own network namespace behind an emulated WAN link
+(:mod:`mirrorflow.devtools.datacenters`: by default 10 Mbit/s, 50 ms round trip, 1% of packets
+lost each way; ``--rate``, ``--delay-ms``, ``--jitter-ms``, ``--loss``); the target ``west``
+on loopback; the mirror job (``east->west``, the same command ``mirrorflow mirror`` runs) in
+this namespace, kept running by a supervisor as Airflow's retries would. While records are
+produced at an even pace, a seeded :class:`~mirrorflow.devtools.faults.FaultScheduler` SIGKILLs
+the job's driver or a Spark Python worker, restarts either broker, and cuts the link, for
+``--duration`` seconds; then the soak waits for the copy to catch up and reads both sides:
+records lost and repeated per partition, offset syncs checked, catch-up time after the last
+fault. The figures (with the link's conditions) are printed and saved to
+``benchmarks/results/soak-<time>.json``. Needs root; see benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -56,7 +58,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--mode", choices=["at-least-once", "exactly-once"], default="at-least-once"
     )
-    parser.add_argument("--rate", default="10mbit", help="the link's rate (tc tbf)")
+    parser.add_argument("--rate", default="10mbit", help="the link's rate, each way (10mbit)")
+    parser.add_argument(
+        "--delay-ms", type=float, default=25.0, help="the link's delay each way (25: 50 ms RTT)"
+    )
+    parser.add_argument("--jitter-ms", type=float, default=0.0, help="± each way (0)")
+    parser.add_argument(
+        "--loss", type=float, default=0.01, help="share of packets lost, each way (0.01)"
+    )
     parser.add_argument("--gap", type=float, nargs=2, default=(15.0, 45.0), metavar=("MIN", "MAX"))
     parser.add_argument("--cut", type=float, nargs=2, default=(10.0, 60.0), metavar=("MIN", "MAX"))
     parser.add_argument(
@@ -114,8 +123,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def soak(args, dc: datacenters.Datacenter, work: Path, started: dt.datetime) -> int:
-    dc.shape(args.rate)
-    log(f"starting east in namespace {dc.name} ({dc.address}, link {args.rate}) and west")
+    dc.shape(
+        rate=args.rate,
+        delay_ms=args.delay_ms,
+        jitter_ms=args.jitter_ms,
+        loss=args.loss,
+        seed=args.seed,
+    )
+    log(f"starting east in namespace {dc.name} ({dc.address}, link {link_text(dc)}) and west")
     east = dc.start_cluster("east")
     west_dir = work / "west"
     base = sandbox_mod.free_port_block(sandbox_mod.PORTS_PER_CLUSTER)
@@ -249,13 +264,15 @@ def _run_faults(args, dc, east, west, west_dir, config, supervisor, started) -> 
         config, "east->west", GROUP, committed, verdict.upstream, verdict.downstream
     )
     supervisor.stop(graceful_stop)
+    link_counters = dc.link_stats()
     figures = {
         "started": started.isoformat(timespec="seconds"),
         "mode": args.mode,
         "records": verdict.records,
         "record_bytes": args.record_size,
         "partitions": args.partitions,
-        "link_rate": args.rate,
+        "link": dc.conditions,
+        "link_counters": link_counters,
         "fault_seconds": args.duration,
         "seed": args.seed,
         "faults": scheduler.counts(),
@@ -278,6 +295,14 @@ def _run_faults(args, dc, east, west, west_dir, config, supervisor, started) -> 
     args.results_dir.mkdir(parents=True, exist_ok=True)
     out = args.results_dir / f"soak-{started:%Y%m%dT%H%M%SZ}.json"
     out.write_text(json.dumps(figures, indent=2) + "\n")
+    print(f"{'link':>34}: {link_text(dc)}")
+    for way in ("to_dc", "to_host"):
+        n = link_counters.get(way, {})
+        print(
+            f"{'link packets ' + way:>34}: {n.get('packets', 0):,} sent, {n.get('lost', 0):,} lost,"
+            f" {n.get('cut', 0):,} cut, {n.get('queue_full', 0):,} queue full"
+        )
+    print(f"{'link forwarder CPU (s)':>34}: {link_counters.get('cpu_seconds')}")
     for key in ("records", "faults", "job_restarts", "copies", "lost", "repeated"):
         print(f"{key:>34}: {figures[key]}")
     print(f"{'offset syncs (wrong)':>34}: {verdict.syncs} ({verdict.wrong_syncs})")
@@ -290,6 +315,15 @@ def _run_faults(args, dc, east, west, west_dir, config, supervisor, started) -> 
     if args.mode == "exactly-once":
         ok = ok and verdict.total_repeated == 0
     return 0 if ok else 1
+
+
+def link_text(dc: datacenters.Datacenter) -> str:
+    c = dc.conditions
+    jitter = f" ±{c['jitter_ms']:g}" if c.get("jitter_ms") else ""
+    return (
+        f"{c.get('rate') or 'unlimited'}, {c.get('delay_ms', 0):g}{jitter} ms each way, "
+        f"{c.get('loss', 0):.1%} loss each way"
+    )
 
 
 def graceful_stop(job: subprocess.Popen) -> None:

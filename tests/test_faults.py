@@ -31,9 +31,10 @@ SYNCS = "mm2-offset-syncs.secondary.internal"
 
 @pytest.fixture(scope="module")
 def east(tmp_path_factory: pytest.TempPathFactory):
-    """A datacenter "east" with one cluster, linked at 10 Mbit/s."""
+    """A datacenter "east" with one cluster, over a WAN link: 10 Mbit/s, 50 ms round trip
+    (25 ms each way), 1% of packets lost each way."""
     with datacenters.datacenters(1, tmp_path_factory.mktemp("datacenters")) as (dc,):
-        dc.shape("10mbit")
+        dc.shape(rate="10mbit", delay_ms=25, loss=0.01, seed=14)
         dc.start_cluster("east")
         yield dc
 

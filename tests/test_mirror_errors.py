@@ -137,3 +137,24 @@ def test_an_unknown_end_offset_is_retried_never_read_as_a_truncated_partition():
     late = _job_with_answers({("t", 0): -1})
     at = MirrorJob._offsets(late, [("t", 0)], lambda t, p: OffsetSpec.for_timestamp(1), True)
     assert at == {("t", 0): -1}
+
+
+def test_a_group_offset_fetch_that_times_out_is_reported_as_unreachable(monkeypatch):
+    """Over a slow, lossy link (50 ms RTT, 1% loss) an offset fetch of the checkpoint task can
+    time out: it is waited for, then reported as an unreachable cluster (it raised
+    UnboundLocalError, ``cannot access local variable 'exc'``, and the task failed with that)."""
+    import socket
+
+    from mirrorflow.replication import checkpoints
+
+    with socket.socket() as closed:  # a port nothing listens on: every request times out
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    monkeypatch.setattr(checkpoints, "COORDINATOR_WAIT_S", 1.0)
+    monkeypatch.setattr(checkpoints, "COMMITTED_WAIT_S", 0.5)
+    admin = SimpleNamespace(alias="dc1", principal="alice")
+    client = checkpoints.GroupOffsetsClient(
+        admin, {"bootstrap.servers": f"127.0.0.1:{port}", "log_level": "0"}
+    )
+    with pytest.raises(ClusterUnreachable, match="cluster dc1 did not answer while reading"):
+        client.committed("billing", [("orders", 0)])

@@ -94,12 +94,11 @@ class GroupOffsetsClient:
                 try:
                     listed = consumer.committed(wanted, timeout=COMMITTED_WAIT_S)
                     break
-                except KafkaException:
+                except KafkaException as caught:
                     # A refused look-up of the group's coordinator never answers the offset
                     # fetch: it comes as the consumer's error event instead.
                     refused = _refusal_event(consumer)
-                    if refused is not None:
-                        exc = KafkaException(refused)
+                    exc = KafkaException(refused) if refused is not None else caught
                     code = exc.args[0].code()
                     waiting = code in COORDINATOR_MOVING or code == KafkaError._TIMED_OUT
                     if refused is not None or not waiting or time.monotonic() > deadline:
