@@ -54,6 +54,34 @@ sandbox_mod.DIE_WITH_CALLER = True  # a crashed test run leaves no broker behind
 
 SANDBOX_CLUSTERS = ("primary", "secondary", "tertiary")
 
+# Long variants of a claim the default suite already proves in another mode (README, *Tests*):
+# marked ``slow``, run with MIRRORFLOW_SLOW_TESTS=1, ``-m slow`` or by naming the test.
+SLOW_SWITCH = "MIRRORFLOW_SLOW_TESTS"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"slow: a long variant left out of the default suite; {SLOW_SWITCH}=1 or -m slow runs it",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Leave ``slow`` tests out unless asked for: the switch, a ``-m`` naming them, or their
+    node id on the command line."""
+    if os.environ.get(SLOW_SWITCH) == "1" or "slow" in (config.option.markexpr or ""):
+        return
+    named = [arg.split("tests/", 1)[-1] for arg in config.args if "::" in arg]
+
+    def asked_for(item: pytest.Item) -> bool:
+        test = item.nodeid.split("tests/", 1)[-1]
+        return any(test == arg or test.startswith(arg + "[") for arg in named)
+
+    slow = [i for i in items if i.get_closest_marker("slow") and not asked_for(i)]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if item not in slow]
+
 
 @pytest.fixture(scope="session")
 def _session_sandbox() -> Iterator[sandbox_mod.Sandbox]:
