@@ -44,6 +44,7 @@ from tests.ui_harness import (
     render_dags,
     running_airflow,
     runs_of,
+    trigger_with_buttons,
 )
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.airflow]
@@ -325,24 +326,7 @@ def test_history_pages_and_the_failback_buttons(
         assert listed() == runs[10:20]
 
         # The failback's buttons: a dry run at once, a real run only once confirmed.
-        actions = page.locator(f'#actions tr[data-dag="{failback}"]')
-        answer = actions.locator(".answer")
-        actions.get_by_role("button", name="Dry run").click()
-        page.wait_for_function("e => e.dataset.runId", arg=answer.element_handle(), timeout=30_000)
-        dry_run_id = answer.get_attribute("data-run-id")
-        page.once("dialog", lambda dialog: dialog.dismiss())
-        actions.get_by_role("button", name="Fail back…").click()
-        page.wait_for_function(
-            "e => e.textContent === 'not triggered'", arg=answer.element_handle()
-        )
-        page.once("dialog", lambda dialog: dialog.accept())
-        actions.get_by_role("button", name="Fail back…").click()
-        page.wait_for_function(
-            "([e, old]) => e.dataset.runId && e.dataset.runId !== old",
-            arg=[answer.element_handle(), dry_run_id],
-            timeout=30_000,
-        )
-        real_run_id = answer.get_attribute("data-run-id")
+        dry_run_id, real_run_id = trigger_with_buttons(page, failback, "Fail back…")
         page.screenshot(path=str(shots / "aa-7-failback-triggered.png"), full_page=True)
         made = runs_of(airflow_aa, api.token, failback)
         assert set(made) == {dry_run_id, real_run_id}, made

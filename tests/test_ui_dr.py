@@ -30,12 +30,14 @@ from tests.ui_harness import (
     AirflowWithViewer,
     artefacts_dir,
     fetch,
+    login,
     plugin_get_routes,
     render_dags,
     require_chromium,
     running_airflow,
     runs_of,
     token_of,
+    trigger_with_buttons,
 )
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.airflow]
@@ -217,18 +219,7 @@ def test_history_and_trigger_buttons(airflow_dr: AirflowWithViewer, sandbox, top
             executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True
         )
         try:
-
-            def login(user: str, password: str):
-                page = browser.new_context(viewport={"width": 1400, "height": 800}).new_page()
-                page.goto(f"{ui}/mirrorflow/history")
-                assert "/auth/login" in page.url, page.url
-                page.locator('input[name="username"]').fill(user)
-                page.locator('input[name="password"]').fill(password)
-                page.get_by_role("button", name="Sign in").click()
-                page.wait_for_url(re.compile(r".*/mirrorflow/history$"), timeout=30_000)
-                return page
-
-            page = login(UI_USER, airflow.ui_password())
+            page = login(browser, airflow, "/mirrorflow/history", UI_USER, airflow.ui_password())
             row = page.locator(f'#history tr[data-kind="failover"][data-run="{run}"]')
             cells = row.locator("td").all_inner_texts()
             assert cells[1:7] == [
@@ -258,27 +249,9 @@ def test_history_and_trigger_buttons(airflow_dr: AirflowWithViewer, sandbox, top
 
             # The buttons: a dry run at once, a real run only once confirmed.
             page.goto(f"{ui}/mirrorflow/history")
-            actions = page.locator(f'#actions tr[data-dag="{FAILOVER_DAG}"]')
-            answer = actions.locator(".answer")
-            actions.get_by_role("button", name="Dry run").click()
-            page.wait_for_function(
-                "e => e.dataset.runId", arg=answer.element_handle(), timeout=30_000
+            dry_run_id, real_run_id = trigger_with_buttons(
+                page, FAILOVER_DAG, "Fail over…", shots / "7-triggered-dry-run.png"
             )
-            dry_run_id = answer.get_attribute("data-run-id")
-            page.screenshot(path=str(shots / "7-triggered-dry-run.png"), full_page=True)
-            page.once("dialog", lambda dialog: dialog.dismiss())
-            actions.get_by_role("button", name="Fail over…").click()
-            page.wait_for_function(
-                "e => e.textContent === 'not triggered'", arg=answer.element_handle()
-            )
-            page.once("dialog", lambda dialog: dialog.accept())
-            actions.get_by_role("button", name="Fail over…").click()
-            page.wait_for_function(
-                "([e, old]) => e.dataset.runId && e.dataset.runId !== old",
-                arg=[answer.element_handle(), dry_run_id],
-                timeout=30_000,
-            )
-            real_run_id = answer.get_attribute("data-run-id")
             runs = runs_of(airflow, admin, FAILOVER_DAG)
             assert set(runs) == {dry_run_id, real_run_id}, runs
             for run_id, dry in ((dry_run_id, True), (real_run_id, False)):
@@ -289,7 +262,9 @@ def test_history_and_trigger_buttons(airflow_dr: AirflowWithViewer, sandbox, top
                 assert made["triggered_by"] == "ui", made
 
             # A viewer sees the page, but Airflow refuses the viewer's trigger.
-            page = login(VIEWER, airflow.password_of(VIEWER))
+            page = login(
+                browser, airflow, "/mirrorflow/history", VIEWER, airflow.password_of(VIEWER)
+            )
             actions = page.locator(f'#actions tr[data-dag="{FAILOVER_DAG}"]')
             actions.get_by_role("button", name="Dry run").click()
             answer = actions.locator(".answer")

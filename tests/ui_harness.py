@@ -166,6 +166,29 @@ def login(browser, airflow: LocalAirflow, path: str, user: str, password: str):
     return page
 
 
+def trigger_with_buttons(page, dag_id: str, confirm: str, shot: Path | None = None):
+    """Press the page's buttons of ``dag_id``: "Dry run" (triggers at once), then ``confirm``
+    (e.g. "Fail over…") dismissed (nothing triggered) and accepted. Returns the two run ids."""
+    actions = page.locator(f'#actions tr[data-dag="{dag_id}"]')
+    answer = actions.locator(".answer")
+    actions.get_by_role("button", name="Dry run").click()
+    page.wait_for_function("e => e.dataset.runId", arg=answer.element_handle(), timeout=30_000)
+    dry_run_id = answer.get_attribute("data-run-id")
+    if shot is not None:
+        page.screenshot(path=str(shot), full_page=True)
+    page.once("dialog", lambda dialog: dialog.dismiss())
+    actions.get_by_role("button", name=confirm).click()
+    page.wait_for_function("e => e.textContent === 'not triggered'", arg=answer.element_handle())
+    page.once("dialog", lambda dialog: dialog.accept())
+    actions.get_by_role("button", name=confirm).click()
+    page.wait_for_function(
+        "([e, old]) => e.dataset.runId && e.dataset.runId !== old",
+        arg=[answer.element_handle(), dry_run_id],
+        timeout=30_000,
+    )
+    return dry_run_id, answer.get_attribute("data-run-id")
+
+
 def api_call(airflow: LocalAirflow, method: str, path: str, token: str, body=None):
     """(status, JSON) of a call to Airflow's REST API with ``token``."""
     request = urllib.request.Request(
