@@ -37,13 +37,13 @@ def add_connection(directory: Path, conn_id: str, fields: dict) -> None:
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
 
 
-def render_into_dags_folder(flow_file: Path, kind: str = "mirror") -> Path:
+def render_into_dags_folder(flow_file: Path, kind: str = "mirror", flow: str | None = None) -> Path:
     """Render the flow file's DAGs where Airflow looks for DAGs; return the file of its DAG of
-    ``kind`` (there is one target site in the tests' flow files)."""
+    ``kind`` (there is one target site in the tests' flow files), of ``flow`` if given."""
     folder = Path(os.environ["AIRFLOW__CORE__DAGS_FOLDER"]) / "mirrorflow"
     result = rendering.render([flow_file], OPTIONS)
     rendering.write(result, folder)
-    (dag,) = [d for d in result.dags if d.kind == kind]
+    (dag,) = [d for d in result.dags if d.kind == kind and (flow is None or flow in d.flows)]
     return folder / dag.filename
 
 

@@ -5,8 +5,13 @@ MirrorMaker 2 runs every flow into a cluster in one process; so can a mirror job
 SparkContext (its Spark jobs in a FAIR scheduler pool named after the flow, so a large batch of
 one flow does not hold back the others). Per flow ``S->T``, under the flows state directory:
 
-- ``S-T/paused``: while it exists the flow does not run. Created while the flow runs, the flow
-  ends after its batch in progress; removed, the flow starts again from its positions.
+- ``S-T/paused``: while it exists the flow does not run. Created while the flow runs (a pause,
+  or a failover's hold), the flow stops within :data:`PAUSE_BOUND_S` whatever its source is
+  doing: its batch in progress may end on its own for :data:`PAUSE_GRACE_S`, then it is
+  cancelled (:meth:`~mirrorflow.runtime.driver.MirrorJob.cancel`: at least once, its copies
+  acknowledged so far are kept and the positions moved past them; exactly once, its open
+  transactions are aborted); the flow is then PAUSED, and nothing more of it reaches the
+  target. Removed, the flow starts again from its positions.
 - ``S-T/restart``: a restart request (:func:`mirrorflow.runtime.jobs.request_restart`). A
   running flow ends its batch and starts again at the requested position.
 - ``S-T/progress.json``: the flow's progress and state (written by the flow's job).
@@ -43,6 +48,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("mirrorflow.mirror")
 
 CONTROL_INTERVAL_S = 0.5
+PAUSE_GRACE_S = 2.0  # a paused flow's batch in progress may end on its own this long
+PAUSE_BOUND_S = 10.0  # documented: a pause or a hold stops the flow within this (README)
 
 
 class FlowThread:
@@ -60,6 +67,7 @@ class FlowThread:
         self.error: MirrorflowError | None = None
         self.finished = False  # ended for good: --once done, or failed
         self.paused = False
+        self.paused_at = 0.0  # monotonic: when this thread saw the flow paused while it ran
         self.restarting = False  # ending its batch to start over (a restart request)
         self.recorded: str | None = None  # the state this thread last wrote for the flow
 
@@ -70,6 +78,16 @@ class FlowThread:
     @property
     def running(self) -> bool:
         return self.thread is not None and self.thread.is_alive()
+
+    @property
+    def quiet(self) -> bool:
+        """Cancelled, with no batch in flight: nothing more of this job reaches the target,
+        even if its thread is still in a call to a cluster that does not answer."""
+        return self.job is not None and self.job.quiet.is_set()
+
+    def cancel(self) -> None:
+        if self.job is not None:
+            self.job.cancel()
 
     def start(self, once: bool) -> None:
         self.recorded, self.restarting = None, False
@@ -85,11 +103,14 @@ class FlowThread:
             job.run(once=once)
             # Ended without a pause or restart: --once is done, or the job was asked to stop.
             self.finished = not (self.paused or self.restarting)
-        except MirrorflowError as exc:
-            self._failed(exc)
-        except Exception as exc:  # the flow dies alone, the others go on
-            log.exception("flow %s stopped", self.spec.flow)
-            self._failed(MirrorflowError(f"flow {self.spec.flow} stopped: {exc}"))
+        except Exception as exc:
+            if job.cancelled:  # paused: what failed after the cancellation copies nothing
+                log.info("%s: ended after its pause (%s)", self.spec.flow, exc)
+            elif isinstance(exc, MirrorflowError):
+                self._failed(exc)
+            else:  # the flow dies alone, the others go on
+                log.exception("flow %s stopped", self.spec.flow)
+                self._failed(MirrorflowError(f"flow {self.spec.flow} stopped: {exc}"))
 
     def _failed(self, error: MirrorflowError) -> None:
         self.error, self.finished = error, True
@@ -176,9 +197,21 @@ class Application:
         if flow.running:
             if self._stop.is_set() or paused:
                 if paused and not flow.paused:
-                    flow.paused = True
-                    log.info("%s: paused: it ends after its batch in progress", flow.spec.flow)
+                    flow.paused, flow.paused_at = True, time.monotonic()
+                    log.info(
+                        "%s: paused: its batch in progress, if any, ends within %.0f s, else "
+                        "it is cancelled",
+                        flow.spec.flow,
+                        PAUSE_GRACE_S,
+                    )
                 flow.request_stop()
+                if flow.paused and time.monotonic() - flow.paused_at >= PAUSE_GRACE_S:
+                    flow.cancel()
+                if flow.paused and flow.quiet and flow.recorded != "PAUSED":
+                    # its thread may still wait for a cluster that does not answer: it copies
+                    # nothing more, and starts again only once it has ended
+                    flow.record_state("PAUSED")
+                    flow.recorded = "PAUSED"
             elif not flow.restarting and jobs.restart_request(flow.flow_dir) is not None:
                 flow.restarting = True
                 log.info("%s: restart requested: it starts over after its batch", flow.spec.flow)

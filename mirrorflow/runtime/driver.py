@@ -33,7 +33,13 @@ exactly, and the group offset sync commits the results on the target
 A crash anywhere copies the unacknowledged batch again (at-least-once), never loses a record,
 and every offset sync stays exact because it pairs a record with the acknowledged offset of its
 copy. A stop request (SIGTERM, SIGINT, the stop file) takes effect when the batch in progress
-ends. Heartbeats are written to the target only, as MirrorMaker 2 writes them.
+ends. A pause or a hold (a failover) stops the flow at once, whatever its source is doing
+(:meth:`MirrorJob.cancel`): no batch starts any more, and the batch in flight ends early. At
+least once, its ranges stop reading and return what they copied, and the positions move to the
+last acknowledged copy (tasks in another JVM, with a cluster master, are cancelled by Spark
+instead: what they copied is copied again when the flow resumes). Exactly once, its Spark job is
+cancelled and its partitions' open transactions are aborted (fenced), so nothing of it becomes
+visible. Heartbeats are written to the target only, as MirrorMaker 2 writes them.
 
 A mirrorflow 0.x job kept at-least-once positions in a Spark streaming checkpoint
 (``S-T/checkpoint``); they are moved into the offsets topic once, at the first start.
@@ -98,7 +104,20 @@ DOORBELL_WAIT_S = 0.5
 IDLE_REPLAN_S = 30.0  # an idle flow lists its partitions' ends this often, doorbell or not
 REPORT_PROGRESS_S = 10.0  # progress.json is rewritten this often, busy or idle (liveness)
 LOCAL_BATCH_MAX_BYTES = 8 << 20  # a local batch's records times the flow's mean record size
+# A cancelled at-least-once batch whose tasks have not returned by then (tasks in other JVMs,
+# which the copier's cancellation does not reach) is cancelled by Spark.
+CANCEL_JOB_AFTER_S = 3.0
+# A batch's task waits at most this long for records its range holds (a source that stopped
+# answering mid-batch): then it fails, the batch is retried with backoff, and the site's other
+# flows get their Spark slots back. (Spark's Kafka reader fetches uninterruptibly: a cancelled
+# exactly-once task ends only when its fetch does.)
+SOURCE_STALL_S = 10.0
+END_HISTORY_MAX = 64  # observed ends kept per partition (the age of the oldest uncopied record)
 _SHIPPED = False  # the mirrorflow package went to the executors (once per application)
+
+
+class BatchCancelled(Exception):
+    """The flow was cancelled (paused or held) before or while its batch ran."""
 
 
 class MirrorJob:
@@ -112,6 +131,14 @@ class MirrorJob:
         self.spark, self.spec = spark, spec
         self.metrics = metrics  # the flow's Prometheus metrics, when the application has them
         self._stop_requested = threading.Event()
+        # cancel(): no batch starts any more, the one in flight ends early; quiet: and none is
+        # in flight (nothing more reaches the target), though the thread may still be blocked
+        # in a call to an unreachable cluster.
+        self._cancelled = threading.Event()
+        self.quiet = threading.Event()
+        self._batch_lock = threading.Lock()
+        self._in_flight: str | None = None  # the id of the batch being copied
+        self._batch_ids = f"{spec.flow}#{os.getpid()}.{id(self):x}"
         self._stop_logged = False
         self._parent = os.getppid()
         self._stop_file: Path | None = None
@@ -160,11 +187,16 @@ class MirrorJob:
         self.copied = [0, 0]  # records, bytes since start
         self._once_ends: dict[Partition, int] | None = None
         self._planned_ends: dict[Partition, int] = {}  # the source's ends at the last plan
+        # Per partition, the ends recent plans observed, (epoch ms, end), oldest first: when the
+        # oldest record not copied yet was written (after the last end at or below the position,
+        # by the first end past it).
+        self._end_history: dict[Partition, list[tuple[int, int]]] = {}
         self.state = "STARTING"
         self._last_batch_s = 0.0
         self._last_batch_at: float | None = None  # Unix time
         self._copier_settings_cache: tuple | None = None
         self._copier = None  # the copier's Java class, looked up once (a py4j round trip)
+        self._stalled: list[tuple[Partition, int]] = []  # ranges the source left unfinished
         self._capped = False  # the last plan left records for the next batch
         self._record_lock = threading.Lock()  # the loop and the report task write progress
         self._plan_at = 0.0  # Unix time when the last plan listed the source's ends
@@ -363,6 +395,64 @@ class MirrorJob:
         self._stop_requested.set()
 
     @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def cancel(self) -> None:
+        """Stop the flow now (a pause or a hold; any thread): no batch starts any more, and the
+        batch in flight ends early (see the module). :attr:`quiet` is set once none is in flight:
+        nothing more of this job reaches the target for the flow. The flow's thread ends when
+        the call it is in returns (one to an unreachable cluster may take its timeout)."""
+        with self._batch_lock:
+            if self._cancelled.is_set():
+                return
+            self._cancelled.set()
+            self._stop_requested.set()
+            batch = self._in_flight
+            if batch is None:
+                self.quiet.set()
+        if self.scheduler is not None:  # no more periodic runs (syncs, checkpoints, progress)
+            self.scheduler.stop(wait_s=0)
+        if batch is None:
+            log.info("%s: cancelled between batches", self.spec.flow)
+            return
+        context = self.spark.sparkContext
+        if self.spec.exactly_once:
+            log.info("%s: cancelling batch %s: its transactions are aborted", self.spec.flow, batch)
+            context.cancelJobsWithTag(batch)
+            return
+        log.info("%s: cancelling batch %s: it keeps what is acknowledged", self.spec.flow, batch)
+        getattr(context._jvm, jvm.COPIER_CLASS).cancel(batch)
+
+        def cancel_job() -> None:
+            if self._in_flight == batch:
+                log.info("%s: batch %s still runs: Spark cancels it", self.spec.flow, batch)
+                context.cancelJobsWithTag(batch)
+
+        timer = threading.Timer(CANCEL_JOB_AFTER_S, cancel_job)
+        timer.daemon = True
+        timer.start()
+
+    def _begin_batch(self) -> str:
+        """The id of a new batch, in flight until :meth:`_end_batch`; raises
+        :class:`BatchCancelled` once the flow is cancelled."""
+        with self._batch_lock:
+            if self._cancelled.is_set():
+                raise BatchCancelled
+            self.batches += 1
+            self._in_flight = f"{self._batch_ids}-{self.batches}"
+            return self._in_flight
+
+    def _end_batch(self, batch: str) -> None:
+        with self._batch_lock:
+            self._in_flight = None
+            cancelled = self._cancelled.is_set()
+            if cancelled:
+                self.quiet.set()
+        if (cancelled or self._stalled) and self._copier is not None:
+            self._copier.forget(batch)
+
+    @property
     def stop_requested(self) -> bool:
         return self._stop_requested.is_set()
 
@@ -443,7 +533,10 @@ class MirrorJob:
                 ranges = [] if caught_up else self._plan()
                 self._answered()
                 if ranges:
-                    self._copy(ranges)
+                    try:
+                        self._copy(ranges)
+                    except BatchCancelled:
+                        break
                     caught_up = not once and not self._capped
                 elif once:
                     break
@@ -534,6 +627,7 @@ class MirrorJob:
             if self.doorbell.error is not None:  # it cannot tell: list the ends each wait
                 return
             self._caught_up_at = time.time()  # no record past the positions: nothing to copy
+            self._observe_ends(self.positions, int(self._caught_up_at * 1000))
             if self.metrics is not None:
                 self.metrics.caught_up(self.positions, mapping, self._caught_up_at)
             if (
@@ -664,6 +758,7 @@ class MirrorJob:
             self.positions.update(self._starts(new))
         ends = self._once_ends if self._once_ends is not None else self._ends(partitions)
         self._planned_ends, self._plan_at = ends, plan_at
+        self._observe_ends(ends, int(plan_at * 1000))
         pending = {}
         for tp in partitions:
             end, position = ends.get(tp, 0), self.positions[tp]
@@ -696,27 +791,69 @@ class MirrorJob:
 
     # -- one batch -----------------------------------------------------------------------------
     def _copy(self, ranges: list[tuple[Partition, int, int]]) -> None:
+        """Copy one batch (its ranges), write its positions and record it; a cancellation
+        (:meth:`cancel`) ends it early (:class:`BatchCancelled`, or, at least once, the
+        positions of what was copied)."""
+        batch = self._begin_batch()
+        context = self.spark.sparkContext
+        context.addJobTag(batch)
+        try:
+            self._copy_batch(batch, ranges)
+        finally:
+            context.removeJobTag(batch)
+            self._end_batch(batch)
+
+    def _copy_batch(self, batch: str, ranges: list[tuple[Partition, int, int]]) -> None:
         mapping = self.mapping
-        self.batches += 1
         started = time.monotonic()
+        planned = sum(until - start for _tp, start, until in ranges)
         if self.spec.exactly_once:
             try:
                 records, size, syncs, copied = self._copy_in_transactions(
                     self._read(ranges), mapping
                 )
-            except MirrorflowError:
-                raise
             except Exception as exc:  # Spark's error: its text holds the copy's message
+                # A killed or failed task may leave its transaction open, which would hold
+                # back the target partition's read_committed consumers: abort them now.
+                self._abort_transactions(batch, [tp for tp, _s, _u in ranges])
+                if self._cancelled.is_set():
+                    raise BatchCancelled from None
+                if isinstance(exc, MirrorflowError):
+                    raise
                 raise batch_error(self.spec, exc) from None
             done = f"{records} records, {size} bytes, {syncs} offset syncs"
         else:
             local = self._runs_locally(ranges)
-            records, size, runs, copied = self._copy_with_copier(ranges, mapping, local)
+            try:
+                records, size, runs, copied, reached = self._copy_with_copier(
+                    batch, ranges, mapping, local
+                )
+            except MirrorflowError:
+                if self._cancelled.is_set():  # cancelled by Spark: copied again on resume
+                    log.warning(
+                        "%s: batch %d cancelled by Spark: what it copied is copied again when "
+                        "the flow resumes",
+                        self.spec.flow,
+                        self.batches,
+                    )
+                    raise BatchCancelled from None
+                raise
+            ranges = [(tp, start, reached[i]) for i, (tp, start, _until) in enumerate(ranges)]
             done = f"{records} records, {size} bytes" + (" (in the driver)" if local else "")
             self.local_batches += local
             self._store_runs(runs)
             assert self.writer is not None
-            self.writer.write({tp: until for tp, _start, until in ranges})
+            self.writer.write({tp: until for tp, start, until in ranges if until > start})
+            if self._stalled and not self._cancelled.is_set():
+                (topic, partition), offset = self._stalled[0]
+                for tp, _start, until in ranges:
+                    self.positions[tp] = until
+                raise ClusterUnreachable(
+                    f"cluster {self.spec.source} did not answer: no records of "
+                    f"{topic}-{partition} from offset {offset} within {SOURCE_STALL_S:.0f}s "
+                    "(what was copied is kept)",
+                    f"check that {self.spec.source} is up; retrying",
+                )
         for tp, _start, until in ranges:
             self.positions[tp] = until
         self.copied[0] += records
@@ -724,19 +861,49 @@ class MirrorJob:
         if self.metrics is not None:
             self.metrics.batch(copied, self.positions, self._planned_ends, mapping, self._plan_at)
         elapsed = time.monotonic() - started
+        cut = sum(until - start for _tp, start, until in ranges) < planned
         log.info(
-            "%s batch %d: %s from %d partitions in %.3f s",
+            "%s batch %d: %s from %d partitions in %.3f s%s",
             self.spec.flow,
             self.batches,
             done,
             len(ranges),
             elapsed,
+            " (cancelled: the flow was paused; positions at its last acknowledged copies)"
+            if cut
+            else "",
         )
         self._last_batch_s, self._last_batch_at = elapsed, time.time()
         self._copied_at = time.monotonic()
-        if not self._capped:  # everything on the source at the plan is copied
+        if not self._capped and not cut:  # everything on the source at the plan is copied
             self._caught_up_at = self._plan_at
         self.record_state("RUNNING")
+
+    def _abort_transactions(self, batch: str, partitions: list[Partition]) -> None:
+        """An exactly-once batch that failed or was cancelled: fence its partitions'
+        transactional producers, which aborts their open transactions (a worker killed
+        mid-transaction leaves one open, which would hold back every read_committed consumer of
+        the target partition until the transaction timeout). A transaction committed before
+        stays committed, with its positions: the flow resumes after it."""
+        try:
+            mirror_writer.abort_transactions(
+                self.copy_producer_config, self._transactional_prefix, partitions, SOURCE_STALL_S
+            )
+        except MirrorflowError as exc:
+            log.warning("%s: %s", self.spec.flow, exc)
+            return
+        log.info(
+            "%s: batch %d %s: the open transactions of its %d partitions are aborted; nothing "
+            "of it is visible but what it committed",
+            self.spec.flow,
+            self.batches,
+            "cancelled (the flow was paused)" if self._cancelled.is_set() else "failed",
+            len(partitions),
+        )
+
+    @property
+    def _transactional_prefix(self) -> str:
+        return f"mirrorflow-{self.spec.source}->{self.spec.target}"
 
     def record_state(self, state: str, error: str | None = None) -> None:
         """Write ``S-T/progress.json``: the flow's state and progress, for people, Airflow and
@@ -753,6 +920,8 @@ class MirrorJob:
             self._write_progress(None)
 
     def _write_progress(self, error: str | None) -> None:
+        if self._cancelled.is_set():  # the application records the flow's state from now on
+            return
         ends, positions = self._planned_ends, dict(self.positions)
         lag = sum(max(0, end - positions[tp]) for tp, end in ends.items() if tp in positions)
         record_state(
@@ -777,14 +946,42 @@ class MirrorJob:
 
     def observed_ends(self) -> dict[str, object]:
         """The source's end offsets at the last plan and when they were listed: what a failover
-        without the source estimates its RPO from (those ends minus the positions)."""
+        without the source estimates its RPO from (those ends minus the positions); and, for
+        each partition with records not copied, the ends recent plans observed
+        (``source_end_history``: ``[epoch ms, end]``, oldest first), which date the oldest
+        record not copied: written after the last end at or below the position, by the first
+        end past it."""
         if not self._planned_ends:
             return {}
-        ends: dict[str, dict[str, int]] = {}
-        for (topic, partition), end in sorted(self._planned_ends.items()):
-            ends.setdefault(topic, {})[str(partition)] = end
-        listed = datetime.fromtimestamp(self._plan_at, UTC).isoformat(timespec="seconds")
-        return {"source_end_offsets": ends, "source_end_offsets_at": listed}
+        listed = datetime.fromtimestamp(self._plan_at, UTC).isoformat(timespec="milliseconds")
+        positions = dict(self.positions)
+        history = {
+            tp: [list(entry) for entry in entries]
+            for tp, entries in list(self._end_history.items())
+            if entries and entries[-1][1] > positions.get(tp, entries[-1][1])
+        }
+        return {
+            "source_end_offsets": _by_topic(self._planned_ends),
+            "source_end_offsets_at": listed,
+            "source_end_history": _by_topic(history),
+        }
+
+    def _observe_ends(self, ends: dict[Partition, int], at_ms: int) -> None:
+        """Note the ends a plan (or the idle doorbell, at the positions) observed at ``at_ms``
+        in :attr:`_end_history`, kept short: the last entry at or below the partition's position
+        and those past it."""
+        for tp, end in ends.items():
+            history = self._end_history.setdefault(tp, [])
+            position = self.positions.get(tp, 0)
+            if history and history[-1][1] == end:
+                if end <= position:  # still nothing past the position: known later
+                    history[-1] = (at_ms, end)
+            else:
+                history.append((at_ms, end))
+            floor = max((i for i, (_t, e) in enumerate(history) if e <= position), default=0)
+            del history[:floor]
+            if len(history) > END_HISTORY_MAX:
+                del history[len(history) // 2]
 
     def _read(self, ranges: list[tuple[Partition, int, int]]) -> DataFrame:
         """The ranges as a DataFrame of Spark's Kafka batch source (exactly-once)."""
@@ -809,6 +1006,7 @@ class MirrorJob:
             .option("endingOffsets", json.dumps(ends))
             .option("includeHeaders", "true")
             .option("failOnDataLoss", "false")
+            .option("kafkaConsumer.pollTimeoutMs", str(int(SOURCE_STALL_S * 1000)))
             .load()
         )
 
@@ -824,17 +1022,24 @@ class MirrorJob:
         return records * mean <= LOCAL_BATCH_MAX_BYTES
 
     def _copy_with_copier(
-        self, ranges: list[tuple[Partition, int, int]], mapping: dict[str, str], local: bool
-    ) -> tuple[int, int, dict[Partition, list[Run]], dict[Partition, Copied]]:
+        self,
+        batch: str,
+        ranges: list[tuple[Partition, int, int]],
+        mapping: dict[str, str],
+        local: bool,
+    ) -> tuple[int, int, dict[Partition, list[Run]], dict[Partition, Copied], list[int]]:
         """At-least-once: the JVM copier copies the ranges and writes the offset syncs, as a
         Spark job or (``local``) in the driver's JVM. Returns the records and bytes copied,
-        each partition's runs of copies, and what it copied of each (bytes, record ages at read,
-        replication latencies at acknowledgement)."""
+        each partition's runs of copies, what it copied of each (bytes, record ages at read,
+        replication latencies at acknowledgement) and the offset each range reached (its end,
+        or less when the batch was cancelled)."""
         context = self.spark.sparkContext
         if self._copier is None:
             self._copier = getattr(context._jvm, jvm.COPIER_CLASS)
         lines = [f"{t}\t{p}\t{start}\t{until}" for (t, p), start, until in ranges]
         settings = self._copier_settings(mapping)
+        settings.put("batch", batch)
+        self._stalled = []
         try:
             if local:
                 encoded = self._copier.copyLocal(lines, settings)
@@ -849,19 +1054,24 @@ class MirrorJob:
         data = bytes(encoded)  # MirrorCopier.Copied.encode: big-endian longs
         records, size, count = struct.unpack_from(">qqq", data)
         copied: dict[Partition, Copied] = {}
-        for index, (nbytes, *stats) in enumerate(
-            struct.iter_unpack(">9q", data[24 : 24 + 72 * count])
+        reached, stalled = [], []
+        for index, (nbytes, *stats, until, stall) in enumerate(
+            struct.iter_unpack(">11q", data[24 : 24 + 88 * count])
         ):
             tp = ranges[index][0]
             figures = Copied(0, nbytes, Stats.of(*stats[:4]), Stats.of(*stats[4:]))
             copied[tp] = copied[tp].merge(figures) if tp in copied else figures
+            reached.append(until)
+            if stall:
+                stalled.append((tp, until))
+        self._stalled = stalled
         runs: dict[Partition, list[Run]] = {}
-        for index, up, down, n in struct.iter_unpack(">qqqq", memoryview(data)[24 + 72 * count :]):
+        for index, up, down, n in struct.iter_unpack(">qqqq", memoryview(data)[24 + 88 * count :]):
             runs.setdefault(ranges[index][0], []).append(Run(up, down, n))
         for tp, partition_runs in runs.items():
             figures = copied.setdefault(tp, Copied())
             figures.records += sum(run.count for run in partition_runs)
-        return records, size, runs, copied
+        return records, size, runs, copied, reached
 
     def _store_runs(self, runs: dict[Partition, list[Run]]) -> None:
         """Add a batch's runs of copies to the offset map and store them on the target before
@@ -910,6 +1120,7 @@ class MirrorJob:
             "source.principal": principal(spec.source_consumer),
             "target.principal": principal(spec.target_producer),
             "record.overhead": str(mirror_writer.RECORD_OVERHEAD),
+            "poll.timeout.ms": str(int(SOURCE_STALL_S * 1000)),
             "error.prefix": mirror_writer.ERROR_PREFIX,
             **{f"consumer.{k}": v for k, v in spec.source_consumer.items()},
             **{f"producer.{k}": v for k, v in producer.items()},
@@ -944,7 +1155,7 @@ class MirrorJob:
             remote_topics=mapping,
             max_message_bytes=dict(self.remote_topics.max_message_bytes),
             max_offset_lag=spec.max_offset_lag,
-            transactional_id_prefix=f"mirrorflow-{spec.source}->{spec.target}",
+            transactional_id_prefix=self._transactional_prefix,
             committed={tp: position - 1 for tp, position in self.positions.items()},
             offsets_topic=spec.offsets_topic,
             consumer_config=spec.target_consumer,
@@ -1051,7 +1262,10 @@ def record_state(
         current = {}
     current.update(progress)
     current.update(
-        flow=flow, state=state, error=error, updated=datetime.now(UTC).isoformat(timespec="seconds")
+        flow=flow,
+        state=state,
+        error=error,
+        updated=datetime.now(UTC).isoformat(timespec="milliseconds"),
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial")

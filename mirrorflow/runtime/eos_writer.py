@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
+from mirrorflow.errors import MirrorflowError
 from mirrorflow.mm2.offset_syncs import PartitionSyncState
 from mirrorflow.replication.offset_map import PartitionMap, Run, record_of, runs_of
 from mirrorflow.replication.topics import client_principal, refusal, unauthorized
@@ -90,6 +91,45 @@ class CopySettings:
     last_runs: dict[tuple[str, int], Run] = field(default_factory=dict)
 
 
+def transactional_id(prefix: str, topic: str, partition: int) -> str:
+    """The ``transactional.id`` of a flow's copies of one source partition (``prefix``:
+    ``mirrorflow-S->T``)."""
+    return f"{prefix}-{topic}-{partition}"
+
+
+def abort_transactions(
+    producer_config: dict, prefix: str, partitions: list[tuple[str, int]], timeout_s: float = 30.0
+) -> None:
+    """Fence the transactional producers of ``partitions`` (a producer initialised with the same
+    ``transactional.id``), which aborts their open transactions: a worker killed mid-batch
+    leaves its transaction open, and an open transaction holds back every read_committed
+    consumer of the partition until ``transaction.timeout.ms``. A :class:`MirrorflowError`
+    names the partitions that could not be fenced."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from confluent_kafka import KafkaException, Producer
+
+    def fence(tp: tuple[str, int]) -> str | None:
+        txn_id = transactional_id(prefix, *tp)
+        producer = Producer({**producer_config, "transactional.id": txn_id})
+        try:
+            producer.init_transactions(timeout_s)
+            return None
+        except KafkaException as exc:
+            return f"{txn_id}: {exc.args[0].str()}"
+
+    if not partitions:
+        return
+    with ThreadPoolExecutor(max_workers=min(8, len(partitions))) as pool:
+        failed = [f for f in pool.map(fence, partitions) if f is not None]
+    if failed:
+        raise MirrorflowError(
+            f"could not abort the open transactions of {len(failed)} partition(s): "
+            + "; ".join(failed[:3]),
+            "they end after the target's transaction timeout (transaction.timeout.ms)",
+        )
+
+
 def _transactional_producer(settings: CopySettings, topic: str, partition: int):
     """A new transactional producer of one source partition, with a transaction begun.
 
@@ -100,7 +140,7 @@ def _transactional_producer(settings: CopySettings, topic: str, partition: int):
     """
     from confluent_kafka import KafkaException, Producer
 
-    txn_id = f"{settings.transactional_id_prefix}-{topic}-{partition}"
+    txn_id = transactional_id(settings.transactional_id_prefix, topic, partition)
     producer = Producer(
         {
             **settings.producer_config,

@@ -6,7 +6,9 @@ import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.Set;
 import java.util.TreeSet;
+import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
@@ -55,7 +57,15 @@ import scala.reflect.ClassTag$;
  * for its user), {@code source.principal}, {@code target.principal}, {@code poll.timeout.ms}, and,
  * when offset syncs are written, {@code syncs.topic}, {@code syncs.lag.max}, {@code
  * syncs.interval.ms}, {@code syncs.producer.*}, {@code syncs} (the cluster they go to) and
- * {@code syncs.principal}.
+ * {@code syncs.principal}; {@code batch} names the batch, so that {@link #cancel} can end it.
+ *
+ * <p>A batch is cancelled (its flow paused or held, e.g. by a failover) with {@link #cancel}: each
+ * of its ranges stops reading at its next poll (at most half a second later, whether the source
+ * answers or not), waits for the acknowledgement of every copy it sent, and returns what it
+ * copied, with the offset its range reached ({@link Copied#next}), so the driver moves the
+ * flow's positions to exactly the last acknowledged copy. This reaches the tasks that run in the
+ * driver's JVM: {@link #copyLocal}, and every task with a {@code local[*]} master. Tasks in other
+ * JVMs (a cluster master) only see Spark's own job cancellation.
  */
 public final class MirrorCopier {
 
@@ -70,7 +80,35 @@ public final class MirrorCopier {
             return thread;
           });
 
+  /** The batches cancelled while their tasks may still run (see {@link #cancel}). */
+  private static final Set<String> CANCELLED = ConcurrentHashMap.newKeySet();
+
+  /**
+   * The batches one of whose ranges got no record from the source for {@code poll.timeout.ms}:
+   * the others of the batch (same source) end at their next poll instead of waiting as long.
+   */
+  private static final Set<String> STALLED = ConcurrentHashMap.newKeySet();
+
   private MirrorCopier() {}
+
+  /**
+   * Ends batch {@code batch} early: each of its ranges running in this JVM stops reading, waits
+   * for its copies' acknowledgements and returns what it copied ({@link Copied#next}); ranges not
+   * started yet copy nothing. Call {@link #forget} once the batch has returned.
+   */
+  public static void cancel(String batch) {
+    CANCELLED.add(batch);
+  }
+
+  /** The batch has returned: its cancellation or stall, if any, is no longer needed. */
+  public static void forget(String batch) {
+    CANCELLED.remove(batch);
+    STALLED.remove(batch);
+  }
+
+  static boolean cancelled(String batch) {
+    return batch != null && CANCELLED.contains(batch);
+  }
 
   /**
    * Copies {@code ranges} ({@code topic\tpartition\tfrom\tuntil}, planned by the driver) on the
@@ -138,6 +176,10 @@ public final class MirrorCopier {
     static final long NO_TIMESTAMP = Long.MIN_VALUE;
     long records;
     long bytes;
+    /** The offset the range reached: its end, or, cancelled or stalled, the first not copied. */
+    long next = -1;
+    /** The source gave no record of the range for {@code poll.timeout.ms}: the range ended. */
+    boolean stalled;
     /** Record age at read (now - record timestamp, ms): min, max, sum, count. */
     private final long[] age = {Long.MAX_VALUE, 0, 0, 0};
     /** Replication latency at acknowledgement (now - record timestamp, ms): min, max, sum, count. */
@@ -188,9 +230,10 @@ public final class MirrorCopier {
 
     /**
      * The results of ranges 0..n-1 as big-endian longs: total records, total bytes, n; then for
-     * every range its bytes, record age min, max, sum, count and replication latency min, max,
-     * sum, count (ms; min is Long.MAX_VALUE when count is 0); then for every run {range index,
-     * first source offset, first target offset, count}.
+     * every range its bytes, record age min, max, sum, count, replication latency min, max, sum,
+     * count (ms; min is Long.MAX_VALUE when count is 0), the offset it reached ({@link #next})
+     * and 1 if it {@link #stalled}, else 0; then for every run {range index, first source offset,
+     * first target offset, count}.
      */
     static byte[] encode(List<Copied> results) {
       int runs = 0;
@@ -201,7 +244,7 @@ public final class MirrorCopier {
         }
       }
       java.nio.ByteBuffer out =
-          java.nio.ByteBuffer.allocate(24 + 72 * results.size() + 32 * runs);
+          java.nio.ByteBuffer.allocate(24 + 88 * results.size() + 32 * runs);
       out.putLong(0).putLong(0).putLong(results.size());
       long records = 0;
       long bytes = 0;
@@ -215,6 +258,7 @@ public final class MirrorCopier {
             out.putLong(value);
           }
         }
+        out.putLong(copied.next).putLong(copied.stalled ? 1 : 0);
       }
       for (int index = 0; index < results.size(); index++) {
         Copied copied = results.get(index);
@@ -279,7 +323,9 @@ public final class MirrorCopier {
       long until = Long.parseLong(fields[3]);
       String remote = settings.get("topic." + tp.topic());
       if (remote == null) {
-        return new Copied(); // matched the subscription's pattern but not the flow's filters
+        Copied none = new Copied(); // matched the subscription's pattern but not the flow's filters
+        none.next = until;
+        return none;
       }
       Map<String, Object> consumerConfig = consumerConfig();
       PartitionReader reader = KafkaClients.borrow(consumerConfig, tp);
@@ -312,7 +358,17 @@ public final class MirrorCopier {
       long records = 0;
       long bytes = 0;
       long lastProgress = System.currentTimeMillis();
+      String batch = settings.get("batch");
+      boolean cancelled = false;
       while (next < until && failure.get() == null) {
+        if (cancelled(batch)) {
+          cancelled = true; // the flow was paused or held: stop here, keep what is copied
+          break;
+        }
+        if (batch != null && STALLED.contains(batch)) {
+          copied.stalled = true; // another range of the batch found the source silent
+          break;
+        }
         List<ConsumerRecord<byte[], byte[]>> polled;
         try {
           polled = reader.poll(Duration.ofMillis(500));
@@ -324,6 +380,7 @@ public final class MirrorCopier {
               "{}: offsets {} to {} are no longer on {} (retention or truncation); copying from {}",
               tp, next, earliest - 1, settings.get("source"), Math.min(earliest, until));
           if (earliest >= until) {
+            next = until; // nothing of the range is left on the source
             break;
           }
           next = earliest;
@@ -336,9 +393,12 @@ public final class MirrorCopier {
             break;
           }
           if (System.currentTimeMillis() - lastProgress > pollTimeoutMs) {
-            throw new org.apache.kafka.common.errors.TimeoutException(
-                settings.get("error.prefix") + "cluster " + settings.get("source") + " did not answer: no records of "
-                    + tp + " from offset " + next + " within " + pollTimeoutMs + " ms");
+            // The source stopped answering: keep what is copied, the driver retries the rest.
+            copied.stalled = true;
+            if (batch != null) {
+              STALLED.add(batch);
+            }
+            break;
           }
           continue;
         }
@@ -399,6 +459,11 @@ public final class MirrorCopier {
       }
       if (next >= until) {
         reader.endRangeIfOpen(until);
+      } else if (cancelled || copied.stalled) {
+        reader.endRangeIfOpen(next); // the next range of the partition starts here
+        LOG.info(
+            "{}: batch {} {} at offset {} of {}..{}",
+            tp, batch, cancelled ? "cancelled" : "stalled (no record from the source)", next, from, until);
       }
       producer.flush();
       Exception error = failure.get();
@@ -418,6 +483,7 @@ public final class MirrorCopier {
       }
       copied.records = records;
       copied.bytes = bytes;
+      copied.next = Math.min(next, until);
       return copied;
     }
 
