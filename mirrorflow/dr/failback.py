@@ -349,25 +349,31 @@ def copy_range(
     start: int,
     end: int,
     to_topic: str,
+    clusters: tuple[str, str] = ("", ""),
 ) -> list[list[int]]:
     """Copy the committed records of ``topic``-``partition`` in ``[start, end)`` to
     ``to_topic``'s same partition (key, value, headers, timestamp), in order; returns where they
     landed as runs ``[first source offset, first copy's offset, count]`` (both advancing by one
-    within a run)."""
-    from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+    within a run). ``clusters``: the aliases of the clusters read and written."""
+    from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+    from mirrorflow.replication import clients
 
     if end <= start:
         return []
-    consumer = Consumer(
+    consumer = clients.consumer(
+        clusters[0],
         {
             **source_config,
             "group.id": "mirrorflow-failback",
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
             "enable.partition.eof": True,
-        }
+        },
     )
-    producer = Producer({**target_config, "enable.idempotence": True, "acks": "all"})
+    producer = clients.producer(
+        clusters[1], {**target_config, "enable.idempotence": True, "acks": "all"}
+    )
     landed: list[tuple[int, int]] = []
     errors: list = []
     try:
@@ -474,6 +480,7 @@ def set_aside(request: FailbackRequest, run: FailbackRun, record: StepRecord, lo
             d["start"],
             d["end"],
             d["to"],
+            clusters=(spec.source, spec.source),
         )
         log(f"set aside {line} in {d['to']}")
     records = sum(d["end"] - d["start"] for d in ranges)
@@ -515,6 +522,7 @@ def reverse_copy(request: FailbackRequest, run: FailbackRun, record: StepRecord,
                 c["start"],
                 c["end"],
                 c["to"],
+                clusters=(spec.target, spec.source),
             )
             copied += sum(r[2] for r in c["runs"])
         if copies:

@@ -33,6 +33,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from mirrorflow.errors import MirrorflowError
 from mirrorflow.mm2.formats import Checkpoint
 from mirrorflow.mm2.offset_syncs import checkpoint_is_more_recent
+from mirrorflow.replication import clients
 from mirrorflow.replication.offset_map import OffsetMap, Partition, Translation, record_of
 from mirrorflow.replication.scheduler import TaskFailed
 from mirrorflow.replication.spec import MirrorSpec
@@ -75,9 +76,8 @@ class GroupOffsetsClient:
         self.principal = client_principal(config)
 
     def _consumer(self, group: str):
-        from confluent_kafka import Consumer
-
-        return Consumer({**self.config, "group.id": group, "enable.auto.commit": False})
+        config = {**self.config, "group.id": group, "enable.auto.commit": False}
+        return clients.consumer(self.admin.alias, config)
 
     def committed(
         self, group: str, partitions: list[Partition]
@@ -264,9 +264,8 @@ class GroupCheckpoints:
         self.source, self.target = admins[spec.source], admins[spec.target]
         self.offsets = GroupOffsetsClient(self.source, spec.source_consumer_client)
         if producer is None:  # False: translation only, nothing written
-            from confluent_kafka import Producer
-
-            producer = Producer({**spec.target_client, "enable.idempotence": True, "acks": "all"})
+            config = {**spec.target_client, "enable.idempotence": True, "acks": "all"}
+            producer = clients.producer(spec.target, config)
         self.producer = producer
         self.latest: dict[GroupKey, Checkpoint] = {}
         self.latest_written_ms: dict[GroupKey, int] = {}  # when those read back were written

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from mirrorflow.mm2.offset_syncs import PartitionSyncState
+from mirrorflow.replication import clients
 from mirrorflow.replication.offset_map import PartitionMap, Run, record_of, runs_of
 from mirrorflow.replication.topics import client_principal, refusal, unauthorized
 
@@ -98,15 +99,16 @@ def _transactional_producer(settings: CopySettings, topic: str, partition: int):
     another Python worker used for an earlier batch) and aborts its open transaction. A
     producer is therefore never reused across tasks: another worker may have fenced it since.
     """
-    from confluent_kafka import KafkaException, Producer
+    from confluent_kafka import KafkaException
 
     txn_id = f"{settings.transactional_id_prefix}-{topic}-{partition}"
-    producer = Producer(
+    producer = clients.producer(
+        settings.target_alias,
         {
             **settings.producer_config,
             "transactional.id": txn_id,
             "partitioner": "murmur2_random",  # Java's partitioner, as Connect's offsets topic uses
-        }
+        },
     )
     try:
         producer.init_transactions(settings.flush_timeout_s)
