@@ -67,14 +67,25 @@ def test_clients_of_a_stopped_cluster_say_so_once_and_print_nothing_of_librdkafk
     assert said(caplog)[1:] == [f"cluster {alias} answers again"]
 
 
-def test_an_outage_after_an_answer_is_said_again():
+def test_an_outage_after_an_answer_is_said_again_but_not_attempts_handed_over_late(
+    caplog, monkeypatch
+):
+    caplog.set_level(logging.INFO, "mirrorflow.kafka")
     log = clients.ClusterLog("c1", "h:1")
     log.event("alice", logging.ERROR, REFUSED)
     assert log.down
     log.answered()
+    # A client polled just after the answer hands over its attempts from the outage.
+    log.event("alice", logging.ERROR, REFUSED)
     assert not log.down
+    monkeypatch.setattr(clients, "STALE_AFTER_ANSWER_S", 0.0)
     log.event("alice", logging.ERROR, "1/1 brokers are down", KafkaError._ALL_BROKERS_DOWN)
     assert log.down
+    assert [m.split(" (")[0] for m in said(caplog)] == [
+        "cluster c1 does not answer at h:1",
+        "cluster c1 answers again",
+        "cluster c1 does not answer at h:1",
+    ]
 
 
 def test_refusals_are_said_once_each_and_closed_connections_not_at_all(caplog):

@@ -16,7 +16,8 @@ log lines (confluent-kafka's ``logger`` setting) and its error events (``error_c
 * an authentication or TLS refusal once per principal and distinct error, at WARNING (never
   hidden: these do not mend by retrying);
 * librdkafka's other warnings and errors once per distinct text (timings and thread names left
-  out), at WARNING, its informational lines at DEBUG.
+  out), at WARNING; its informational lines, closed connections and what it retries by
+  itself at DEBUG.
 
 librdkafka delivers both only while the client is polled (``poll``, ``consume``, ``flush``), on
 the polling thread; a client that is never polled keeps them queued and says nothing. A failed
@@ -29,6 +30,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -59,10 +61,16 @@ _UNREACHABLE = (
     ("timed out", "its brokers do not answer in time"),
 )
 _REFUSED = ("sasl authentication", "authentication failed", "ssl handshake", "certificate")
-# Lines with no news for an operator: a connection closed (librdkafka reconnects by itself).
-_QUIET = ("disconnected", "connection reset", "receive failed", "send failed")
+# Lines with no news for an operator: a connection closed (librdkafka reconnects by itself),
+# a request it retries by itself (e.g. while a coordinator loads).
+_QUIET = ("disconnected", "connection reset", "receive failed", "send failed", "retrying")
 _NOISE = re.compile(r"^\[thrd:[^\]]*\]:\s*|\s*\((?:after \d+ms[^)]*|\d+ identical[^)]*)\)|\d+ms")
 _SAID_AT_MOST = 200  # distinct texts said per cluster; past that, DEBUG (a runaway source)
+# librdkafka hands events over when a client is polled, so a client polled just after the
+# cluster answered again may still hand over its failed attempts from during the outage: for
+# this long after an answer, those do not make a new outage (one that lasts is said after it,
+# librdkafka retrying a broker at least every reconnect.backoff.max.ms, 10 s by default).
+STALE_AFTER_ANSWER_S = 15.0
 
 
 class ClusterLog:
@@ -71,6 +79,7 @@ class ClusterLog:
     def __init__(self, cluster: str, bootstrap: str) -> None:
         self.cluster, self.bootstrap = cluster, bootstrap
         self.down = False  # said that it does not answer, and it has not answered since
+        self.answered_at = float("-inf")  # when it last answered after an outage (monotonic)
         self._said: set[str] = set()
         self._lock = threading.Lock()
 
@@ -83,7 +92,9 @@ class ClusterLog:
 
     def unreachable(self, why: str, detail: str) -> None:
         with self._lock:
-            first, self.down = not self.down, True
+            stale = time.monotonic() - self.answered_at < STALE_AFTER_ANSWER_S
+            first = not self.down and not stale
+            self.down = self.down or not stale
         if first:
             log.warning(
                 "cluster %s does not answer at %s (%s): check %s.bootstrap.servers and that "
@@ -120,6 +131,8 @@ class ClusterLog:
     def answered(self) -> None:
         with self._lock:
             was, self.down = self.down, False
+            if was:
+                self.answered_at = time.monotonic()
         if was:
             log.info("cluster %s answers again", self.cluster)
 
