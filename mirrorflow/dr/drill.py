@@ -906,6 +906,9 @@ def restore(request: DrillRequest, run: DrillRun, record: StepRecord, log: Log) 
 
 
 def _delete_group(spec: MirrorSpec, group: str) -> list[str]:
+    """Delete the drill group on the source, then on the target (the clusters it was deleted
+    on). The source goes first: a running mirror job's group offset sync creates a group
+    absent from the target as long as the source still has its offsets."""
     deleted = []
     for alias, config in ((spec.source, spec.source_admin), (spec.target, spec.target_admin)):
         admin = ClusterAdmin(alias, config)

@@ -516,7 +516,9 @@ class MirrorJob:
             )
         if spec.sync_group_offsets_enabled:
             if self.group_sync is None:
-                self.group_sync = GroupOffsetSync(spec, self.admins, self.checkpoints.snapshot)
+                self.group_sync = GroupOffsetSync(
+                    spec, self.admins, self.checkpoints.snapshot, self.checkpoints.still_on_source
+                )
             self.scheduler.add(
                 "sync-group-offsets",
                 spec.sync_group_offsets_interval_s,
