@@ -80,6 +80,8 @@ def test_an_outage_after_an_answer_is_said_again_but_not_attempts_handed_over_la
     assert not log.down
     monkeypatch.setattr(clients, "STALE_AFTER_ANSWER_S", 0.0)
     log.event("alice", logging.ERROR, "1/1 brokers are down", KafkaError._ALL_BROKERS_DOWN)
+    assert not log.down  # the brokers' own failures say why they are down
+    log.event("alice", logging.ERROR, REFUSED, KafkaError._TRANSPORT)
     assert log.down
     assert [m.split(" (")[0] for m in said(caplog)] == [
         "cluster c1 does not answer at h:1",
@@ -102,16 +104,22 @@ def test_refusals_are_said_once_each_and_closed_connections_not_at_all(caplog):
     idle = THREAD + "Disconnected: connection closed by peer (after 56631ms in state UP)"
     log.event("bob", logging.INFO, idle)
     log.event("bob", logging.ERROR, idle, KafkaError._TRANSPORT)
+    tls = THREAD + "SSL handshake failed: certificate verify failed (after 3ms in state SSL)"
+    log.event("bob", logging.ERROR, tls, KafkaError._SSL)
+    log.event("bob", logging.ERROR, "1/1 brokers are down", KafkaError._ALL_BROKERS_DOWN)
     fenced = "Fatal error: Broker: Producer attempted an operation with an old epoch"
     log.event("bob", logging.ERROR, fenced, KafkaError._FATAL)
     log.event("bob", logging.ERROR, fenced, KafkaError._FATAL)
     warnings = said(caplog, logging.WARNING)
     plain = sasl.split("]: ", 1)[1].replace(" (after 12ms in state AUTH_REQ)", "")
     assert warnings == [
-        f"cluster c2 refused the connection of principal mallory: {plain}: check the "
-        "credentials and TLS settings of mallory for c2",
-        f"cluster c2 refused the connection of principal bob: {plain}: check the "
-        "credentials and TLS settings of bob for c2",
+        f"cluster c2 refused principal mallory: {plain}: check the credentials, TLS "
+        "settings and ACLs of mallory for c2",
+        f"cluster c2 refused principal bob: {plain}: check the credentials, TLS settings and "
+        "ACLs of bob for c2",
+        "cluster c2 refused principal bob: sasl_plaintext://127.0.0.1:9/bootstrap: SSL handshake "
+        "failed: certificate verify failed: check the credentials, TLS settings and ACLs of bob "
+        "for c2",
         f"cluster c2: {fenced}",
     ]
     assert not log.down
@@ -126,3 +134,14 @@ def test_a_client_made_here_still_tells_its_own_error_callback():
     except KafkaException:
         admin.poll(0.5)
     assert KafkaError._TRANSPORT in told and any(isinstance(e, KafkaError) for e in told)
+
+
+def test_a_quiet_client_leaves_saying_it_to_its_caller(caplog):
+    caplog.set_level(logging.DEBUG, "mirrorflow.kafka")
+    told: list[KafkaError] = []
+    config = {"bootstrap.servers": f"127.0.0.1:{closed_port()}"}
+    admin = clients.admin("c4", config, on_error=told.append, quiet=True)
+    with contextlib.suppress(KafkaException):
+        admin.list_topics(timeout=1)
+    admin.poll(0.5)
+    assert told and said(caplog) == []

@@ -19,6 +19,9 @@ log lines (confluent-kafka's ``logger`` setting) and its error events (``error_c
   out), at WARNING; its informational lines, closed connections and what it retries by
   itself at DEBUG.
 
+A caller that says in its own line why a cluster failed it (``mirrorflow plan``) makes its
+clients ``quiet``: what librdkafka says about them goes to DEBUG only.
+
 librdkafka delivers both only while the client is polled (``poll``, ``consume``, ``flush``), on
 the polling thread; a client that is never polled keeps them queued and says nothing. A failed
 call still raises its error, which the caller turns into its own one-line error
@@ -51,19 +54,30 @@ _REFUSED_CODES = (
     KafkaError._AUTHENTICATION,
     KafkaError.SASL_AUTHENTICATION_FAILED,
     KafkaError._SSL,
+    KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    KafkaError.GROUP_AUTHORIZATION_FAILED,
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
 )
 # What librdkafka says when it cannot reach a broker, and why (first match wins).
 _UNREACHABLE = (
     ("failed to resolve", "its broker addresses do not resolve"),
     ("connection refused", "its brokers refuse connections"),
-    ("brokers are down", "none of its brokers is up"),
     ("connect to ", "no connection to its brokers"),
     ("timed out", "its brokers do not answer in time"),
 )
 _REFUSED = ("sasl authentication", "authentication failed", "ssl handshake", "certificate")
 # Lines with no news for an operator: a connection closed (librdkafka reconnects by itself),
-# a request it retries by itself (e.g. while a coordinator loads).
-_QUIET = ("disconnected", "connection reset", "receive failed", "send failed", "retrying")
+# a request it retries by itself (e.g. while a coordinator loads), all brokers down (each
+# broker's own failure says why: refused, not resolved, a TLS handshake, credentials).
+_QUIET = (
+    "disconnected",
+    "connection reset",
+    "receive failed",
+    "send failed",
+    "retrying",
+    "brokers are down",
+)
 _NOISE = re.compile(r"^\[thrd:[^\]]*\]:\s*|\s*\((?:after \d+ms[^)]*|\d+ identical[^)]*)\)|\d+ms")
 _SAID_AT_MOST = 200  # distinct texts said per cluster; past that, DEBUG (a runaway source)
 # librdkafka hands events over when a client is polled, so a client polled just after the
@@ -110,8 +124,8 @@ class ClusterLog:
     def refused(self, principal: str, detail: str) -> None:
         if self._first(f"refused {principal} {_plain(detail)}"):
             log.warning(
-                "cluster %s refused the connection of principal %s: %s: check the credentials "
-                "and TLS settings of %s for %s",
+                "cluster %s refused principal %s: %s: check the credentials, TLS settings and "
+                "ACLs of %s for %s",
                 self.cluster,
                 principal,
                 _plain(detail),
@@ -139,7 +153,7 @@ class ClusterLog:
     def event(self, principal: str, level: int, detail: str, code: int | None = None) -> None:
         """One librdkafka log line or error event (``code``) of a client of ``principal``."""
         lowered = detail.lower()
-        if code in _REFUSED_CODES or (code is None and any(s in lowered for s in _REFUSED)):
+        if code in _REFUSED_CODES or any(s in lowered for s in _REFUSED):
             self.refused(principal, detail)
         elif any(s in lowered for s in _QUIET) and "connection refused" not in lowered:
             log.debug("cluster %s: %s", self.cluster, detail)
@@ -184,21 +198,31 @@ class _ClientLogger(logging.Logger):
     """One client's ``logger`` and ``error_cb``: librdkafka calls ``log(level, "%s [%s] %s",
     facility, client name, text)`` for each log line, :meth:`on_error` gets each error event."""
 
-    def __init__(self, target: ClusterLog, principal: str, also: ErrorCallback | None) -> None:
+    def __init__(
+        self, target: ClusterLog, principal: str, also: ErrorCallback | None, quiet: bool
+    ) -> None:
         super().__init__(f"mirrorflow.kafka.{target.cluster}")
-        self.target, self.principal, self.also = target, principal, also
+        self.target, self.principal, self.also, self.quiet = target, principal, also, quiet
 
     def log(self, level: int, msg: object, *args: object, **_kwargs: Any) -> None:  # type: ignore[override]
         text = str(args[2]) if len(args) == 3 else (str(msg) % args if args else str(msg))
-        self.target.event(self.principal, level, text)
+        self._event(level, text, None)
 
     def on_error(self, err: KafkaError) -> None:
-        self.target.event(self.principal, logging.ERROR, err.str(), err.code())
+        self._event(logging.ERROR, err.str(), err.code())
         if self.also is not None:
             self.also(err)
 
+    def _event(self, level: int, text: str, code: int | None) -> None:
+        if self.quiet:
+            log.debug("cluster %s: %s", self.target.cluster, text)
+        else:
+            self.target.event(self.principal, level, text, code)
 
-def _config(cluster: str, config: Mapping[str, Any], on_error: ErrorCallback | None) -> dict:
+
+def _config(
+    cluster: str, config: Mapping[str, Any], on_error: ErrorCallback | None, quiet: bool
+) -> dict:
     settings = dict(config)
     chained = settings.pop("error_cb", None)
     also = on_error
@@ -206,7 +230,7 @@ def _config(cluster: str, config: Mapping[str, Any], on_error: ErrorCallback | N
         also = chained if on_error is None else _both(on_error, chained)
     principal = str(settings.get("sasl.username") or settings.get("sasl.kerberos.principal") or "")
     target = cluster_log(cluster or "(unnamed)", str(settings.get("bootstrap.servers", "?")))
-    hook = _ClientLogger(target, principal or "(no SASL user)", also)
+    hook = _ClientLogger(target, principal or "(no SASL user)", also, quiet)
     settings["logger"] = hook
     settings["error_cb"] = hook.on_error
     return settings
@@ -221,22 +245,33 @@ def _both(first: ErrorCallback, second: ErrorCallback) -> ErrorCallback:
 
 
 def admin(
-    cluster: str, config: Mapping[str, Any], on_error: ErrorCallback | None = None
+    cluster: str,
+    config: Mapping[str, Any],
+    on_error: ErrorCallback | None = None,
+    quiet: bool = False,
 ) -> AdminClient:
     """An admin client of ``cluster`` (its alias) with ``config`` (librdkafka settings);
-    ``on_error`` is told each error event too (as is an ``error_cb`` in ``config``)."""
-    return AdminClient(_config(cluster, config, on_error))
+    ``on_error`` is told each error event too (as is an ``error_cb`` in ``config``). ``quiet``:
+    the caller says in its own line why the cluster failed it (``mirrorflow plan``), so what
+    librdkafka says goes to DEBUG only."""
+    return AdminClient(_config(cluster, config, on_error, quiet))
 
 
 def consumer(
-    cluster: str, config: Mapping[str, Any], on_error: ErrorCallback | None = None
+    cluster: str,
+    config: Mapping[str, Any],
+    on_error: ErrorCallback | None = None,
+    quiet: bool = False,
 ) -> Consumer:
     """A consumer of ``cluster``; see :func:`admin`."""
-    return Consumer(_config(cluster, config, on_error))
+    return Consumer(_config(cluster, config, on_error, quiet))
 
 
 def producer(
-    cluster: str, config: Mapping[str, Any], on_error: ErrorCallback | None = None
+    cluster: str,
+    config: Mapping[str, Any],
+    on_error: ErrorCallback | None = None,
+    quiet: bool = False,
 ) -> Producer:
     """A producer to ``cluster``; see :func:`admin`."""
-    return Producer(_config(cluster, config, on_error))
+    return Producer(_config(cluster, config, on_error, quiet))

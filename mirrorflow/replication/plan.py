@@ -93,7 +93,7 @@ class _Clusters:
                 "error_cb": lambda err: errors.append(err.str()),
                 "log_level": 0,
             }
-            self._admins[key] = (clients.admin(alias, settings), errors)
+            self._admins[key] = (clients.admin(alias, settings, quiet=True), errors)
         return self._admins[key]
 
     def topics(self, alias: str, config: dict[str, str]) -> dict[str, int]:
@@ -124,9 +124,8 @@ class _Clusters:
         partitions = [TopicPartition(t, p) for t, n in sorted(topics.items()) for p in range(n)]
         if not partitions:
             return set()
-        consumer = clients.consumer(
-            alias, {**config, "group.id": group, "enable.auto.commit": False}
-        )
+        settings = {**config, "group.id": group, "enable.auto.commit": False}
+        consumer = clients.consumer(alias, settings, quiet=True)
         try:
             committed = consumer.committed(partitions, timeout=self.timeout)
         except KafkaException as exc:
