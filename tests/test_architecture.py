@@ -1,9 +1,11 @@
 """The package's architecture holds: each layer imports only the layers below it, only
 ``mirrorflow.airflow`` imports Airflow, and MirrorMaker 2's concepts, the flow definitions and
-the replication layer import no Spark (contracts in ``[tool.importlinter]``, pyproject.toml)."""
+the replication layer import no Spark (contracts in ``[tool.importlinter]``, pyproject.toml);
+every Kafka client is made by one module."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -23,3 +25,25 @@ def test_the_import_contracts_hold():
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "Contracts: 4 kept, 0 broken." in result.stdout
+
+
+# The sandbox's and the fault tests' own probes of clusters being started and killed: silenced
+# (``log_level`` 0), as a cluster that does not answer is what they wait out.
+SILENT_PROBES = {"mirrorflow/devtools/sandbox.py", "mirrorflow/devtools/faults.py"}
+
+
+def test_every_kafka_client_is_made_by_the_clients_module():
+    """A client made elsewhere would print librdkafka's line per failed connection attempt
+    again (issue 24): every confluent-kafka client comes from mirrorflow.replication.clients."""
+    made_elsewhere = []
+    for path in sorted((ROOT / "mirrorflow").rglob("*.py")):
+        name = path.relative_to(ROOT).as_posix()
+        if name == "mirrorflow/replication/clients.py" or name in SILENT_PROBES:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                called = node.func.attr if isinstance(node.func, ast.Attribute) else None
+                called = node.func.id if isinstance(node.func, ast.Name) else called
+                if called in ("Consumer", "Producer", "AdminClient"):
+                    made_elsewhere.append(f"{name}:{node.lineno}: {called}(")
+    assert made_elsewhere == []

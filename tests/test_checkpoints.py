@@ -11,6 +11,7 @@ import itertools
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -26,9 +27,13 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from mirrorflow.replication.checkpoints import read_checkpoints
+from mirrorflow.mm2.formats import Checkpoint
+from mirrorflow.replication import checkpoints
+from mirrorflow.replication.checkpoints import GroupCheckpoints, read_checkpoints
+from mirrorflow.replication.offset_map import OffsetMap
 from mirrorflow.replication.positions import SourceOffsetReader
 from mirrorflow.replication.spec import spec_for_flow
+from mirrorflow.replication.topics import ClusterAdmin
 from tests.conftest import create_topics
 from tests.mirror_harness import (
     ROOT,
@@ -168,6 +173,16 @@ def target_group_offsets(cluster, group: str, topic: str) -> dict[tuple[str, int
     return {(tp.topic, tp.partition): tp.offset for tp in listed if tp.offset >= 0}
 
 
+def delete_group(cluster, group: str) -> None:
+    admin = AdminClient(cluster.client_config())
+    admin.delete_consumer_groups([group], request_timeout=30)[group].result(30)
+
+
+def groups_on(cluster) -> set[str]:
+    admin = AdminClient(cluster.client_config())
+    return {g.group_id for g in admin.list_consumer_groups(request_timeout=30).result().valid}
+
+
 def translate_cli(config, group: str, flow: str = FLOW) -> list[dict]:
     command = ["translate", str(config), "--flow", flow, "--group", group, "--json"]
     result = subprocess.run(
@@ -249,6 +264,15 @@ def test_a_failed_over_group_reads_exactly_the_records_it_had_not_consumed(
         )
         time.sleep(3)  # three group offset syncs
         assert target_group_offsets(secondary, group, remote) == at_end
+
+        # The group is deleted, on the source first, then on the target (as a DR drill's
+        # restore does): the job stops checkpointing and syncing it, and never commits it
+        # on the target again (it did a moment later: issue 24).
+        delete_group(primary, group)
+        delete_group(secondary, group)
+        time.sleep(6)  # six checkpoint runs and group offset syncs
+        assert target_group_offsets(secondary, group, remote) == {}
+        assert group not in groups_on(secondary)
     finally:
         stop_job(job)
 
@@ -455,3 +479,31 @@ def test_exactly_once_a_far_behind_group_fails_over_with_nothing_lost_or_repeate
     read = read_as_group(secondary, remote, group, timeout=300)
     assert len(read) == len(set(read)), "a record was read twice"
     assert set(read) == keys - consumed
+
+
+def test_with_the_source_away_a_group_keeps_its_last_checkpoints(tmp_path, monkeypatch):
+    """Emergency: the source does not answer, so it cannot say that a group is gone: the
+    group's last checkpoints stay in what the group offset sync commits."""
+    monkeypatch.setattr(checkpoints, "COORDINATOR_WAIT_S", 2.0)
+    with socket.socket() as away:
+        away.bind(("127.0.0.1", 0))  # bound, never listening: connections refused
+        config = tmp_path / "mm2.properties"
+        config.write_text(
+            "clusters = primary, secondary\n"
+            f"primary.bootstrap.servers = 127.0.0.1:{away.getsockname()[1]}\n"
+            "secondary.bootstrap.servers = 127.0.0.1:9\n"
+            f"{FLOW}.enabled = true\n"
+            "emit.reverse.checkpoints.enabled = false\n"  # the offset fetch is what fails
+        )
+        spec = spec_for_flow([config], FLOW)
+        admins = {
+            spec.source: ClusterAdmin(spec.source, spec.source_admin),
+            spec.target: ClusterAdmin(spec.target, spec.target_admin),
+        }
+        positions = {("orders", 0): 40}
+        tool = GroupCheckpoints(spec, admins, OffsetMap(), lambda: positions, producer=False)
+        tool.groups = ["billing"]
+        kept = Checkpoint("billing", "primary.orders", 0, 30, 28, "")
+        tool.latest[("billing", "primary.orders", 0)] = kept
+        assert tool.still_on_source("billing")
+        assert tool.snapshot() == {("billing", "primary.orders", 0): kept}

@@ -8,6 +8,7 @@ then restarts the broker and resumes the flow. Both write their reports."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,12 @@ from mirrorflow.runtime import jobs
 from tests.conftest import create_topics
 from tests.dag_harness import finish, render_into_dags_folder, start_dag_test
 from tests.mirror_harness import flow_file, start_mirror, stop_job, wait_for
-from tests.test_checkpoints import consume_and_commit, produce_keys, target_group_offsets
+from tests.test_checkpoints import (
+    consume_and_commit,
+    groups_on,
+    produce_keys,
+    target_group_offsets,
+)
 from tests.test_mirror_job import EXACTLY_ONCE
 
 FLOW = "primary->secondary"
@@ -101,7 +107,9 @@ def test_drills_non_destructive_then_destructive_with_the_source_broker_killed_m
         f"{FLOW}.sync.topic.configs.enabled = false",
         f"{FLOW}.sync.topic.acls.enabled = false",
         "refresh.topics.interval.seconds = 2",
-        "emit.checkpoints.interval.seconds = 5",
+        "emit.checkpoints.interval.seconds = 2",
+        "sync.group.offsets.enabled = true",
+        "sync.group.offsets.interval.seconds = 1",
         *EXACTLY_ONCE,
     )
     spec = spec_for_flow([config], FLOW)
@@ -161,7 +169,11 @@ def test_drills_non_destructive_then_destructive_with_the_source_broker_killed_m
         assert figures["real_groups_unchanged"] is True and group in figures["real_groups"]
         assert target_group_offsets(secondary, group, remote) == real_on_target
         assert source_group_offsets(primary, group, t) == real_on_source
+        # Deleted on both clusters by the restore, and the running job's group offset sync
+        # does not commit it again on the target (it did, a moment later: issue 24).
+        time.sleep(5)
         assert target_group_offsets(secondary, shadow, f"primary.{drill.DRILL_TOPIC}") == {}
+        assert shadow not in groups_on(secondary) | groups_on(primary)
         assert "**0 record(s)**" in markdown
         assert "DR drill of primary-&gt;secondary: success" in html
         assert "drill report: " in output and "drill figures: RPO 0 record(s)" in output
@@ -176,7 +188,7 @@ def test_drills_non_destructive_then_destructive_with_the_source_broker_killed_m
         ]
         data, markdown, html = the_report(state)
         figures = data["figures"]
-        (lost_repeated,) = figures["groups"].values()
+        ((killed_group, lost_repeated),) = figures["groups"].items()
         assert lost_repeated["read_on_source"] > 0 and lost_repeated["read_on_target"] > 0
         assert lost_repeated["lost"] == 0 and lost_repeated["repeated"] == 0
         assert figures["acked"] >= 500  # 10 s at 100 records/s, minus the last second
@@ -206,6 +218,10 @@ def test_drills_non_destructive_then_destructive_with_the_source_broker_killed_m
         assert Path(data["failover_report"]).is_file()
         assert jobs.held(flows / "primary-secondary") is None
         assert sandbox_mod.load(sandbox.directory)["primary"].is_running()
+        # Neither drill group comes back on the target over several checkpoint runs and
+        # syncs (of the running job, or of one started above: it reads their checkpoints back).
+        time.sleep(5)
+        assert {shadow, killed_group}.isdisjoint(groups_on(secondary) | groups_on(primary))
     finally:
         stop_job(job)
         if not sandbox_mod.load(sandbox.directory)["primary"].is_running():

@@ -108,14 +108,19 @@ def test_a_failback_brings_back_what_was_written_on_the_dr_cluster_and_nothing_e
     sandbox, airflow_home, topic_name, tmp_path, monkeypatch
 ):
     primary, secondary = sandbox["primary"], sandbox["secondary"]
-    t, group = topic_name("orders"), topic_name("billing")
+    t, group, reports = topic_name("orders"), topic_name("billing"), topic_name("reports")
     remote, back = f"primary.{t}", f"secondary.{t}"
     create_topics(primary, t, partitions=2)
     allow(primary, "alice", ResourceType.TOPIC, t, AclOperation.WRITE, AclOperation.DESCRIBE)
     keys = produce_keys(primary, t, 2, range(100))
     consumed = consume_and_commit(primary, t, group, {0: 30, 1: 20})
+    read_by_reports = consume_and_commit(primary, t, reports, {0: 15, 1: 25})
     config = flow_file(
-        tmp_path, sandbox, t, f"{FLOW}.groups = {group}", f"{FLOW}.sync.topic.acls.enabled = false"
+        tmp_path,
+        sandbox,
+        t,
+        f"{FLOW}.groups = {group}, {reports}",
+        f"{FLOW}.sync.topic.acls.enabled = false",
     )
     state = tmp_path / "state"
     flows = state / "flows"
@@ -128,6 +133,8 @@ def test_a_failback_brings_back_what_was_written_on_the_dr_cluster_and_nothing_e
     # During the failover: the group reads on the DR cluster, producers write there (30
     # records, on the DR cluster's own `t`), and a super user still writes 6 on the primary.
     consumed |= consume_and_commit(secondary, remote, group, {0: 10, 1: 10})
+    # A second group reads only the primary's records there, never the DR cluster's own.
+    read_by_reports |= consume_and_commit(secondary, remote, reports, {0: 5, 1: 5})
     create_topics(secondary, t, partitions=2)
     written = produce_keys(secondary, t, 2, range(1000, 1030))
     consumed |= consume_and_commit(secondary, t, group, {0: 5, 1: 5})
@@ -164,16 +171,21 @@ def test_a_failback_brings_back_what_was_written_on_the_dr_cluster_and_nothing_e
     assert sorted(all_keys(primary, back)) == sorted(written), "copied back: exactly those"
     rows = {(r["topic"], r["partition"]): r["offset"] for r in data["targets"][group]}
     assert rows == {(t, 0): 40, (t, 1): 30, (back, 0): 5, (back, 1): 5}
+    # The second group starts the copied-back topic at its first records.
+    rows = {(r["topic"], r["partition"]): r["offset"] for r in data["targets"][reports]}
+    assert rows == {(t, 0): 20, (t, 1): 30, (back, 0): 0, (back, 1): 0}
     assert deny_acls(primary, t) == []
     assert produce_as(primary, "alice", t, range(3000, 3002)) is None  # alice writes again
     late |= {b"k3000", b"k3001"}
     assert jobs.held(flows / "primary-secondary") is None
     assert not (flows / "primary-secondary" / jobs.PAUSED_FILE).exists()
 
-    # The group resumes on the primary: nothing lost, nothing read twice.
-    again = read_as_group(primary, t, group) + read_as_group(primary, back, group)
-    assert len(again) == len(set(again)) and not set(again) & consumed, "read twice"
-    assert consumed | set(again) == keys | written | late, "lost records"
+    # The groups resume on the primary: nothing lost, nothing read twice; the second reads
+    # every record written on the DR cluster during the failover, once.
+    for name, before in ((group, consumed), (reports, read_by_reports)):
+        again = read_as_group(primary, t, name) + read_as_group(primary, back, name)
+        assert len(again) == len(set(again)) and not set(again) & before, f"{name}: read twice"
+        assert before | set(again) == keys | written | late, f"{name}: lost records"
 
     # The flow resumes from its held positions: it copies the 8 records written on the primary
     # since the cut and nothing again; the copied-back topic does not go round.

@@ -87,6 +87,21 @@ def deny_acls(cluster, topic: str) -> list:
     return sorted((a.principal, a.operation.name) for a in found)
 
 
+def failover_cli(config: Path, state: Path, *options: str) -> subprocess.CompletedProcess:
+    """``mirrorflow failover`` of the flow with ``options``, from a shell."""
+    return subprocess.run(
+        [
+            *(sys.executable, "-m", "mirrorflow.cli", "failover", str(config)),
+            *("--flow", FLOW, "--state-dir", str(state / "flows"), *options),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "MIRRORFLOW_STATE": str(state), "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+    )
+
+
 def run_dag(dag_file: Path, state: Path, log: Path, conf: dict) -> dict:
     return finish(start_dag_test(dag_file, state, log, conf), log, 420)
 
@@ -240,27 +255,7 @@ def test_an_emergency_failover_with_the_source_down_commits_checkpoints_and_esti
 
     # From a shell, the same steps: the source is up, but the flow has not copied 21 records,
     # so a planned failover cannot catch up: it fails naming them, and reports it.
-    cli = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mirrorflow.cli",
-            "failover",
-            str(config),
-            "--flow",
-            FLOW,
-            "--dry-run",
-            "--catch-up-timeout",
-            "3",
-            "--state-dir",
-            str(flows),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "MIRRORFLOW_STATE": str(state), "PYTHONPATH": str(ROOT)},
-        cwd=ROOT,
-    )
+    cli = failover_cli(config, state, "--dry-run", "--catch-up-timeout", "3")
     assert cli.returncode == 2, cli.stdout + cli.stderr
     (error, hint) = cli.stderr.splitlines()
     assert error == (
@@ -281,12 +276,24 @@ def test_an_emergency_failover_with_the_source_down_commits_checkpoints_and_esti
     dag_file = render_into_dags_folder(config, "failover")
     sandbox_mod.down(sandbox.directory, ["primary"])
     try:
+        # From a shell, with primary down: one line says so, and none of librdkafka's own
+        # lines per connection attempt (issue 24: 454 of them in an emergency failover).
+        down = failover_cli(config, state, "--mode", "emergency", "--dry-run")
+        said = (down.stdout + down.stderr).splitlines()
+        assert down.returncode == 0, "\n".join(said[-40:])
+        spam = [ln for ln in said if "Connection refused" in ln or "Connect to" in ln]
+        assert spam == [], f"{len(spam)} lines of librdkafka's, e.g. {spam[0]}"
+        (unreachable,) = [ln for ln in said if "cluster primary does not answer" in ln]
+        assert "check primary.bootstrap.servers and that the cluster is up" in unreachable
+        the_report(state)  # seen
+
         log = tmp_path / "emergency.log"
         result = run_dag(dag_file, state, log, {"mode": "auto"})
         output = log.read_text()
         tasks = {s: ["success", 1] for s in STEPS}
         tasks["fence-producers"] = tasks["catch-up"] = ["skipped", 1]
         assert result == {"state": "success", "tasks": tasks}, output
+        assert "Connection refused" not in output and "Connect to" not in output
         data, markdown, _html = the_report(state)
         assert data["mode"] == "emergency" and data["preflight"]["source_reachable"] is False
         assert data["rpo"]["records"] == 21 and data["rpo"]["exact"] is False

@@ -144,18 +144,19 @@ class Demo:
     # -- live --------------------------------------------------------------------------------
     def live(self) -> None:
         """Produce a record every few seconds and show when it arrives, until Ctrl-C."""
-        from confluent_kafka import Consumer, Producer
+        from mirrorflow.replication import clients
 
         assert self.box is not None
         primary, secondary = self.box["primary"], self.box["secondary"]
-        producer = Producer(primary.client_config())
-        consumer = Consumer(
+        producer = clients.producer(primary.name, primary.client_config())
+        consumer = clients.consumer(
+            secondary.name,
             {
                 **secondary.client_config(),
                 "group.id": "mirrorflow-demo-live",
                 "auto.offset.reset": "latest",
                 "enable.auto.commit": False,
-            }
+            },
         )
         consumer.subscribe([f"primary.{DEMO_TOPIC}"])
         deadline = time.monotonic() + 30
@@ -219,13 +220,14 @@ class Demo:
 
 
 def produce_samples(cluster: sandbox.Cluster, count: int = 100) -> int:
-    from confluent_kafka import Producer
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import NewTopic
 
-    admin = AdminClient(cluster.client_config())
+    from mirrorflow.replication import clients
+
+    admin = clients.admin(cluster.name, cluster.client_config())
     if DEMO_TOPIC not in admin.list_topics(timeout=10).topics:
         admin.create_topics([NewTopic(DEMO_TOPIC, 3, 1)])[DEMO_TOPIC].result(timeout=30)
-    producer = Producer(cluster.client_config())
+    producer = clients.producer(cluster.name, cluster.client_config())
     for i in range(count):
         producer.produce(DEMO_TOPIC, key=f"order-{i}".encode(), value=f'{{"id": {i}}}'.encode())
     producer.flush(30)
@@ -237,16 +239,17 @@ def wait_for_records(
 ) -> list[tuple[int, int, str, str]]:
     """Read ``topic`` from the start until ``count`` records arrived: (partition, offset,
     key, value) each. Fails early when an Airflow service dies."""
-    from confluent_kafka import Consumer
+    from mirrorflow.replication import clients
 
-    consumer = Consumer(
+    consumer = clients.consumer(
+        cluster.name,
         {
             **cluster.client_config(),
             "group.id": f"mirrorflow-demo-{time.time_ns()}",
             "auto.offset.reset": "earliest",
             "enable.auto.commit": False,
             "topic.metadata.refresh.interval.ms": 2000,
-        }
+        },
     )
     consumer.subscribe([topic])
     seen: list[tuple[int, int, str, str]] = []

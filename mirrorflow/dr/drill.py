@@ -70,6 +70,7 @@ from mirrorflow.dr import failover, steps
 from mirrorflow.dr.steps import Log, Partition, StepRecord, StepSkipped, safe_run_id
 from mirrorflow.dr.steps import iso as _iso
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
+from mirrorflow.replication import clients
 from mirrorflow.replication.checkpoints import flow_positions
 from mirrorflow.replication.spec import MirrorSpec
 from mirrorflow.replication.topics import ClusterAdmin, cluster_error
@@ -349,10 +350,9 @@ def _real_group_offsets(
 class _Producer:
     """Writes drill records (value ``<run>:<seq>``) and keeps each acknowledged offset."""
 
-    def __init__(self, config: dict[str, str], tag: str) -> None:
-        from confluent_kafka import Producer
-
-        self.producer = Producer(
+    def __init__(self, cluster: str, config: dict[str, str], tag: str) -> None:
+        self.producer = clients.producer(
+            cluster,
             _client(
                 config,
                 **{
@@ -361,7 +361,7 @@ class _Producer:
                     "linger.ms": 5,
                     "message.timeout.ms": 5000,
                 },
-            )
+            ),
         )
         self.tag = tag
         self.sent = 0
@@ -393,10 +393,12 @@ class _Producer:
         self.producer.flush(timeout)
 
 
-def _end_offsets(config: dict[str, str], topic: str, partitions: int) -> dict[int, int]:
-    from confluent_kafka import Consumer, TopicPartition
+def _end_offsets(
+    cluster: str, config: dict[str, str], topic: str, partitions: int
+) -> dict[int, int]:
+    from confluent_kafka import TopicPartition
 
-    consumer = Consumer(_client(config, **{"group.id": "mirrorflow-drill-probe"}))
+    consumer = clients.consumer(cluster, _client(config, **{"group.id": "mirrorflow-drill-probe"}))
     try:
         return {
             p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
@@ -410,10 +412,11 @@ class _GroupReader:
     """The drill group reading on one cluster: each record read is committed (synchronously)
     before it counts as read, so what it read is what its group has committed."""
 
-    def __init__(self, config: dict[str, str], group: str, tag: str, topic: str) -> None:
-        from confluent_kafka import Consumer
-
-        self.consumer = Consumer(
+    def __init__(
+        self, cluster: str, config: dict[str, str], group: str, tag: str, topic: str
+    ) -> None:
+        self.consumer = clients.consumer(
+            cluster,
             _client(
                 config,
                 **{
@@ -422,7 +425,7 @@ class _GroupReader:
                     "auto.offset.reset": "earliest",
                     "isolation.level": "read_committed",
                 },
-            )
+            ),
         )
         self.consumer.subscribe([topic])
         self.tag = tag
@@ -461,10 +464,11 @@ def traffic(request: DrillRequest, run: DrillRun, record: StepRecord, log: Log) 
     spec = request.spec()
     tag = safe_run_id(request.run_id)
     # The drill group starts at the topic's end: earlier runs' records are not its own.
-    start = _end_offsets(spec.source_admin, DRILL_TOPIC, DRILL_PARTITIONS)
-    _commit(spec.source_admin, request.group, start)
-    producer = _Producer(spec.source_admin, tag)
-    reader = _GroupReader(spec.source_admin, request.group, tag, DRILL_TOPIC)
+    source = spec.source, spec.source_admin
+    start = _end_offsets(*source, DRILL_TOPIC, DRILL_PARTITIONS)
+    _commit(*source, request.group, start)
+    producer = _Producer(*source, tag)
+    reader = _GroupReader(*source, request.group, tag, DRILL_TOPIC)
     run.event("traffic started")
     try:
         if request.mode == "non-destructive":
@@ -487,10 +491,11 @@ def traffic(request: DrillRequest, run: DrillRun, record: StepRecord, log: Log) 
     log(record.summary)
 
 
-def _commit(config: dict[str, str], group: str, offsets: dict[int, int]) -> None:
-    from confluent_kafka import Consumer, TopicPartition
+def _commit(cluster: str, config: dict[str, str], group: str, offsets: dict[int, int]) -> None:
+    from confluent_kafka import TopicPartition
 
-    consumer = Consumer(_client(config, **{"group.id": group, "enable.auto.commit": False}))
+    settings = _client(config, **{"group.id": group, "enable.auto.commit": False})
+    consumer = clients.consumer(cluster, settings)
     try:
         consumer.commit(
             offsets=[TopicPartition(DRILL_TOPIC, p, o) for p, o in offsets.items()],
@@ -560,7 +565,7 @@ def _continuous_then_kill(
         run.event(f"group {request.group} stopped reading on {spec.source} ({len(reader.read)})")
         # Its commit checkpointed as the job does every emit.checkpoints.interval.seconds,
         # once the flow has copied what it read (exact translation needs the copies).
-        committed = _committed(spec.source_admin, request.group)
+        committed = _committed(spec.source, spec.source_admin, request.group)
         _wait_positions(spec, committed, request.timeout_s)
         from mirrorflow.replication.checkpoints import run_group_sync
 
@@ -605,10 +610,11 @@ def _sandbox(action: str, sandbox: dict) -> float:
     return at if action == "kill" else time.time()
 
 
-def _committed(config: dict[str, str], group: str) -> dict[Partition, int]:
-    from confluent_kafka import Consumer, TopicPartition
+def _committed(cluster: str, config: dict[str, str], group: str) -> dict[Partition, int]:
+    from confluent_kafka import TopicPartition
 
-    consumer = Consumer(_client(config, **{"group.id": group, "enable.auto.commit": False}))
+    settings = _client(config, **{"group.id": group, "enable.auto.commit": False})
+    consumer = clients.consumer(cluster, settings)
     try:
         found = consumer.committed(
             [TopicPartition(DRILL_TOPIC, p) for p in range(DRILL_PARTITIONS)], timeout=30
@@ -725,8 +731,9 @@ def verify(request: DrillRequest, run: DrillRun, record: StepRecord, log: Log) -
     copied = {s for s, (p, o) in acked.items() if o < positions.get(p, 0)}
     read_on_source = set(sent["read_on_source"])
     expected = copied - read_on_source
-    reader = _GroupReader(spec.target_admin, request.group, safe_run_id(request.run_id), remote)
-    ends = _end_offsets(spec.target_admin, remote, DRILL_PARTITIONS)
+    target = spec.target, spec.target_admin
+    reader = _GroupReader(*target, request.group, safe_run_id(request.run_id), remote)
+    ends = _end_offsets(*target, remote, DRILL_PARTITIONS)
     deadline = time.monotonic() + request.timeout_s
     try:
         while time.monotonic() < deadline:
@@ -811,10 +818,11 @@ def _at_ends(reader: _GroupReader, topic: str, ends: dict[int, int]) -> bool:
 
 def _records_on_target(spec: MirrorSpec, remote: str, run: DrillRun, tag: str) -> dict:
     """Each acknowledged record of this run found on the target's copy: once, missing, more."""
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import TopicPartition
 
     acked = run.details("traffic")["acked"]
-    consumer = Consumer(
+    consumer = clients.consumer(
+        spec.target,
         _client(
             spec.target_admin,
             **{
@@ -822,9 +830,9 @@ def _records_on_target(spec: MirrorSpec, remote: str, run: DrillRun, tag: str) -
                 "enable.auto.commit": False,
                 "isolation.level": "read_committed",
             },
-        )
+        ),
     )
-    ends = _end_offsets(spec.target_admin, remote, DRILL_PARTITIONS)
+    ends = _end_offsets(spec.target, spec.target_admin, remote, DRILL_PARTITIONS)
     counts: dict[str, int] = {}
     try:
         consumer.assign([TopicPartition(remote, p, 0) for p in ends])  # 0: from the start
@@ -898,6 +906,9 @@ def restore(request: DrillRequest, run: DrillRun, record: StepRecord, log: Log) 
 
 
 def _delete_group(spec: MirrorSpec, group: str) -> list[str]:
+    """Delete the drill group on the source, then on the target (the clusters it was deleted
+    on). The source goes first: a running mirror job's group offset sync creates a group
+    absent from the target as long as the source still has its offsets."""
     deleted = []
     for alias, config in ((spec.source, spec.source_admin), (spec.target, spec.target_admin)):
         admin = ClusterAdmin(alias, config)

@@ -34,7 +34,9 @@ Steps (:data:`STEPS`):
     Each group's committed offsets on ``T`` translated back: on the forward flow's remote topics
     with its offset map (the first source record whose copy the group had not read), on the
     copied topics with the copy's record of where each record landed; committed on ``S`` (a
-    group with members there is left alone, reported).
+    group with members there is left alone, reported). Default policy: a group that read a
+    topic's records on ``T`` but has no offset on a partition of ``T``'s own topic that was
+    copied back starts that partition of ``T.orders`` at its first record copied back.
 ``unfence``
     Removes exactly the DENY WRITE ACLs the failover created on ``S`` (``fences.json``).
 ``resume``
@@ -75,6 +77,7 @@ from mirrorflow.dr.failover import (
 )
 from mirrorflow.dr.steps import Log, Partition, StepRecord, StepSkipped, safe_run_id
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
+from mirrorflow.replication.checkpoints import GroupOffsetsClient
 from mirrorflow.replication.spec import MirrorSpec
 from mirrorflow.replication.topics import ADMIN_TIMEOUT_S, ClusterAdmin, cluster_error
 from mirrorflow.runtime import jobs
@@ -349,25 +352,31 @@ def copy_range(
     start: int,
     end: int,
     to_topic: str,
+    clusters: tuple[str, str] = ("", ""),
 ) -> list[list[int]]:
     """Copy the committed records of ``topic``-``partition`` in ``[start, end)`` to
     ``to_topic``'s same partition (key, value, headers, timestamp), in order; returns where they
     landed as runs ``[first source offset, first copy's offset, count]`` (both advancing by one
-    within a run)."""
-    from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+    within a run). ``clusters``: the aliases of the clusters read and written."""
+    from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+    from mirrorflow.replication import clients
 
     if end <= start:
         return []
-    consumer = Consumer(
+    consumer = clients.consumer(
+        clusters[0],
         {
             **source_config,
             "group.id": "mirrorflow-failback",
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
             "enable.partition.eof": True,
-        }
+        },
     )
-    producer = Producer({**target_config, "enable.idempotence": True, "acks": "all"})
+    producer = clients.producer(
+        clusters[1], {**target_config, "enable.idempotence": True, "acks": "all"}
+    )
     landed: list[tuple[int, int]] = []
     errors: list = []
     try:
@@ -474,6 +483,7 @@ def set_aside(request: FailbackRequest, run: FailbackRun, record: StepRecord, lo
             d["start"],
             d["end"],
             d["to"],
+            clusters=(spec.source, spec.source),
         )
         log(f"set aside {line} in {d['to']}")
     records = sum(d["end"] - d["start"] for d in ranges)
@@ -515,6 +525,7 @@ def reverse_copy(request: FailbackRequest, run: FailbackRun, record: StepRecord,
                 c["start"],
                 c["end"],
                 c["to"],
+                clusters=(spec.target, spec.source),
             )
             copied += sum(r[2] for r in c["runs"])
         if copies:
@@ -578,16 +589,51 @@ def _via_runs(runs: list[list[int]], offset: int, end: int, after: int | None) -
     return after
 
 
+def _first_copies(
+    group: str,
+    offsets: dict[Partition, tuple[int, str]],
+    remote: dict[Partition, Partition],
+    copies: dict[Partition, dict],
+    on_source: GroupOffsetsClient,
+    source: str,
+) -> list[dict]:
+    """Default policy: where ``group`` starts on the copied-back topics (``T.orders`` on ``S``)
+    for the partitions it has no offset of on ``T``'s own topic, though it read that topic's
+    data (on ``S.orders`` there, say): at the first record copied back, so it reads every
+    record written on ``T`` during the failover once. A group that has an offset there on
+    ``S`` already (an earlier failback) keeps it. Identity policy: the copies land in ``orders``
+    itself, after what a group that never read it on ``T`` has not read on ``S``: it keeps its
+    offset there, and nothing is committed for it (the caller does not ask)."""
+    read = {remote[tp][0] for tp in offsets if tp in remote}
+    read |= {tp[0] for tp in offsets if tp in copies}
+    unread = [
+        (tp, c)
+        for tp, c in sorted(copies.items())
+        if tp[0] in read and tp not in offsets and c["end"] > c["start"] and c.get("runs") != []
+    ]
+    if not unread:
+        return []
+    copied = [(tp, c) for tp, c in unread if c.get("runs")]
+    kept = on_source.committed(group, [(c["to"], tp[1]) for tp, c in copied]) if copied else {}
+    rows = []
+    for (topic, p), c in unread:
+        row = {"on_target": f"{topic}-{p}", "target_offset": None, "topic": c["to"]}
+        if "runs" not in c:  # a dry run: where the copies land is not known
+            at, how = None, "first copied record (dry run: known after the copy)"
+        elif (c["to"], p) in kept:
+            at, how = None, f"kept: {kept[(c['to'], p)][0]} on {source} already"
+        else:
+            at, how = c["runs"][0][1], "first copied record (no offset on the DR cluster)"
+        rows.append({**row, "partition": p, "offset": at, "how": how})
+    return rows
+
+
 @WORKFLOW.step("group-sync")
 def group_sync(request: FailbackRequest, run: FailbackRun, record: StepRecord, log: Log) -> None:
     """The groups' offsets on ``T`` translated back and committed on ``S``."""
     from confluent_kafka import TopicPartition
 
-    from mirrorflow.replication.checkpoints import (
-        GroupOffsetsClient,
-        GroupOffsetSync,
-        read_offset_map,
-    )
+    from mirrorflow.replication.checkpoints import GroupOffsetSync, read_offset_map
 
     spec, _t, _p = _spec_and_policy(request)
     pre = run.details("preflight")
@@ -638,6 +684,8 @@ def group_sync(request: FailbackRequest, run: FailbackRun, record: StepRecord, l
                     "how": how,
                 }
             )
+        if not identity:
+            rows += _first_copies(group, offsets, remote, copies, writer, spec.source)
         results[group] = rows
         wanted = [
             TopicPartition(r["topic"], r["partition"], r["offset"])

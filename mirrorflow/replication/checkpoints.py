@@ -16,6 +16,13 @@ it commits the latest checkpoints into the target's groups that have no members 
 absent from the target gets them all; an EMPTY group only moves forwards; a group with members on
 the target is never touched, and is reported.
 
+A group deleted on the source (or left without committed offsets on the flow's partitions)
+leaves the checkpoints that are synced at the next checkpoint run, as does one the source no
+longer lists; and before the sync creates a group absent from the target it asks the source
+whether the group still has offsets there. So a group deleted on the source, then on the target,
+stays deleted, where MirrorMaker 2 re-creates it on the target until its next group refresh.
+When the source does not answer, the last checkpoints stand.
+
 :func:`run_group_sync` does both once, now, for ``mirrorflow sync-groups`` and the sync DAG's
 ``groups`` task, with a translation table per group; as a dry run it only reads.
 """
@@ -33,6 +40,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from mirrorflow.errors import MirrorflowError
 from mirrorflow.mm2.formats import Checkpoint
 from mirrorflow.mm2.offset_syncs import checkpoint_is_more_recent
+from mirrorflow.replication import clients
 from mirrorflow.replication.offset_map import OffsetMap, Partition, Translation, record_of
 from mirrorflow.replication.scheduler import TaskFailed
 from mirrorflow.replication.spec import MirrorSpec
@@ -75,9 +83,8 @@ class GroupOffsetsClient:
         self.principal = client_principal(config)
 
     def _consumer(self, group: str):
-        from confluent_kafka import Consumer
-
-        return Consumer({**self.config, "group.id": group, "enable.auto.commit": False})
+        config = {**self.config, "group.id": group, "enable.auto.commit": False}
+        return clients.consumer(self.admin.alias, config)
 
     def committed(
         self, group: str, partitions: list[Partition]
@@ -243,6 +250,13 @@ class GroupOffsets:
     group: str
     translations: dict[Partition, Translation | None] = field(default_factory=dict)
     metadata: dict[Partition, str] = field(default_factory=dict)
+    asked: bool = False  # whether any partition was asked about (the flow has positions)
+
+    @property
+    def gone(self) -> bool:
+        """The source said the group has no committed offset on any of the flow's partitions
+        (deleted there, say)."""
+        return self.asked and not self.translations
 
 
 class GroupCheckpoints:
@@ -264,9 +278,8 @@ class GroupCheckpoints:
         self.source, self.target = admins[spec.source], admins[spec.target]
         self.offsets = GroupOffsetsClient(self.source, spec.source_consumer_client)
         if producer is None:  # False: translation only, nothing written
-            from confluent_kafka import Producer
-
-            producer = Producer({**spec.target_client, "enable.idempotence": True, "acks": "all"})
+            config = {**spec.target_client, "enable.idempotence": True, "acks": "all"}
+            producer = clients.producer(spec.target, config)
         self.producer = producer
         self.latest: dict[GroupKey, Checkpoint] = {}
         self.latest_written_ms: dict[GroupKey, int] = {}  # when those read back were written
@@ -275,6 +288,9 @@ class GroupCheckpoints:
         self.translated: dict[str, GroupOffsets] = {}  # each group's offsets at the last emit
         self.due: list[Checkpoint] = []  # the checkpoints the last emit wrote (or would write)
         self.groups: list[str] | None = None
+        # Listed groups the source last said have no committed offset on the flow's partitions
+        # (deleted there, say): no checkpoint of theirs is synced until they have one again.
+        self.gone: set[str] = set()
         self.written = 0
         self._started = False
         self._lock = threading.Lock()
@@ -305,10 +321,13 @@ class GroupCheckpoints:
             raise cluster_error(
                 self.source, "listing consumer groups", exc, "DESCRIBE on the cluster"
             ) from None
-        self.groups = sorted(
+        groups = sorted(
             g.group_id for g in listed.valid if self.spec.should_replicate_group(g.group_id)
         )
-        return self.groups
+        with self._lock:
+            self.groups = groups
+            self.gone &= set(groups)
+        return groups
 
     # -- translation --------------------------------------------------------------------------
     def group_offsets(self, group: str) -> GroupOffsets:
@@ -318,7 +337,7 @@ class GroupCheckpoints:
         partition it has seen)."""
         positions = self.positions()
         back = self._reverse_partitions()
-        result = GroupOffsets(group)
+        result = GroupOffsets(group, asked=bool(positions or back))
         committed = self.offsets.committed(group, [*positions, *back])
         for key, (offset, metadata) in sorted(committed.items()):
             if key in back:  # a copy of the target's topic: translated back with its map
@@ -358,6 +377,11 @@ class GroupCheckpoints:
         self.translated = {}
         for group in self.groups or []:
             offsets = self.translated[group] = self.group_offsets(group)
+            if offsets.gone:
+                self._forget(group)
+                continue
+            with self._lock:
+                self.gone.discard(group)
             translated_at = time.time()
             for (topic, partition), translation in sorted(offsets.translations.items()):
                 if translation is None:
@@ -419,9 +443,35 @@ class GroupCheckpoints:
             raise TaskFailed(str(exc)) from None
 
     def snapshot(self) -> dict[GroupKey, Checkpoint]:
-        """The latest checkpoint per group and target partition (a copy, for other threads)."""
+        """The latest checkpoint per group and target partition (a copy, for other threads), of
+        the groups of the last listing that had committed offsets at their last look: a group
+        deleted on the source drops out (so the group offset sync leaves it alone), and so
+        does one checkpointed before a restart that the source no longer lists."""
         with self._lock:
-            return dict(self.latest)
+            listed = set(self.groups or ()) - self.gone
+            return {key: c for key, c in self.latest.items() if key[0] in listed}
+
+    def _forget(self, group: str) -> None:
+        """``group`` has no committed offset on the flow's partitions on the source (deleted
+        there, say): its checkpoints leave the snapshot; it starts afresh if it comes back."""
+        with self._lock:
+            self.gone.add(group)
+            for store in (self.latest, self.latest_written_ms, self.exactness, self.emitted_at):
+                for key in [k for k in store if k[0] == group]:
+                    del store[key]
+
+    def still_on_source(self, group: str) -> bool:
+        """Whether ``group`` has committed offsets on the flow's partitions on the source now
+        (asked by the group offset sync before it creates a group absent from the target). A
+        group without them is forgotten. When the source does not answer, the last
+        checkpoints stand: True, as in an emergency the target's groups need them."""
+        try:
+            if not self.group_offsets(group).gone:
+                return True
+        except (MirrorflowError, KafkaException):
+            return True
+        self._forget(group)
+        return False
 
 
 @dataclass
@@ -431,11 +481,14 @@ class GroupSyncReport:
     written: dict[str, dict[tuple[str, int], int]] = field(default_factory=dict)
     active: list[str] = field(default_factory=list)  # groups with members there: untouched
     kept: dict[str, list[tuple[str, int]]] = field(default_factory=dict)  # already further
+    gone: list[str] = field(default_factory=list)  # absent on both clusters: not re-created
 
     def describe(self) -> str:
         parts = [f"{sum(map(len, self.written.values()))} offsets of {len(self.written)} groups"]
         if self.active:
             parts.append(f"skipped {len(self.active)} groups active on the target")
+        if self.gone:
+            parts.append(f"left {len(self.gone)} groups deleted on the source uncreated")
         return ", ".join(parts)
 
 
@@ -449,15 +502,21 @@ ACTIVE_STATES = (
 
 
 class GroupOffsetSync:
-    """Commits the latest checkpoints into the target's idle groups; see the module's doc."""
+    """Commits the latest checkpoints into the target's idle groups; see the module's doc.
+
+    ``still_on_source`` (:meth:`GroupCheckpoints.still_on_source`), when given, is asked before
+    a group absent from the target is created there: a group deleted on both clusters (the
+    source first) between two checkpoint runs is not brought back."""
 
     def __init__(
         self,
         spec: MirrorSpec,
         admins: dict[str, ClusterAdmin],
         checkpoints: Callable[[], dict[GroupKey, Checkpoint]],
+        still_on_source: Callable[[str], bool] | None = None,
     ) -> None:
         self.spec, self.target, self.checkpoints = spec, admins[spec.target], checkpoints
+        self.still_on_source = still_on_source
         self.offsets = GroupOffsetsClient(self.target, spec.target_consumer)
         self.runs: list[GroupSyncReport] = []
 
@@ -501,6 +560,16 @@ class GroupOffsetSync:
                     "consumers there, or they keep their own positions)",
                     self.spec.flow,
                     group,
+                    self.spec.target,
+                )
+                continue
+            if state == "DEAD" and self.still_on_source and not self.still_on_source(group):
+                report.gone.append(group)
+                log.info(
+                    "%s: group %s has no offsets on %s any more: not created on %s",
+                    self.spec.flow,
+                    group,
+                    self.spec.source,
                     self.spec.target,
                 )
                 continue
@@ -797,7 +866,7 @@ def run_group_sync(
     tool.emit(write=not dry_run)
     report = None
     if sync_offsets:  # the groups the flow checkpoints now, as MirrorMaker 2's task syncs them
-        sync = GroupOffsetSync(spec, admins, tool.snapshot)
+        sync = GroupOffsetSync(spec, admins, tool.snapshot, tool.still_on_source)
         report = sync.run(set(tool.groups or ()), dry_run=dry_run)
     if dry_run:
         latest, written_ms = before, before_ms  # nothing was written

@@ -17,6 +17,7 @@ from confluent_kafka.admin import AdminClient
 
 from mirrorflow.config.topology import Flow, Topology
 from mirrorflow.errors import MirrorflowError
+from mirrorflow.replication import clients
 
 
 @dataclass
@@ -92,7 +93,7 @@ class _Clusters:
                 "error_cb": lambda err: errors.append(err.str()),
                 "log_level": 0,
             }
-            self._admins[key] = (AdminClient(settings), errors)
+            self._admins[key] = (clients.admin(alias, settings, quiet=True), errors)
         return self._admins[key]
 
     def topics(self, alias: str, config: dict[str, str]) -> dict[str, int]:
@@ -119,13 +120,12 @@ class _Clusters:
 
         Read by a consumer of the group, not the admin API, whose offset listing crashes the
         process on a NOT_COORDINATOR answer (confluentinc/librdkafka#5040)."""
-        from confluent_kafka import Consumer
-
         _admin, errors = self.admin(alias, config)
         partitions = [TopicPartition(t, p) for t, n in sorted(topics.items()) for p in range(n)]
         if not partitions:
             return set()
-        consumer = Consumer({**config, "group.id": group, "enable.auto.commit": False})
+        settings = {**config, "group.id": group, "enable.auto.commit": False}
+        consumer = clients.consumer(alias, settings, quiet=True)
         try:
             committed = consumer.committed(partitions, timeout=self.timeout)
         except KafkaException as exc:

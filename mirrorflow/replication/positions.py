@@ -18,6 +18,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from mirrorflow.errors import ClusterUnreachable
 from mirrorflow.mm2.formats import SourceOffset
+from mirrorflow.replication import clients
 from mirrorflow.replication.topic_reader import TopicReader
 from mirrorflow.replication.topics import client_principal, refusal, unauthorized
 
@@ -75,18 +76,17 @@ class PositionWriter:
         self, producer_config: dict[str, str], topic: str, source_alias: str, cluster: str = ""
     ) -> None:
         """``cluster``: the alias of the cluster that holds ``topic`` (the target)."""
-        from confluent_kafka import Producer
-
         self.topic, self.source_alias = topic, source_alias
         self.cluster = cluster or "(the cluster of " + topic + ")"
         self.principal = client_principal(producer_config)
-        self._producer = Producer(
+        self._producer = clients.producer(
+            self.cluster,
             {
                 **producer_config,
                 "enable.idempotence": True,
                 "acks": "all",
                 "partitioner": "murmur2_random",
-            }
+            },
         )
 
     def write(self, positions: dict[tuple[str, int], int], timeout_s: float = 60.0) -> None:

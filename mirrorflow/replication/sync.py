@@ -52,6 +52,7 @@ from confluent_kafka.admin import (
 )
 
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
+from mirrorflow.replication import clients
 from mirrorflow.replication.scheduler import TaskFailed
 from mirrorflow.replication.spec import MirrorSpec
 from mirrorflow.replication.topic_reader import TopicReader
@@ -520,11 +521,12 @@ class AclSync(_FlowSync):
 
     def _record(self, records: list[tuple[bytes, bytes | None]]) -> None:
         """Write the ledger: the ACLs created, and tombstones for those removed."""
-        from confluent_kafka import Producer
-
         topic = self.spec.acl_ledger_topic
         write_records(
-            Producer({**self.spec.target_client, "enable.idempotence": True, "acks": "all"}),
+            clients.producer(
+                self.target.alias,
+                {**self.spec.target_client, "enable.idempotence": True, "acks": "all"},
+            ),
             topic,
             records,
             cluster=self.target.alias,
@@ -558,7 +560,12 @@ class _AclLedgerReader(TopicReader):
     def __init__(self, spec: MirrorSpec) -> None:
         topic = spec.acl_ledger_topic
         super().__init__(
-            spec.target_consumer, spec.target_admin, topic, f"mirrorflow-{topic}", missing_ok=True
+            spec.target_consumer,
+            spec.target_admin,
+            topic,
+            f"mirrorflow-{topic}",
+            missing_ok=True,
+            cluster=spec.target,
         )
         self.created: set[AclChange] = set()
 

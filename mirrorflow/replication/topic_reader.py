@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import time
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
+from mirrorflow.replication import clients
 from mirrorflow.replication.topics import client_principal, refusal, unauthorized
 
 
@@ -33,21 +34,20 @@ class TopicReader:
         cluster: str = "",
     ) -> None:
         """``cluster``: the alias of the cluster that holds ``topic``, for messages."""
-        from confluent_kafka.admin import AdminClient
-
         self.topic, self.missing_ok = topic, missing_ok
         self.cluster = cluster or "(the cluster of " + topic + ")"
         self.principal = client_principal(consumer_config)
-        self._consumer = Consumer(
+        self._consumer = clients.consumer(
+            self.cluster,
             {
                 **consumer_config,
                 "group.id": group,
                 "enable.auto.commit": False,
                 "isolation.level": "read_committed",
                 "auto.offset.reset": "earliest",
-            }
+            },
         )
-        self._admin = AdminClient(admin_config)
+        self._admin = clients.admin(self.cluster, admin_config)
         self._partitions: list[TopicPartition] = []
 
     def apply(self, key: bytes | None, value: bytes | None) -> None:
@@ -108,6 +108,7 @@ class TopicReader:
             for tp in self._consumer.position([TopicPartition(self.topic, p) for p in remaining]):
                 if tp.offset >= ends[tp.partition]:
                     remaining.discard(tp.partition)
+        clients.answered(self.cluster)
 
     def _raise_if_refused(self, error: KafkaError) -> None:
         if unauthorized(error):

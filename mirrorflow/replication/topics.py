@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterable
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import (
-    AdminClient,
     ConfigEntry,
     ConfigResource,
     ConfigSource,
@@ -24,6 +23,7 @@ from confluent_kafka.admin import (
 )
 
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
+from mirrorflow.replication import clients
 
 ADMIN_TIMEOUT_S = 30.0
 
@@ -32,14 +32,15 @@ class ClusterAdmin:
     """An admin client of one cluster that names the cluster and principal in its errors.
 
     Authentication failures reach librdkafka's error callback, not the failing call, so they
-    are collected here and end a metadata request at once instead of after its timeout.
+    are collected here and end a metadata request at once instead of after its timeout. A
+    metadata answer tells :mod:`~mirrorflow.replication.clients` that the cluster answers.
     """
 
     def __init__(self, alias: str, config: dict[str, str]) -> None:
         self.alias = alias
         self.principal = client_principal(config)
         self.auth_error: KafkaError | None = None
-        self.client = AdminClient({**config, "error_cb": self._on_error})
+        self.client = clients.admin(alias, config, on_error=self._on_error)
 
     def _on_error(self, error: KafkaError) -> None:
         if error.code() in _AUTH_ERRORS:
@@ -49,7 +50,7 @@ class ClusterAdmin:
         deadline = time.monotonic() + ADMIN_TIMEOUT_S
         while True:
             try:
-                return self.client.list_topics(timeout=2)
+                metadata = self.client.list_topics(timeout=2)
             except KafkaException as exc:
                 self.client.poll(0.1)  # serves the error callback
                 if self.auth_error is not None:
@@ -58,6 +59,9 @@ class ClusterAdmin:
                     ) from None
                 if time.monotonic() > deadline:
                     raise cluster_error(self, "listing topics", exc) from None
+            else:
+                clients.answered(self.alias)
+                return metadata
 
 
 _AUTHORIZATION_ERRORS = (

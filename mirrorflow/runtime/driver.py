@@ -64,6 +64,7 @@ from typing import TYPE_CHECKING
 from mirrorflow.config.librdkafka import principal
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
 from mirrorflow.mm2.formats import OffsetSync
+from mirrorflow.replication import clients
 from mirrorflow.replication.checkpoints import (
     GroupCheckpoints,
     GroupOffsetSync,
@@ -126,8 +127,6 @@ class MirrorJob:
     def __init__(
         self, spark: SparkSession, spec: MirrorSpec, metrics: FlowMetrics | None = None
     ) -> None:
-        from confluent_kafka import Producer
-
         self.spark, self.spec = spark, spec
         self.metrics = metrics  # the flow's Prometheus metrics, when the application has them
         self._stop_requested = threading.Event()
@@ -160,8 +159,8 @@ class MirrorJob:
         )
         producer_base = {"enable.idempotence": True, "acks": "all", "linger.ms": 5}
         self.producers = {
-            spec.source: Producer({**spec.source_client, **producer_base}),
-            spec.target: Producer({**spec.target_client, **producer_base}),
+            spec.source: clients.producer(spec.source, {**spec.source_client, **producer_base}),
+            spec.target: clients.producer(spec.target, {**spec.target_client, **producer_base}),
         }
         self.copy_producer_config = {
             **spec.target_client,
@@ -610,7 +609,9 @@ class MirrorJob:
             )
         if spec.sync_group_offsets_enabled:
             if self.group_sync is None:
-                self.group_sync = GroupOffsetSync(spec, self.admins, self.checkpoints.snapshot)
+                self.group_sync = GroupOffsetSync(
+                    spec, self.admins, self.checkpoints.snapshot, self.checkpoints.still_on_source
+                )
             self.scheduler.add(
                 "sync-group-offsets",
                 spec.sync_group_offsets_interval_s,
@@ -887,7 +888,11 @@ class MirrorJob:
         stays committed, with its positions: the flow resumes after it."""
         try:
             mirror_writer.abort_transactions(
-                self.copy_producer_config, self._transactional_prefix, partitions, SOURCE_STALL_S
+                self.spec.target,
+                self.copy_producer_config,
+                self._transactional_prefix,
+                partitions,
+                SOURCE_STALL_S,
             )
         except MirrorflowError as exc:
             log.warning("%s: %s", self.spec.flow, exc)
@@ -1345,12 +1350,12 @@ class Doorbell:
     """
 
     def __init__(self, consumer_config: dict[str, str], flow: str) -> None:
-        from confluent_kafka import Consumer
-
+        """``consumer_config``: librdkafka settings of the source of ``flow`` (``S->T``)."""
         config = {
             k: v for k, v in consumer_config.items() if k not in ("group.id", "auto.offset.reset")
         }
-        self._consumer = Consumer(
+        self._consumer = clients.consumer(
+            jobs.split_flow(flow)[0],
             {
                 **config,
                 "group.id": f"mirrorflow-doorbell-{flow}",  # never joined nor committed
@@ -1359,7 +1364,7 @@ class Doorbell:
                 "auto.offset.reset": "latest",
                 "max.partition.fetch.bytes": 65536,
                 "queued.max.messages.kbytes": 1024,
-            }
+            },
         )
         self._assigned: dict[Partition, int] = {}
         self.flow = flow

@@ -29,6 +29,7 @@ import pyarrow as pa
 
 from mirrorflow.errors import MirrorflowError
 from mirrorflow.mm2.offset_syncs import PartitionSyncState
+from mirrorflow.replication import clients
 from mirrorflow.replication.offset_map import PartitionMap, Run, record_of, runs_of
 from mirrorflow.replication.topics import client_principal, refusal, unauthorized
 
@@ -98,20 +99,24 @@ def transactional_id(prefix: str, topic: str, partition: int) -> str:
 
 
 def abort_transactions(
-    producer_config: dict, prefix: str, partitions: list[tuple[str, int]], timeout_s: float = 30.0
+    cluster: str,
+    producer_config: dict,
+    prefix: str,
+    partitions: list[tuple[str, int]],
+    timeout_s: float = 30.0,
 ) -> None:
     """Fence the transactional producers of ``partitions`` (a producer initialised with the same
     ``transactional.id``), which aborts their open transactions: a worker killed mid-batch
     leaves its transaction open, and an open transaction holds back every read_committed
     consumer of the partition until ``transaction.timeout.ms``. A :class:`MirrorflowError`
-    names the partitions that could not be fenced."""
+    names the partitions that could not be fenced (on ``cluster``, the target)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from confluent_kafka import KafkaException, Producer
+    from confluent_kafka import KafkaException
 
     def fence(tp: tuple[str, int]) -> str | None:
         txn_id = transactional_id(prefix, *tp)
-        producer = Producer({**producer_config, "transactional.id": txn_id})
+        producer = clients.producer(cluster, {**producer_config, "transactional.id": txn_id})
         try:
             producer.init_transactions(timeout_s)
             return None
@@ -138,15 +143,16 @@ def _transactional_producer(settings: CopySettings, topic: str, partition: int):
     another Python worker used for an earlier batch) and aborts its open transaction. A
     producer is therefore never reused across tasks: another worker may have fenced it since.
     """
-    from confluent_kafka import KafkaException, Producer
+    from confluent_kafka import KafkaException
 
     txn_id = transactional_id(settings.transactional_id_prefix, topic, partition)
-    producer = Producer(
+    producer = clients.producer(
+        settings.target_alias,
         {
             **settings.producer_config,
             "transactional.id": txn_id,
             "partitioner": "murmur2_random",  # Java's partitioner, as Connect's offsets topic uses
-        }
+        },
     )
     try:
         producer.init_transactions(settings.flush_timeout_s)

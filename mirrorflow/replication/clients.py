@@ -1,0 +1,277 @@
+"""Every confluent-kafka client mirrorflow makes (admin clients, consumers, producers), made here
+for one named cluster, so that a cluster that does not answer makes one line, not hundreds.
+
+Left to itself, librdkafka writes a line to stderr for each failed connection attempt of each
+client, from its own threads: an emergency failover with the source broker killed printed 454
+``Connect to ipv4#… failed: Connection refused`` lines (issue 24). A client made here hands its
+log lines (confluent-kafka's ``logger`` setting) and its error events (``error_cb``) to the
+:class:`ClusterLog` of its cluster, one per cluster alias and process, which logs to the
+``mirrorflow.kafka`` logger:
+
+* the first sign that the cluster does not answer (a refused or failed connection, all brokers
+  down, an address that does not resolve, a request that timed out) as one WARNING naming the
+  cluster, where it was looked for and what to check; the repeats at DEBUG, until
+  :func:`answered` says the cluster answered again (one INFO line), after which a new outage is
+  said again;
+* an authentication or TLS refusal once per principal and distinct error, at WARNING (never
+  hidden: these do not mend by retrying);
+* librdkafka's other warnings and errors once per distinct text (timings and thread names left
+  out), at WARNING; its informational lines, closed connections and what it retries by
+  itself at DEBUG.
+
+A caller that says in its own line why a cluster failed it (``mirrorflow plan``) makes its
+clients ``quiet``: what librdkafka says about them goes to DEBUG only.
+
+librdkafka delivers both only while the client is polled (``poll``, ``consume``, ``flush``), on
+the polling thread; a client that is never polled keeps them queued and says nothing. A failed
+call still raises its error, which the caller turns into its own one-line error
+(:func:`mirrorflow.replication.topics.cluster_error`).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, Producer
+from confluent_kafka.admin import AdminClient
+
+log = logging.getLogger("mirrorflow.kafka")
+
+ErrorCallback = Callable[[KafkaError], None]
+
+_UNREACHABLE_CODES = (
+    KafkaError._TRANSPORT,
+    KafkaError._ALL_BROKERS_DOWN,
+    KafkaError._RESOLVE,
+    KafkaError._TIMED_OUT,
+)
+_REFUSED_CODES = (
+    KafkaError._AUTHENTICATION,
+    KafkaError.SASL_AUTHENTICATION_FAILED,
+    KafkaError._SSL,
+    KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    KafkaError.GROUP_AUTHORIZATION_FAILED,
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+)
+# What librdkafka says when it cannot reach a broker, and why (first match wins).
+_UNREACHABLE = (
+    ("failed to resolve", "its broker addresses do not resolve"),
+    ("connection refused", "its brokers refuse connections"),
+    ("connect to ", "no connection to its brokers"),
+    ("timed out", "its brokers do not answer in time"),
+)
+_REFUSED = ("sasl authentication", "authentication failed", "ssl handshake", "certificate")
+# Lines with no news for an operator: a connection closed (librdkafka reconnects by itself),
+# a request it retries by itself (e.g. while a coordinator loads), all brokers down (each
+# broker's own failure says why: refused, not resolved, a TLS handshake, credentials).
+_QUIET = (
+    "disconnected",
+    "connection reset",
+    "receive failed",
+    "send failed",
+    "retrying",
+    "brokers are down",
+)
+_NOISE = re.compile(r"^\[thrd:[^\]]*\]:\s*|\s*\((?:after \d+ms[^)]*|\d+ identical[^)]*)\)|\d+ms")
+_SAID_AT_MOST = 200  # distinct texts said per cluster; past that, DEBUG (a runaway source)
+# librdkafka hands events over when a client is polled, so a client polled just after the
+# cluster answered again may still hand over its failed attempts from during the outage: for
+# this long after an answer, those do not make a new outage (one that lasts is said after it,
+# librdkafka retrying a broker at least every reconnect.backoff.max.ms, 10 s by default).
+STALE_AFTER_ANSWER_S = 15.0
+
+
+class ClusterLog:
+    """What librdkafka says about one cluster, said once (see the module's documentation)."""
+
+    def __init__(self, cluster: str, bootstrap: str) -> None:
+        self.cluster, self.bootstrap = cluster, bootstrap
+        self.down = False  # said that it does not answer, and it has not answered since
+        self.answered_at = float("-inf")  # when it last answered after an outage (monotonic)
+        self._said: set[str] = set()
+        self._lock = threading.Lock()
+
+    def _first(self, key: str) -> bool:
+        with self._lock:
+            if key in self._said or len(self._said) >= _SAID_AT_MOST:
+                return False
+            self._said.add(key)
+            return True
+
+    def unreachable(self, why: str, detail: str) -> None:
+        with self._lock:
+            stale = time.monotonic() - self.answered_at < STALE_AFTER_ANSWER_S
+            first = not self.down and not stale
+            self.down = self.down or not stale
+        if first:
+            log.warning(
+                "cluster %s does not answer at %s (%s): check %s.bootstrap.servers and that "
+                "the cluster is up",
+                self.cluster,
+                self.bootstrap,
+                why,
+                self.cluster,
+            )
+        else:
+            log.debug("cluster %s: %s", self.cluster, detail)
+
+    def refused(self, principal: str, detail: str) -> None:
+        if self._first(f"refused {principal} {_plain(detail)}"):
+            log.warning(
+                "cluster %s refused principal %s: %s: check the credentials, TLS settings and "
+                "ACLs of %s for %s",
+                self.cluster,
+                principal,
+                _plain(detail),
+                principal,
+                self.cluster,
+            )
+        else:
+            log.debug("cluster %s: %s", self.cluster, detail)
+
+    def other(self, level: int, detail: str) -> None:
+        text = _plain(detail)
+        if level >= logging.WARNING and self._first(text):
+            log.log(level, "cluster %s: %s", self.cluster, text)
+        else:
+            log.debug("cluster %s: %s", self.cluster, detail)
+
+    def answered(self) -> None:
+        with self._lock:
+            was, self.down = self.down, False
+            if was:
+                self.answered_at = time.monotonic()
+        if was:
+            log.info("cluster %s answers again", self.cluster)
+
+    def event(self, principal: str, level: int, detail: str, code: int | None = None) -> None:
+        """One librdkafka log line or error event (``code``) of a client of ``principal``."""
+        lowered = detail.lower()
+        if code in _REFUSED_CODES or any(s in lowered for s in _REFUSED):
+            self.refused(principal, detail)
+        elif any(s in lowered for s in _QUIET) and "connection refused" not in lowered:
+            log.debug("cluster %s: %s", self.cluster, detail)
+        elif code in _UNREACHABLE_CODES or code is None:
+            why = next((w for s, w in _UNREACHABLE if s in lowered), None)
+            if why is not None:
+                self.unreachable(why, detail)
+            elif code is None:
+                self.other(level, detail)
+            else:  # e.g. a transport error with no words above: a transient one
+                log.debug("cluster %s: %s", self.cluster, detail)
+        else:
+            self.other(logging.WARNING, detail)
+
+
+def _plain(detail: str) -> str:
+    """librdkafka's text without its thread name and timings, so that repeats compare equal."""
+    return _NOISE.sub("", detail).strip()
+
+
+_LOGS: dict[str, ClusterLog] = {}
+_LOGS_LOCK = threading.Lock()
+
+
+def cluster_log(cluster: str, bootstrap: str = "?") -> ClusterLog:
+    """The process's :class:`ClusterLog` of ``cluster`` (made at its first client)."""
+    with _LOGS_LOCK:
+        found = _LOGS.get(cluster)
+        if found is None:
+            found = _LOGS[cluster] = ClusterLog(cluster, bootstrap)
+        return found
+
+
+def answered(cluster: str) -> None:
+    """``cluster`` answered a request: if it had been said not to, say that it answers again."""
+    found = _LOGS.get(cluster)
+    if found is not None and found.down:
+        found.answered()
+
+
+class _ClientLogger(logging.Logger):
+    """One client's ``logger`` and ``error_cb``: librdkafka calls ``log(level, "%s [%s] %s",
+    facility, client name, text)`` for each log line, :meth:`on_error` gets each error event."""
+
+    def __init__(
+        self, target: ClusterLog, principal: str, also: ErrorCallback | None, quiet: bool
+    ) -> None:
+        super().__init__(f"mirrorflow.kafka.{target.cluster}")
+        self.target, self.principal, self.also, self.quiet = target, principal, also, quiet
+
+    def log(self, level: int, msg: object, *args: object, **_kwargs: Any) -> None:  # type: ignore[override]
+        text = str(args[2]) if len(args) == 3 else (str(msg) % args if args else str(msg))
+        self._event(level, text, None)
+
+    def on_error(self, err: KafkaError) -> None:
+        self._event(logging.ERROR, err.str(), err.code())
+        if self.also is not None:
+            self.also(err)
+
+    def _event(self, level: int, text: str, code: int | None) -> None:
+        if self.quiet:
+            log.debug("cluster %s: %s", self.target.cluster, text)
+        else:
+            self.target.event(self.principal, level, text, code)
+
+
+def _config(
+    cluster: str, config: Mapping[str, Any], on_error: ErrorCallback | None, quiet: bool
+) -> dict:
+    settings = dict(config)
+    chained = settings.pop("error_cb", None)
+    also = on_error
+    if chained is not None:
+        also = chained if on_error is None else _both(on_error, chained)
+    principal = str(settings.get("sasl.username") or settings.get("sasl.kerberos.principal") or "")
+    target = cluster_log(cluster or "(unnamed)", str(settings.get("bootstrap.servers", "?")))
+    hook = _ClientLogger(target, principal or "(no SASL user)", also, quiet)
+    settings["logger"] = hook
+    settings["error_cb"] = hook.on_error
+    return settings
+
+
+def _both(first: ErrorCallback, second: ErrorCallback) -> ErrorCallback:
+    def call(err: KafkaError) -> None:
+        first(err)
+        second(err)
+
+    return call
+
+
+def admin(
+    cluster: str,
+    config: Mapping[str, Any],
+    on_error: ErrorCallback | None = None,
+    quiet: bool = False,
+) -> AdminClient:
+    """An admin client of ``cluster`` (its alias) with ``config`` (librdkafka settings);
+    ``on_error`` is told each error event too (as is an ``error_cb`` in ``config``). ``quiet``:
+    the caller says in its own line why the cluster failed it (``mirrorflow plan``), so what
+    librdkafka says goes to DEBUG only."""
+    return AdminClient(_config(cluster, config, on_error, quiet))
+
+
+def consumer(
+    cluster: str,
+    config: Mapping[str, Any],
+    on_error: ErrorCallback | None = None,
+    quiet: bool = False,
+) -> Consumer:
+    """A consumer of ``cluster``; see :func:`admin`."""
+    return Consumer(_config(cluster, config, on_error, quiet))
+
+
+def producer(
+    cluster: str,
+    config: Mapping[str, Any],
+    on_error: ErrorCallback | None = None,
+    quiet: bool = False,
+) -> Producer:
+    """A producer to ``cluster``; see :func:`admin`."""
+    return Producer(_config(cluster, config, on_error, quiet))

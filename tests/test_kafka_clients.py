@@ -1,0 +1,147 @@
+"""Clients of a cluster that does not answer say so in one line naming the cluster, not in
+librdkafka's line per connection attempt (issue 24); refusals are said, once each.
+
+The first test runs real librdkafka clients against a loopback port nothing listens on (a
+connection refused at once, as by a stopped broker); the others feed :class:`ClusterLog` the
+lines and error events librdkafka gives, as recorded from it."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import time
+
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+from mirrorflow.replication import clients
+
+THREAD = "[thrd:sasl_plaintext://127.0.0.1:9/bootstrap]: sasl_plaintext://127.0.0.1:9/bootstrap: "
+REFUSED = (
+    THREAD + "Connect to ipv4#127.0.0.1:9 failed: Connection refused (after 0ms in state CONNECT)"
+)
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def said(caplog, level: int = logging.INFO) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= level]
+
+
+def test_clients_of_a_stopped_cluster_say_so_once_and_print_nothing_of_librdkafka(caplog, capfd):
+    caplog.set_level(logging.DEBUG, "mirrorflow.kafka")
+    alias = f"stopped-{closed_port()}"
+    config = {"bootstrap.servers": f"127.0.0.1:{closed_port()}"}
+    admin = clients.admin(alias, config)
+    consumer = clients.consumer(alias, {**config, "group.id": "g"})
+    producer = clients.producer(alias, {**config, "message.timeout.ms": 2000})
+    deadline = time.monotonic() + 4
+    while time.monotonic() < deadline:
+        try:
+            admin.list_topics(timeout=0.5)
+        except KafkaException:
+            admin.poll(0.1)
+        consumer.poll(0.1)
+    producer.produce("t", b"x")
+    producer.flush(3)
+    with contextlib.suppress(KafkaException):
+        consumer.committed([TopicPartition("t", 0)], timeout=1)
+    consumer.close()
+
+    out, err = capfd.readouterr()
+    assert "Connect to" not in out + err and "Connection refused" not in out + err
+    warnings = said(caplog, logging.WARNING)
+    assert warnings == [
+        f"cluster {alias} does not answer at {config['bootstrap.servers']} (its brokers refuse "
+        f"connections): check {alias}.bootstrap.servers and that the cluster is up"
+    ]
+    repeats = [r for r in caplog.records if r.levelno == logging.DEBUG]
+    assert len(repeats) > 10  # librdkafka's own lines, kept at DEBUG
+
+    clients.answered(alias)
+    clients.answered(alias)
+    assert said(caplog)[1:] == [f"cluster {alias} answers again"]
+
+
+def test_an_outage_after_an_answer_is_said_again_but_not_attempts_handed_over_late(
+    caplog, monkeypatch
+):
+    caplog.set_level(logging.INFO, "mirrorflow.kafka")
+    log = clients.ClusterLog("c1", "h:1")
+    log.event("alice", logging.ERROR, REFUSED)
+    assert log.down
+    log.answered()
+    # A client polled just after the answer hands over its attempts from the outage.
+    log.event("alice", logging.ERROR, REFUSED)
+    assert not log.down
+    monkeypatch.setattr(clients, "STALE_AFTER_ANSWER_S", 0.0)
+    log.event("alice", logging.ERROR, "1/1 brokers are down", KafkaError._ALL_BROKERS_DOWN)
+    assert not log.down  # the brokers' own failures say why they are down
+    log.event("alice", logging.ERROR, REFUSED, KafkaError._TRANSPORT)
+    assert log.down
+    assert [m.split(" (")[0] for m in said(caplog)] == [
+        "cluster c1 does not answer at h:1",
+        "cluster c1 answers again",
+        "cluster c1 does not answer at h:1",
+    ]
+
+
+def test_refusals_are_said_once_each_and_closed_connections_not_at_all(caplog):
+    caplog.set_level(logging.DEBUG, "mirrorflow.kafka")
+    log = clients.ClusterLog("c2", "h:1")
+    sasl = (
+        THREAD + "SASL authentication error: Authentication failed during authentication due to "
+        "invalid credentials with SASL mechanism SCRAM-SHA-512 (after 12ms in state AUTH_REQ)"
+    )
+    for _ in range(3):
+        log.event("mallory", logging.ERROR, sasl)  # the log line
+        log.event("mallory", logging.ERROR, sasl, KafkaError._AUTHENTICATION)  # the error event
+    log.event("bob", logging.ERROR, sasl, KafkaError._AUTHENTICATION)
+    idle = THREAD + "Disconnected: connection closed by peer (after 56631ms in state UP)"
+    log.event("bob", logging.INFO, idle)
+    log.event("bob", logging.ERROR, idle, KafkaError._TRANSPORT)
+    tls = THREAD + "SSL handshake failed: certificate verify failed (after 3ms in state SSL)"
+    log.event("bob", logging.ERROR, tls, KafkaError._SSL)
+    log.event("bob", logging.ERROR, "1/1 brokers are down", KafkaError._ALL_BROKERS_DOWN)
+    fenced = "Fatal error: Broker: Producer attempted an operation with an old epoch"
+    log.event("bob", logging.ERROR, fenced, KafkaError._FATAL)
+    log.event("bob", logging.ERROR, fenced, KafkaError._FATAL)
+    warnings = said(caplog, logging.WARNING)
+    plain = sasl.split("]: ", 1)[1].replace(" (after 12ms in state AUTH_REQ)", "")
+    assert warnings == [
+        f"cluster c2 refused principal mallory: {plain}: check the credentials, TLS "
+        "settings and ACLs of mallory for c2",
+        f"cluster c2 refused principal bob: {plain}: check the credentials, TLS settings and "
+        "ACLs of bob for c2",
+        "cluster c2 refused principal bob: sasl_plaintext://127.0.0.1:9/bootstrap: SSL handshake "
+        "failed: certificate verify failed: check the credentials, TLS settings and ACLs of bob "
+        "for c2",
+        f"cluster c2: {fenced}",
+    ]
+    assert not log.down
+
+
+def test_a_client_made_here_still_tells_its_own_error_callback():
+    told: list[int] = []
+    config = {"bootstrap.servers": f"127.0.0.1:{closed_port()}", "error_cb": told.append}
+    admin = clients.admin("c3", config, on_error=lambda err: told.append(err.code()))
+    try:
+        admin.list_topics(timeout=1)
+    except KafkaException:
+        admin.poll(0.5)
+    assert KafkaError._TRANSPORT in told and any(isinstance(e, KafkaError) for e in told)
+
+
+def test_a_quiet_client_leaves_saying_it_to_its_caller(caplog):
+    caplog.set_level(logging.DEBUG, "mirrorflow.kafka")
+    told: list[KafkaError] = []
+    config = {"bootstrap.servers": f"127.0.0.1:{closed_port()}"}
+    admin = clients.admin("c4", config, on_error=told.append, quiet=True)
+    with contextlib.suppress(KafkaException):
+        admin.list_topics(timeout=1)
+    admin.poll(0.5)
+    assert told and said(caplog) == []
