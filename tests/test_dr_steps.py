@@ -317,3 +317,20 @@ def test_a_rollback_releases_exactly_its_runs_hold_and_marks_it(tmp_path, monkey
     assert done.details("rollback")["kept"] == [
         "the hold of primary->secondary: its hold is another's ('failover someone-else')"
     ]
+
+
+def test_a_measurement_takes_the_latest_failover_that_recorded_its_cut():
+    flow = "primary->secondary"
+    final = {"step": "final-sync", "details": {"rpo": {"positions_at_cut": {"t": {"0": 5}}}}}
+    runs = [
+        _failover_record("one", "1", steps=[final]),
+        _failover_record("two", "2", steps=[final]),
+        _failover_record("drill", "3", steps=[final], rolled_back={"by": "d"}),
+        _failover_record("dry", "4", steps=[final], dry=True),
+        _failover_record("cut-less", "5", steps=FAILED),
+    ]
+    assert failover.choose_measured(runs, flow, "")["run_id"] == "two"
+    assert failover.choose_measured(runs, flow, "one")["run_id"] == "one"
+    assert failover.choose_measured(runs, flow, "drill")["run_id"] == "drill"
+    with pytest.raises(MirrorflowError, match="no failover of primary->secondary with run id dry"):
+        failover.choose_measured(runs, flow, "dry")

@@ -1,12 +1,13 @@
 """The failover DAG (``failover__<source>__<target>``) run by a real Airflow (``dag.test()``) on
 the sandbox clusters: a planned failover with a running mirror job and a fenced producer ends
 with RPO 0 and a group that resumes on the target with nothing lost or repeated, after a dry
-run that changed nothing and a failover that failed (the job's driver frozen, SIGSTOP: its
-stop-mirror timed out) whose report lists its fence and hold, which a failback refuses to undo
-and the DAG's rollback mode releases exactly; an emergency failover with the source broker
-stopped commits the stored checkpoints and estimates the RPO from the job's last observed end
-offsets, after ``mirrorflow failover`` (the same steps from a shell) failed to catch up, naming
-the records, and, the broker back, ``--mode measure-rpo`` counts the records really lost."""
+run (``mirrorflow failover --dry-run``) that changed nothing and a failover that failed (the
+job's driver frozen, SIGSTOP: its stop-mirror timed out) whose report lists its fence and hold,
+which a failback refuses to undo and the DAG's rollback mode releases exactly; an emergency
+failover with the source broker stopped commits the stored checkpoints and estimates the RPO
+from the job's last observed end offsets, after ``mirrorflow failover`` (the same steps from a
+shell) failed to catch up, naming the records, and, the broker back, ``--mode measure-rpo``
+counts the records really lost."""
 
 from __future__ import annotations
 
@@ -32,7 +33,10 @@ from confluent_kafka.admin import (
 )
 
 from mirrorflow.devtools import sandbox as sandbox_mod
+from mirrorflow.dr import failback
+from mirrorflow.dr.failback import FailbackRequest
 from mirrorflow.dr.steps import safe_run_id
+from mirrorflow.errors import MirrorflowError
 from mirrorflow.replication.checkpoints import flow_positions, read_checkpoints, run_group_sync
 from mirrorflow.replication.spec import spec_for_flow
 from mirrorflow.runtime import jobs, launch
@@ -137,7 +141,7 @@ def the_report(state: Path) -> tuple[dict, str, str]:
 @pytest.mark.spark
 @pytest.mark.airflow
 def test_a_planned_failover_fences_producers_and_a_group_resumes_with_nothing_lost_or_repeated(
-    sandbox, airflow_home, topic_name, tmp_path
+    sandbox, airflow_home, topic_name, tmp_path, monkeypatch
 ):
     primary, secondary = sandbox["primary"], sandbox["secondary"]
     t, group = topic_name("orders"), topic_name("billing")
@@ -155,11 +159,22 @@ def test_a_planned_failover_fences_producers_and_a_group_resumes_with_nothing_lo
     try:
         dag_file = render_into_dags_folder(config, "failover")
 
-        # A dry run computes everything and changes nothing.
-        log = tmp_path / "dry-run.log"
-        result = run_dag(dag_file, state, log, {"dry_run": True, "fence_principals": ["alice"]})
-        output = log.read_text()
-        assert result == {"state": "success", "tasks": FAILOVER_TASKS}, output
+        # A dry run (from a shell: the same steps) computes everything and changes nothing.
+        dry = mirrorflow_cli(
+            state,
+            "failover",
+            str(config),
+            "--flow",
+            FLOW,
+            "--fence",
+            "alice",
+            "--dry-run",
+            "--state-dir",
+            str(flows),
+        )
+        output = dry.stdout
+        assert dry.returncode == 0, output + dry.stderr
+        assert "rollback: skipped: mode planned: nothing to roll back" in output
         assert f"would deny WRITE on topic {t} of primary to User:alice" in output
         assert "1 running mirror job(s) run it" in output
         assert f"group {group}: read on secondary from {remote}-0@" in output
@@ -217,20 +232,17 @@ def test_a_planned_failover_fences_producers_and_a_group_resumes_with_nothing_lo
             assert "| stop-mirror | held primary->secondary paused:" in markdown
             assert jobs.held(flows / "primary-secondary") == "failover frozen"
             assert deny_acls(primary, t) == [("User:alice", "WRITE")]
-            refused = mirrorflow_cli(
-                state, "failback", str(config), "--flow", FLOW, "--state-dir", str(flows)
+            monkeypatch.setenv("MIRRORFLOW_STATE", str(state))
+            back = FailbackRequest(FLOW, (str(config),), "back", state_dir=str(flows))
+            with pytest.raises(MirrorflowError) as refused:
+                failback.preflight(back, log=lambda _line: None)
+            assert str(refused.value) == (
+                f"the latest failover of {FLOW}, run frozen, failed at stop-mirror: a failback "
+                "undoes a failover that succeeded (roll it back: mirrorflow failover "
+                f"{config.resolve()} --flow '{FLOW}' --mode rollback --failover-run frozen (or "
+                "the failover DAG with mode rollback and failover run frozen); or run the "
+                "failover again, then fail back)"
             )
-            assert refused.returncode == 2, refused.stdout + refused.stderr
-            error, hint = refused.stderr.splitlines()
-            assert error == (
-                f"mirrorflow: error: failback of {FLOW} failed: the latest failover of {FLOW}, "
-                "run frozen, failed at stop-mirror: a failback undoes a failover that succeeded"
-            ), refused.stderr
-            assert hint.startswith(
-                f"mirrorflow: what to do: roll it back: mirrorflow failover {config} --flow "
-                f"'{FLOW}' --mode rollback --failover-run frozen (or the failover DAG with mode "
-                "rollback and failover run frozen); or run the failover again, then fail back"
-            ), hint
 
             # The DAG's rollback mode releases exactly what that run held.
             log = tmp_path / "rollback.log"

@@ -407,7 +407,8 @@ def choose_rollback(
 
 def choose_measured(runs: Sequence[dict], flow: str, run_id: str) -> dict:
     """The failover run whose RPO a measurement measures: ``run_id``'s, else the latest that
-    recorded where it left the flow (``positions_at_cut``; not a dry run)."""
+    recorded where it left the flow (``positions_at_cut``; not a dry run), one not rolled back
+    (e.g. a drill's) if there is one."""
     candidates = [
         d
         for d in runs
@@ -424,7 +425,8 @@ def choose_measured(runs: Sequence[dict], flow: str, run_id: str) -> dict:
             + f" recorded where it left the flow, in {reports_dir()}",
             "measure the RPO of a failover that got past its final-sync (not a dry run)",
         )
-    return candidates[-1]
+    standing = [d for d in candidates if not d.get("rolled_back")]
+    return (standing or candidates)[-1]
 
 
 # -- the steps ---------------------------------------------------------------------------------

@@ -261,6 +261,7 @@ class Run:
             "request": {**request.record(), "flow_files": list(request.flow_files)},
             "started": now(),
             "steps": [],
+            "changes": [],
         }
 
     @property
