@@ -21,11 +21,14 @@ written and no real group is moved.
     ``traffic``: a producer writes continuously (idempotent, ``acks=all``; it knows each record's
     acknowledged offset); the drill group reads and commits on the source during the first half,
     its commit is checkpointed once the flow copied it, then, mid-traffic, the source broker is
-    killed (SIGKILL, ``mirrorflow sandbox kill``): the cut. ``failover``: the emergency failover's
-    own steps (:mod:`mirrorflow.dr.failover`: preflight, the flow held paused, the last
-    checkpoints committed on the target). ``verify``: the group reads on the target until it has
-    everything the flow copied. ``restore``: the broker restarted (``mirrorflow sandbox up``),
-    the hold released (the flow resumes; the drill waits for it to copy the rest, bounded).
+    killed (SIGKILL, ``mirrorflow sandbox kill``): the cut. ``failover``: the runbook, the
+    failover workflow's own steps in emergency mode (:func:`mirrorflow.dr.failover.run_all`:
+    preflight, stop-mirror (the flow held, its running job waited for), final-sync (the last
+    checkpoints committed on the target), report), their timings kept for the report.
+    ``verify``: the group reads on the target until it has everything the flow copied.
+    ``restore``: the broker restarted (``mirrorflow sandbox up``), what that failover holds
+    released from its ledger (the flow resumes; the drill waits for it to copy the rest,
+    bounded), its RPO measured on the source.
 
     Destructive drills run only when the flow's source is a **mirrorflow sandbox cluster**: its
     bootstrap servers are a loopback port of a cluster recorded in the sandbox directory
@@ -44,7 +47,8 @@ Measured per run (``verify``):
   **repeated** (records it read on both clusters, or twice on the target).
 
 ``report``: Markdown and HTML from ``templates/drill_report.{md,html}.j2`` and JSON in
-``$MIRRORFLOW_STATE/reports/drill/<run id>/`` (mode 0600), with the timeline. ``restore`` and
+``$MIRRORFLOW_STATE/reports/drill/<run id>/`` (mode 0600), with the timeline, the ledger and
+what the drill could not rehearse (:data:`NOT_REHEARSED`). ``restore`` and
 ``report`` run however the steps before ended; ``restore`` also deletes the drill group on both
 clusters. A dry run checks that the drill can run (``preflight``) and changes nothing.
 """

@@ -11,8 +11,11 @@ failback, starts after it.
 Steps (:data:`STEPS`):
 
 ``preflight``
-    Both clusters answer; the failover being undone (the latest run of ``S->T`` that held it,
-    not a dry run: its ``positions_at_cut``); ``S->T`` still held; the replication policy; what
+    The failover being undone (:func:`latest_failover`: the latest failover of ``S->T`` that
+    changed something, not a dry run, not rolled back; its ``positions_at_cut``): one that failed
+    is refused in one line naming the rollback (or: run the failover again); both clusters
+    answer; ``S->T`` still held; the failover's RPO measured on ``S`` unless it was
+    (:func:`mirrorflow.dr.failover.measure_missing`); the replication policy; what
     to copy back: per partition of each replicated topic, the range of ``T``'s topic written
     during the failover (default policy: ``T``'s own ``orders``, copied to ``T.orders`` on ``S``
     as MirrorMaker 2's active/active names it; identity: ``orders`` past the forward flow's last
@@ -47,8 +50,9 @@ Steps (:data:`STEPS`):
     The report (``templates/failback_report.*.j2``) with the counts: records written on ``T``
     during the failover, records copied back, records set aside, groups and offsets.
 
-A dry run computes and reports everything and changes nothing. Records and reports live in
-``$MIRRORFLOW_STATE/reports/failback/<run id>/``.
+Each change goes in the run's ledger as it is made (``group-sync``'s commits: from its step's
+record, in the report). A dry run computes and reports everything and changes nothing. Records
+and reports live in ``$MIRRORFLOW_STATE/reports/failback/<run id>/``.
 """
 
 from __future__ import annotations
@@ -234,6 +238,8 @@ def preflight(request: FailbackRequest, run: FailbackRun, record: StepRecord, lo
     from mirrorflow.replication.checkpoints import read_offset_map
 
     spec, _topology, policy = _spec_and_policy(request)
+    # The failover first: one that failed is refused before any cluster is asked.
+    failover = latest_failover(request.flow, request.failover_run_id, jobs.held(request.flow_dir()))
     for alias, config in ((spec.source, spec.source_admin), (spec.target, spec.target_admin)):
         down = reachable(alias, config, request.reachability_timeout_s)
         if down:
@@ -241,7 +247,6 @@ def preflight(request: FailbackRequest, run: FailbackRun, record: StepRecord, lo
                 f"a failback of {request.flow} needs {alias}, which is unreachable: {down}",
                 f"wait until {alias} is back, then trigger the failback again",
             )
-    failover = latest_failover(request.flow, request.failover_run_id, jobs.held(request.flow_dir()))
     cut = _flat(positions_at_cut(failover) or {})
     if not jobs.held(request.flow_dir()):
         raise MirrorflowError(
@@ -317,8 +322,13 @@ def preflight(request: FailbackRequest, run: FailbackRun, record: StepRecord, lo
     written_on_target = sum(c["end"] - c["start"] for c in copies)
     # The failover's RPO, measured now that its source is back (once: kept in its record).
     measured = failover.get("measured_rpo")
+    measure_error = None
     if measured is None:
-        measured = measure_and_record(spec, failover, run, request.dry_run, log)
+        try:
+            measured = measure_and_record(spec, failover, run, request.dry_run, log)
+        except MirrorflowError as exc:  # a figure for the report: the failback goes on
+            measure_error = str(exc)
+            log(f"the RPO of failover {failover['run_id']} could not be measured: {exc}")
     record.details = {
         "source": spec.source,
         "target": spec.target,
@@ -333,6 +343,7 @@ def preflight(request: FailbackRequest, run: FailbackRun, record: StepRecord, lo
         "diverged_records": sum(d["end"] - d["start"] for d in diverged),
         "groups": groups,
         "failover_measured_rpo": measured,
+        "failover_measured_rpo_error": measure_error,
     }
     record.summary = (
         f"failback of {request.flow} (failover {failover['run_id']}, "
