@@ -690,7 +690,15 @@ def catch_up(
     while True:
         partitions = list(_replicated_partitions(spec, source))
         bounds = _source_bounds(spec, source, partitions)
-        behind = _behind(bounds, flow_positions(spec))
+        try:
+            positions = flow_positions(spec)
+        except ClusterUnreachable as exc:  # its offsets topic just created, a leader moving
+            if time.monotonic() > deadline:
+                raise
+            log(f"{request.flow}'s positions not readable yet ({exc.message}); waiting")
+            time.sleep(poll_s)
+            continue
+        behind = _behind(bounds, positions)
         if not behind:
             break
         now = time.monotonic()
