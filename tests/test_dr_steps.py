@@ -334,3 +334,30 @@ def test_a_measurement_takes_the_latest_failover_that_recorded_its_cut():
     assert failover.choose_measured(runs, flow, "drill")["run_id"] == "drill"
     with pytest.raises(MirrorflowError, match="no failover of primary->secondary with run id dry"):
         failover.choose_measured(runs, flow, "dry")
+
+
+def test_a_rollback_puts_back_the_hold_its_failover_had_replaced(tmp_path, monkeypatch):
+    monkeypatch.setenv("MIRRORFLOW_STATE", str(tmp_path))
+    flows = str(tmp_path / "flows")
+    first = failover.FailoverRequest(**{**FIXED, "run_id": "fo-a"}, state_dir=flows)
+    flow_dir = first.flow_dir()
+    jobs.hold(flow_dir, failover.hold_reason("fo-a"))  # a failover that succeeded holds it
+    again = failover.FailoverRun(failover.FailoverRequest(**{**FIXED, "run_id": "fo-b"}))
+    with pytest.raises(MirrorflowError), again.recording("stop-mirror"):
+        jobs.hold(flow_dir, failover.hold_reason("fo-b"))
+        again.change(
+            "hold",
+            "held",
+            undo={
+                "reason": failover.hold_reason("fo-b"),
+                "paused_created": False,
+                "replaced": failover.hold_reason("fo-a"),
+            },
+        )
+        raise MirrorflowError("the mirror job did not pause it")
+    rollback = failover.FailoverRequest(
+        **{**FIXED, "run_id": "rb"}, mode="rollback", state_dir=flows
+    )
+    done = failover.run_all(rollback, log=lambda _line: None)
+    assert done.details("rollback")["failover_run_id"] == "fo-b"
+    assert jobs.held(flow_dir) == "failover fo-a" and (flow_dir / jobs.PAUSED_FILE).exists()

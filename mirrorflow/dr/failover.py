@@ -776,13 +776,20 @@ def stop_mirror(request: FailoverRequest, run: FailoverRun, record: StepRecord, 
     reason = hold_reason(request.run_id)
     paused_file = flow_dir / jobs.PAUSED_FILE
     paused_before = paused_file.exists()
+    held_before = jobs.held(flow_dir)  # another run's hold, replaced (a rollback restores it)
     held_at = time.time()
     jobs.hold(flow_dir, reason)
     run.change(
         "hold",
         f"held {request.flow} paused: {hold_file} (reason {reason!r})"
+        + (f", replacing the hold {held_before!r}" if held_before else "")
         + (f"; {paused_file} was there already" if paused_before else f" and {paused_file}"),
-        undo={"flow_dir": str(flow_dir), "reason": reason, "paused_created": not paused_before},
+        undo={
+            "flow_dir": str(flow_dir),
+            "reason": reason,
+            "paused_created": not paused_before,
+            "replaced": held_before,
+        },
     )
     log(f"{request.flow} held paused ({hold_file}): it copies nothing more")
     deadline = time.monotonic() + request.stop_timeout_s
@@ -1347,6 +1354,17 @@ def release_hold(
         return [], [f"the hold of {flow}: {why}"]
     would = "would release" if dry_run else "released"
     released = []
+    replaced = undo.get("replaced")
+    if replaced:  # it had replaced another run's hold: that one is back
+        if not dry_run:
+            jobs.hold(flow_dir, replaced)
+        run.change(
+            "hold-released",
+            f"{'would put' if dry_run else 'put'} back the hold it had replaced on {flow} "
+            f"({flow_dir / jobs.HOLD_FILE}: reason {replaced!r}, was {reason!r})",
+            undo={"flow_dir": str(flow_dir), "reason": reason},
+        )
+        return [f"the hold of {flow} (the hold it replaced, {replaced!r}, is back)"], []
     if not dry_run:
         jobs.release(flow_dir)
     run.change(
