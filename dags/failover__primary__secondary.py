@@ -26,19 +26,28 @@ Moves the consumers of flow `primary->secondary` from **primary** to **secondary
 where they read `primary.<topic>` (the flow's replication policy), never the source's names.
 Trigger it by hand; each task is a step of the runbook:
 
-1. **preflight**: both clusters' reachability; the mode (*auto*: planned when primary
-   answers, emergency when not); the topics and the consumer groups (the group pattern).
+1. **preflight**: both clusters' reachability, probed at once; the mode (*auto*: planned when
+   primary answers within 15 s, emergency when not; *emergency* gives it 2 s and goes on
+   without it); the topics and the consumer groups (the group pattern).
 2. **fence-producers** (planned, with principals): ACL DENY WRITE on the replicated topics of
    primary for the named principals, recorded for the failback.
 3. **catch-up** (planned): waits until the flow has copied up to primary's end offsets.
 4. **stop-mirror**: holds the flow paused in the mirror job of `mirror__secondary` (kept
-   paused even if `flow__primary__secondary` is unpaused), so nothing is copied after the cut.
+   paused even if `flow__primary__secondary` is unpaused) and waits (*Stop timeout*, 30 s) until
+   the job has stopped it, so nothing is copied after the cut.
 5. **final-sync**: planned: configs and ACLs, the groups checkpointed now and their offsets
    committed on secondary; emergency: the last checkpoints stored on secondary
    committed. Then the RPO (exact when planned, an estimate from the job's last observed end
    offsets in an emergency).
-6. **report**: per group, the topics and offsets to read on secondary, in the log, the
-   XCom and a report (Markdown, HTML) under `$MIRRORFLOW_STATE/reports/failover/<run id>/`.
+6. **rollback** (mode *rollback*; the steps above skip): releases exactly what one failover run
+   held (*Failover run*; default: the one whose hold the flow has): its hold and paused files,
+   the fences it created; committed group offsets stay. Its report is marked rolled back.
+7. **measure-rpo** (mode *measure-rpo*, once primary is back): counts on
+   primary the records written up to the cut that secondary never got; the
+   failover's report gets the figures.
+8. **report**: per group, the topics and offsets to read on secondary, in the log, the
+   XCom and a report (Markdown, HTML) under `$MIRRORFLOW_STATE/reports/failover/<run id>/`,
+   with the run's ledger: every change, recorded as it was made, even when a step then failed.
 
 A **dry run** computes and reports everything and changes nothing (no ACL, no commit, no hold).
 
@@ -67,11 +76,13 @@ with DAG(
         "mode": Param(
             "planned",
             type="string",
-            enum=["planned", "emergency", "auto"],
+            enum=["planned", "emergency", "auto", "rollback", "measure-rpo"],
             values_display={
                 "planned": "Planned: primary is up (fence, catch up, RPO 0)",
                 "emergency": "Emergency: primary is down (last checkpoints)",
                 "auto": "Auto: planned if the source answers, else emergency",
+                "rollback": "Rollback: release what a failed or abandoned failover run held",
+                "measure-rpo": "Measure RPO: once primary is back, count what was lost",
             },
             title="Mode",
         ),
@@ -105,6 +116,22 @@ with DAG(
             description="How long the planned failover waits for the mirror to catch up.",
             section="Advanced",
         ),
+        "stop_timeout_seconds": Param(
+            30,
+            type="integer",
+            minimum=1,
+            title="Stop timeout (s)",
+            description="How long stop-mirror waits for the mirror job to stop the held flow.",
+            section="Advanced",
+        ),
+        "failover_run": Param(
+            "",
+            type="string",
+            title="Failover run",
+            description="Modes rollback and measure-rpo: the failover run (its run id). Empty: "
+            "rollback, the one whose hold the flow has; measure-rpo, the latest.",
+            section="Advanced",
+        ),
     },
 ) as dag:
     steps = [
@@ -121,6 +148,8 @@ with DAG(
             ("catch-up", "none_failed"),
             ("stop-mirror", "none_failed"),
             ("final-sync", "none_failed"),
+            ("rollback", "none_failed"),
+            ("measure-rpo", "none_failed"),
             ("report", "all_done"),
         ]
     ]

@@ -304,6 +304,8 @@ def test_generated_dags_import_into_airflow_without_errors(tmp_path, record_prop
                     "catch-up",
                     "stop-mirror",
                     "final-sync",
+                    "rollback",
+                    "measure-rpo",
                     "report",
                 ]
                 assert set(dag.params) == {
@@ -312,10 +314,21 @@ def test_generated_dags_import_into_airflow_without_errors(tmp_path, record_prop
                     "fence_principals",
                     "dry_run",
                     "catch_up_timeout_seconds",
+                    "stop_timeout_seconds",
+                    "failover_run",
                 }
                 assert dag.params["mode"] == "planned" and dag.params["group_pattern"] == ".*"
+                assert dag.params["stop_timeout_seconds"] == 30 and dag.params["failover_run"] == ""
+                modes = dag.params.get_param("mode").schema["enum"]
+                assert modes == ["planned", "emergency", "auto", "rollback", "measure-rpo"]
                 for task in tasks.values():
                     assert type(task).__name__ == "FailoverStepOperator" and task.flow == flow
+                # A skipped step (an emergency's fencing, the failover's own steps in mode
+                # rollback) never skips those after it: they decide for themselves.
+                for step in ("fence-producers", "catch-up", "stop-mirror", "final-sync"):
+                    assert tasks[step].trigger_rule == "none_failed"
+                assert tasks["rollback"].trigger_rule == "none_failed"
+                assert tasks["measure-rpo"].trigger_rule == "none_failed"
                 assert tasks["report"].trigger_rule == "all_done"
                 continue
             if kind == "failback":  # back after a failover, one task per step, by hand

@@ -2,8 +2,10 @@
 sandbox clusters, with a running exactly-once mirror job: a non-destructive drill verifies its
 canaries end to end and leaves a real group's offsets alone on both clusters; a destructive
 drill kills the source broker mid-traffic, fails the drill group over with the emergency
-failover's steps, and measures RPO, RTO and the group's lost and repeated records (0 and 0),
-then restarts the broker and resumes the flow. Both write their reports."""
+failover's own steps (preflight, stop-mirror, final-sync, report: the runbook), and measures RPO,
+RTO and the group's lost and repeated records (0 and 0), then restarts the broker, resumes the
+flow and measures the failover's RPO on the source. Both write their reports, with their
+ledgers and what they could not rehearse."""
 
 from __future__ import annotations
 
@@ -176,6 +178,9 @@ def test_drills_non_destructive_then_destructive_with_the_source_broker_killed_m
         assert shadow not in groups_on(secondary) | groups_on(primary)
         assert "**0 record(s)**" in markdown
         assert "DR drill of primary-&gt;secondary: success" in html
+        kinds = {c["kind"] for c in data["changes"]} - {"topic-created"}  # the first drill's
+        assert kinds == {"records-written", "group-offsets", "checkpoints", "group-deleted"}
+        assert "stop-mirror: the flow is not held" in markdown
         assert "drill report: " in output and "drill figures: RPO 0 record(s)" in output
 
         # Destructive: the source broker killed mid-traffic.
@@ -203,6 +208,37 @@ def test_drills_non_destructive_then_destructive_with_the_source_broker_killed_m
             f"RTO {figures['rto_s']} s, {lost_repeated}"
         )
         assert "killed (SIGKILL): the cut" in markdown and "failover triggered" in markdown
+        # The failover was the failover workflow's own steps, in emergency mode.
+        assert [(s["step"], s["status"]) for s in data["failover_steps"]] == [
+            ("preflight", "success"),
+            ("fence-producers", "skipped"),
+            ("catch-up", "skipped"),
+            ("stop-mirror", "success"),
+            ("final-sync", "success"),
+            ("rollback", "skipped"),
+            ("measure-rpo", "skipped"),
+            ("report", "success"),
+        ]
+        inner = json.loads(Path(data["failover_report"]).with_name("report.json").read_text())
+        assert inner["mode"] == "emergency" and inner["status"] == "success"
+        assert [s["step"] for s in inner["steps"]][3] == "stop-mirror"
+        assert [c["kind"] for c in inner["changes"]][:2] == ["hold", "group-offsets"]
+        assert inner["rolled_back"]["by"] == data["run_id"]  # its hold released by restore
+        assert "| stop-mirror | success |" in markdown
+        assert "fencing producers: an emergency failover cannot" in markdown
+        kinds = [c["kind"] for c in data["changes"]]
+        for kind in ("broker-killed", "broker-restarted", "hold-released", "group-deleted"):
+            assert kind in kinds, kinds
+        # The source back, the failover's RPO counted there: at least what the producer had
+        # acknowledged and the flow had not copied (more if the broker wrote records it could
+        # no longer acknowledge).
+        measured = data["measured_rpo"]
+        assert measured["records"] >= figures["rpo_records"], (measured, figures["rpo_records"])
+        assert inner["measured_rpo"]["records"] == measured["records"]
+        print(
+            f"destructive drill: failover steps {data['failover_seconds']} s, measured RPO "
+            f"{measured['records']} (drill RPO {figures['rpo_records']})"
+        )
         # The job may have given up during the outage (its writes to the source time out
         # after 60 s); the mirror DAG's retries would start it again, as this does.
         assert data["restore"]["flow_caught_up"] is data["restore"]["mirror_job_running"]

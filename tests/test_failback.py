@@ -73,6 +73,50 @@ def test_the_failover_undone_is_the_latest_that_held_the_flow(tmp_path, monkeypa
         failback.latest_failover("a->b", "dry")
 
 
+def test_a_failed_failover_is_not_failed_back_but_rolled_back_said_in_one_line(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("MIRRORFLOW_STATE", str(tmp_path))
+    write_failover(tmp_path, "one", "2026-01-01T00:00:00")
+    folder = tmp_path / "reports" / "failover" / "two"
+    folder.mkdir(parents=True)
+    failed = {
+        "flow": "a->b",
+        "run_id": "two",
+        "started": "2026-01-02T00:00:00",
+        "request": {"mode": "emergency", "dry_run": False, "flow_files": ["/f.properties"]},
+        "steps": [{"step": "stop-mirror", "status": "failed", "details": {}}],
+        "changes": [{"kind": "hold", "undo": {"reason": "failover two"}}],
+    }
+    (folder / "run.json").write_text(json.dumps(failed))
+    with pytest.raises(MirrorflowError) as raised:
+        failback.latest_failover("a->b")
+    assert raised.value.message == (
+        "the latest failover of a->b, run two, failed at stop-mirror: a failback undoes a "
+        "failover that succeeded"
+    )
+    assert raised.value.hint == (
+        "roll it back: mirrorflow failover /f.properties --flow 'a->b' --mode rollback "
+        "--failover-run two (or the failover DAG with mode rollback and failover run two); "
+        "or run the failover again, then fail back"
+    )
+    assert "\n" not in str(raised.value)
+    # Rolled back, it is no longer the latest: the one before it is failed back.
+    (folder / "run.json").write_text(json.dumps({**failed, "rolled_back": {"by": "rb"}}))
+    assert failback.latest_failover("a->b")["run_id"] == "one"
+    with pytest.raises(MirrorflowError, match="failover two of a->b was rolled back by run rb"):
+        failback.latest_failover("a->b", "two")
+    # None succeeded, yet the flow is held: said, with what to do.
+    (tmp_path / "reports" / "failover" / "one" / "run.json").unlink()
+    with pytest.raises(MirrorflowError) as raised:
+        failback.latest_failover("a->b", held_by="failover two")
+    assert (
+        raised.value.message
+        == "no failover of a->b succeeded, yet the flow is held ('failover two')"
+    )
+    assert "--mode rollback" in raised.value.hint
+
+
 def test_a_report_counts_what_came_back_and_what_was_set_aside(tmp_path, monkeypatch):
     from mirrorflow.dr.report import write_report
 

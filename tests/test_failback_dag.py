@@ -155,7 +155,8 @@ def test_a_failback_brings_back_what_was_written_on_the_dr_cluster_and_nothing_e
     assert jobs.held(flows / "primary-secondary")
     data = the_report(state)
     assert data["dry_run"] is True and data["written_on_target"] == 30 and data["copied"] == 0
-    assert [c for c in data["changes"] if not c.startswith("would")] == []
+    assert data["changes"] and all(c["dry_run"] for c in data["changes"])
+    assert all(c["what"].startswith("would") for c in data["changes"]), data["changes"]
 
     # The failback, with bob fenced on the DR cluster.
     log = tmp_path / "run.log"
@@ -168,6 +169,18 @@ def test_a_failback_brings_back_what_was_written_on_the_dr_cluster_and_nothing_e
     data = the_report(state)
     assert data["written_on_target"] == 30 and data["copied"] == 30, data["markdown"]
     assert "| copied back | **30 record(s)** |" in data["markdown"]
+    # The failover's RPO, measured on the old primary by the preflight: nothing written up
+    # to the cut was lost (alice was fenced, the flow caught up); the 6 came after it.
+    measured = data["measured_rpo"]
+    assert (measured["records"], measured["after_cut"]) == (0, 6), measured
+    failover_report = json.loads(
+        (state / "reports" / "failover" / "failover-1" / "report.json").read_text()
+    )
+    assert failover_report["measured_rpo"]["records"] == 0
+    kinds = [c["kind"] for c in data["changes"]]
+    for kind in ("fence-acl", "topic-created", "records-copied", "positions", "group-offsets"):
+        assert kind in kinds, kinds
+    assert kinds[-4:] == ["fence-removed", "fences-file", "hold-released", "unpaused"], kinds
     assert sorted(all_keys(primary, back)) == sorted(written), "copied back: exactly those"
     rows = {(r["topic"], r["partition"]): r["offset"] for r in data["targets"][group]}
     assert rows == {(t, 0): 40, (t, 1): 30, (back, 0): 5, (back, 1): 5}

@@ -110,15 +110,26 @@ def test_a_report_shows_where_each_group_reads_the_rpo_and_what_changed(tmp_path
     for name, details in steps.items():
         with run.recording(name) as record:
             record.details = details
+            if name == "fence-producers":
+                run.change("fence-acl", "denied WRITE on topic orders of primary to User:alice")
+            if name == "final-sync":
+                run.change(
+                    "group-offsets",
+                    "committed offsets of group <b>billing on secondary: primary.orders-0@7",
+                )
     written = write_report(run)
     markdown = Path(written["markdown"]).read_text()
     html = Path(written["html"]).read_text()
     assert markdown.startswith("# Failover of primary->secondary: success\n")
-    assert "| RPO | **0 record(s)** (exact) |" in markdown
+    assert "| RPO at the cut | **0 record(s)** (exact) |" in markdown
     assert "| `primary.orders` | 0 | 7 | 9 | exact |" in markdown
-    assert "- applied: DENY WRITE on topic orders of primary for User:alice" in markdown
-    assert "- committed offsets of group <b>billing on secondary: primary.orders-0@7" in markdown
+    assert "| fence-producers | denied WRITE on topic orders of primary to User:alice |" in markdown
+    assert (
+        "| final-sync | committed offsets of group <b>billing on secondary: primary.orders-0@7 |"
+        in markdown
+    )
     assert "<code>&lt;b&gt;billing</code>" in html and "<b>billing" not in html
+    assert "group &lt;b&gt;billing on secondary" in html
     data = json.loads(Path(written["json"]).read_text())
     assert data["targets"]["<b>billing"][0]["topic"] == "primary.orders"
 
@@ -131,4 +142,5 @@ def test_a_failover_that_failed_early_still_gets_a_report_saying_where(tmp_path,
     markdown = Path(write_report(run)["markdown"]).read_text()
     assert markdown.startswith("# Failover of primary->secondary: failed at preflight\n")
     assert "No consumer group to fail over." in markdown
-    assert "which is unreachable |" in markdown and "- nothing" in markdown
+    assert "which is unreachable |" in markdown
+    assert "Nothing (the run failed before changing anything)." in markdown

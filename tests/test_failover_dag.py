@@ -1,14 +1,19 @@
 """The failover DAG (``failover__<source>__<target>``) run by a real Airflow (``dag.test()``) on
 the sandbox clusters: a planned failover with a running mirror job and a fenced producer ends
 with RPO 0 and a group that resumes on the target with nothing lost or repeated, after a dry
-run that changed nothing; an emergency failover with the source broker stopped commits the
-stored checkpoints and estimates the RPO from the job's last observed end offsets, after
-``mirrorflow failover`` (the same steps from a shell) failed to catch up, naming the records."""
+run (``mirrorflow failover --dry-run``) that changed nothing and a failover that failed (the
+job's driver frozen, SIGSTOP: its stop-mirror timed out) whose report lists its fence and hold,
+which a failback refuses to undo and the rollback mode releases exactly; an emergency
+failover with the source broker stopped commits the stored checkpoints and estimates the RPO
+from the job's last observed end offsets, after ``mirrorflow failover`` (the same steps from a
+shell) failed to catch up, naming the records, and, the broker back, ``--mode measure-rpo``
+counts the records really lost."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +33,11 @@ from confluent_kafka.admin import (
 )
 
 from mirrorflow.devtools import sandbox as sandbox_mod
-from mirrorflow.replication.checkpoints import read_checkpoints, run_group_sync
+from mirrorflow.dr import failback
+from mirrorflow.dr.failback import FailbackRequest
+from mirrorflow.dr.steps import safe_run_id
+from mirrorflow.errors import MirrorflowError
+from mirrorflow.replication.checkpoints import flow_positions, read_checkpoints, run_group_sync
 from mirrorflow.replication.spec import spec_for_flow
 from mirrorflow.runtime import jobs, launch
 from tests.conftest import allow, create_topics
@@ -41,6 +50,7 @@ from tests.mirror_harness import (
     start_mirror,
     stop_job,
     wait_for,
+    watermarks,
 )
 from tests.test_checkpoints import (
     consume_and_commit,
@@ -50,7 +60,21 @@ from tests.test_checkpoints import (
 )
 
 FLOW = "primary->secondary"
-STEPS = ["preflight", "fence-producers", "catch-up", "stop-mirror", "final-sync", "report"]
+STEPS = [
+    "preflight",
+    "fence-producers",
+    "catch-up",
+    "stop-mirror",
+    "final-sync",
+    "rollback",
+    "measure-rpo",
+    "report",
+]
+FAILOVER_TASKS = {
+    **{s: ["success", 1] for s in STEPS},
+    "rollback": ["skipped", 1],
+    "measure-rpo": ["skipped", 1],
+}
 
 
 def produce_as(cluster, user: str, topic: str, keys: range) -> KafkaError | None:
@@ -89,21 +113,29 @@ def deny_acls(cluster, topic: str) -> list:
 
 def failover_cli(config: Path, state: Path, *options: str) -> subprocess.CompletedProcess:
     """``mirrorflow failover`` of the flow with ``options``, from a shell."""
+    flow = ("--flow", FLOW, "--state-dir", str(state / "flows"))
+    return mirrorflow_cli(state, "failover", str(config), *flow, *options)
+
+
+def run_dag(dag_file: Path, state: Path, log: Path, conf: dict) -> dict:
+    return finish(start_dag_test(dag_file, state, log, conf), log, 420)
+
+
+def mirrorflow_cli(state: Path, *args: str) -> subprocess.CompletedProcess:
+    """``mirrorflow ARGS`` with ``state`` as ``$MIRRORFLOW_STATE``."""
     return subprocess.run(
-        [
-            *(sys.executable, "-m", "mirrorflow.cli", "failover", str(config)),
-            *("--flow", FLOW, "--state-dir", str(state / "flows"), *options),
-        ],
+        [sys.executable, "-m", "mirrorflow.cli", *args],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=180,
         env={**os.environ, "MIRRORFLOW_STATE": str(state), "PYTHONPATH": str(ROOT)},
         cwd=ROOT,
     )
 
 
-def run_dag(dag_file: Path, state: Path, log: Path, conf: dict) -> dict:
-    return finish(start_dag_test(dag_file, state, log, conf), log, 420)
+def cli_error(done: subprocess.CompletedProcess) -> list[str]:
+    """The command's one-line error and what to do (librdkafka's own log lines left out)."""
+    return [line for line in done.stderr.splitlines() if line.startswith("mirrorflow: ")]
 
 
 def the_report(state: Path) -> tuple[dict, str, str]:
@@ -120,7 +152,7 @@ def the_report(state: Path) -> tuple[dict, str, str]:
 @pytest.mark.spark
 @pytest.mark.airflow
 def test_a_planned_failover_fences_producers_and_a_group_resumes_with_nothing_lost_or_repeated(
-    sandbox, airflow_home, topic_name, tmp_path
+    sandbox, airflow_home, topic_name, tmp_path, monkeypatch
 ):
     primary, secondary = sandbox["primary"], sandbox["secondary"]
     t, group = topic_name("orders"), topic_name("billing")
@@ -138,11 +170,22 @@ def test_a_planned_failover_fences_producers_and_a_group_resumes_with_nothing_lo
     try:
         dag_file = render_into_dags_folder(config, "failover")
 
-        # A dry run computes everything and changes nothing.
-        log = tmp_path / "dry-run.log"
-        result = run_dag(dag_file, state, log, {"dry_run": True, "fence_principals": ["alice"]})
-        output = log.read_text()
-        assert result == {"state": "success", "tasks": {s: ["success", 1] for s in STEPS}}, output
+        # A dry run (from a shell: the same steps) computes everything and changes nothing.
+        dry = mirrorflow_cli(
+            state,
+            "failover",
+            str(config),
+            "--flow",
+            FLOW,
+            "--fence",
+            "alice",
+            "--dry-run",
+            "--state-dir",
+            str(flows),
+        )
+        output = dry.stdout
+        assert dry.returncode == 0, output + dry.stderr
+        assert "rollback: skipped: mode planned: nothing to roll back" in output
         assert f"would deny WRITE on topic {t} of primary to User:alice" in output
         assert "1 running mirror job(s) run it" in output
         assert f"group {group}: read on secondary from {remote}-0@" in output
@@ -155,13 +198,110 @@ def test_a_planned_failover_fences_producers_and_a_group_resumes_with_nothing_lo
         keys |= {b"k%d" % i for i in range(220, 230)}
         data, markdown, html = the_report(state)
         assert data["dry_run"] is True and "yes: nothing was changed" in markdown
-        assert [c for c in data["changes"] if not c.startswith("would")] == []
+        assert {c["kind"] for c in data["changes"]} >= {"fence-acl", "hold", "group-offsets"}
+        assert all(c["dry_run"] and c["what"].startswith("would") for c in data["changes"])
+        assert "## What it would change (dry run: nothing was changed)" in markdown
+
+        # A failover that fails: the job's driver frozen, so stop-mirror times out (2 s). Its
+        # report lists what it changed (alice fenced, the hold); a failback refuses to undo it.
+        spec = spec_for_flow([config], FLOW)
+        wait_for(lambda: flow_positions(spec) == {(t, 0): 115, (t, 1): 115}, 120, "the 230 copies")
+        (driver,) = jobs.mirror_processes(flows, FLOW)
+        os.kill(driver, signal.SIGSTOP)
+        try:
+            frozen = mirrorflow_cli(
+                state,
+                "failover",
+                str(config),
+                "--flow",
+                FLOW,
+                "--fence",
+                "alice",
+                "--stop-timeout",
+                "2",
+                "--state-dir",
+                str(flows),
+                "--run-id",
+                "frozen",
+            )
+            assert frozen.returncode == 2, frozen.stdout + frozen.stderr
+            error, hint = cli_error(frozen)
+            state_then = jobs.read_progress(flows / "primary-secondary")["state"]
+            assert error == (
+                f"mirrorflow: error: failover of {FLOW} failed: the mirror job of {FLOW} "
+                f"(driver {driver}) did not pause it within 2s (state {state_then}); the flow "
+                "stays held, nothing else was changed after the hold"
+            ), frozen.stderr
+            assert "--mode rollback --failover-run frozen" in hint, hint
+            data, markdown, _html = the_report(state)
+            assert data["status"] == "failed at stop-mirror"
+            assert [(c["step"], c["kind"]) for c in data["changes"]] == [
+                ("fence-producers", "fence-acl"),
+                ("stop-mirror", "hold"),
+            ]
+            assert data["changes"][1]["undo"]["reason"] == "failover frozen"
+            assert "| stop-mirror | held primary->secondary paused:" in markdown
+            assert jobs.held(flows / "primary-secondary") == "failover frozen"
+            assert deny_acls(primary, t) == [("User:alice", "WRITE")]
+            monkeypatch.setenv("MIRRORFLOW_STATE", str(state))
+            back = FailbackRequest(FLOW, (str(config),), "back", state_dir=str(flows))
+            with pytest.raises(MirrorflowError) as refused:
+                failback.preflight(back, log=lambda _line: None)
+            assert str(refused.value) == (
+                f"the latest failover of {FLOW}, run frozen, failed at stop-mirror: a failback "
+                "undoes a failover that succeeded (roll it back: mirrorflow failover "
+                f"{config.resolve()} --flow '{FLOW}' --mode rollback --failover-run frozen (or "
+                "the failover DAG with mode rollback and failover run frozen); or run the "
+                "failover again, then fail back)"
+            )
+
+            # The rollback (mode rollback, here from a shell: the DAG's rollback task runs the
+            # same step) releases exactly what that run held; the other steps skip.
+            rolled = mirrorflow_cli(
+                state,
+                "failover",
+                str(config),
+                "--flow",
+                FLOW,
+                "--mode",
+                "rollback",
+                "--state-dir",
+                str(flows),
+                "--run-id",
+                "undo",
+            )
+            assert rolled.returncode == 0, rolled.stdout + rolled.stderr
+            for step in STEPS[:5]:
+                assert f"{step}: skipped: mode rollback: no failover in this run" in rolled.stdout
+            assert jobs.held(flows / "primary-secondary") is None
+            assert not (flows / "primary-secondary" / jobs.PAUSED_FILE).exists()
+            assert deny_acls(primary, t) == []
+            fences = json.loads(
+                (state / "failover" / "primary-secondary" / "fences.json").read_text()
+            )
+            assert fences == []
+            data, markdown, _html = the_report(state)
+            assert data["mode"] == "rollback" and data["acts_on"] == "frozen"
+            assert [c["kind"] for c in data["changes"]] == [
+                "hold-released",
+                "unpaused",
+                "fence-removed",
+                "fences-file",
+                "record-amended",
+            ]
+            assert "committed group offsets stay" in markdown
+            frozen_report = (state / "reports" / "failover" / "frozen" / "report.md").read_text()
+            assert frozen_report.startswith(
+                f"# Failover of {FLOW}: failed at stop-mirror (rolled back by undo)\n"
+            ), frozen_report.splitlines()[0]
+        finally:
+            os.kill(driver, signal.SIGCONT)
 
         # The failover: alice fenced, the flow caught up and held, the group committed.
         log = tmp_path / "run.log"
         result = run_dag(dag_file, state, log, {"fence_principals": ["alice"]})
         output = log.read_text()
-        assert result == {"state": "success", "tasks": {s: ["success", 1] for s in STEPS}}, output
+        assert result == {"state": "success", "tasks": FAILOVER_TASKS}, output
         assert f"{FLOW} stopped (PAUSED) in its running mirror job" in output
         assert deny_acls(primary, t) == [("User:alice", "WRITE")]
         refused = produce_as(primary, "alice", t, range(1000, 1002))
@@ -177,6 +317,8 @@ def test_a_planned_failover_fences_producers_and_a_group_resumes_with_nothing_lo
         assert data["rpo"]["positions_at_cut"][t] == {"0": 115, "1": 115}  # all 230 records
         assert data["mode"] == "planned" and data["status"] == "success"
         assert [s["step"] for s in data["steps"]] == STEPS
+        assert [c["kind"] for c in data["changes"]][:2] == ["fence-acl", "hold"]
+        assert "group-offsets" in {c["kind"] for c in data["changes"]}
         rows = data["targets"][group]
         assert {r["topic"] for r in rows} == {remote} and len(rows) == 2
         assert f"| `{remote}` | 0 |" in markdown and "**0 record(s)**" in markdown
@@ -255,9 +397,11 @@ def test_an_emergency_failover_with_the_source_down_commits_checkpoints_and_esti
 
     # From a shell, the same steps: the source is up, but the flow has not copied 21 records,
     # so a planned failover cannot catch up: it fails naming them, and reports it.
-    cli = failover_cli(config, state, "--dry-run", "--catch-up-timeout", "3")
+    cli = failover_cli(
+        config, state, "--mode", "auto", "--dry-run", "--catch-up-timeout", "3"
+    )  # the source answers: planned
     assert cli.returncode == 2, cli.stdout + cli.stderr
-    (error, hint) = cli.stderr.splitlines()
+    error, hint = cli_error(cli)
     assert error == (
         f"mirrorflow: error: failover of {FLOW} failed: {FLOW} did not catch up within 3s: "
         f"21 record(s) not copied yet, in {t}-0 (11), {t}-1 (10)"
@@ -270,6 +414,7 @@ def test_an_emergency_failover_with_the_source_down_commits_checkpoints_and_esti
         ("catch-up", "failed"),
         ("report", "success"),
     ]
+    assert data["mode"] == "planned" and data["changes"] == []
     assert markdown.startswith(f"# Failover of {FLOW}: failed at catch-up\n")
     assert jobs.held(flows / "primary-secondary") is None  # nothing was stopped
 
@@ -288,18 +433,26 @@ def test_an_emergency_failover_with_the_source_down_commits_checkpoints_and_esti
         the_report(state)  # seen
 
         log = tmp_path / "emergency.log"
-        result = run_dag(dag_file, state, log, {"mode": "auto"})
+        result = run_dag(dag_file, state, log, {"mode": "emergency"})
         output = log.read_text()
-        tasks = {s: ["success", 1] for s in STEPS}
+        tasks = dict(FAILOVER_TASKS)
         tasks["fence-producers"] = tasks["catch-up"] = ["skipped", 1]
         assert result == {"state": "success", "tasks": tasks}, output
         assert "Connection refused" not in output and "Connect to" not in output
         data, markdown, _html = the_report(state)
         assert data["mode"] == "emergency" and data["preflight"]["source_reachable"] is False
+        # The source, away, is given 2 s (auto would give it 15 s).
+        assert data["preflight"]["source_probe_s"] == 2.0
+        assert data["steps"][0]["seconds"] < 12, data["steps"][0]
         assert data["rpo"]["records"] == 21 and data["rpo"]["exact"] is False
         assert data["rpo"]["per_partition"] == {f"{t}-0": 11, f"{t}-1": 10}
         assert data["rpo"]["positions_at_cut"][t] == {"0": 50, "1": 50}
-        assert "**21 record(s) or more** (estimate)" in markdown
+        assert "**at least 21 record(s)** (estimate: the end offsets" in markdown
+        # The oldest uncopied record of each partition: written before the job listed the
+        # ends, so at least that long before the cut.
+        for row in data["rpo"]["partitions"]:
+            assert row["age_at_least_s"] is not None and row["age_at_least_s"] > 0, row
+        emergency_run = data["run_id"]
         assert f"group {group}: read on secondary from {remote}-0@30, {remote}-1@20" in output
         assert target_group_offsets(secondary, group, remote) == checkpoints
         read = read_as_group(secondary, remote, group)
@@ -311,3 +464,31 @@ def test_an_emergency_failover_with_the_source_down_commits_checkpoints_and_esti
     finally:
         sandbox_mod.up(["primary"], sandbox.directory)
     wait_for(lambda: sandbox_mod.load(sandbox.directory)["primary"].is_running(), 60, "primary")
+
+    # The source back: the RPO measured there, the records written up to the cut and never
+    # copied, exactly the 21 the job had observed (nothing was written after the cut).
+    assert watermarks(primary, t, [0, 1]) == {0: (0, 61), 1: (0, 60)}
+    measured = mirrorflow_cli(
+        state,
+        "failover",
+        str(config),
+        "--flow",
+        FLOW,
+        "--mode",
+        "measure-rpo",
+        "--state-dir",
+        str(flows),
+    )
+    assert measured.returncode == 0, measured.stdout + measured.stderr
+    assert "measured RPO: 21 record(s) written on primary up to the cut" in measured.stdout
+    the_report(state)  # the measuring run's own
+    failover_dir = state / "reports" / "failover" / safe_run_id(emergency_run)
+    data = json.loads((failover_dir / "report.json").read_text())
+    figures = data["measured_rpo"]
+    assert figures["records"] == 21 and figures["after_cut"] == 0
+    assert {r["partition"]: r["missing"] for r in figures["partitions"] if t in r["partition"]} == {
+        f"{t}-0": 11,
+        f"{t}-1": 10,
+    }
+    assert figures["oldest_age_at_cut_s"] > 0
+    assert "## RPO measured on primary once it was back" in (failover_dir / "report.md").read_text()

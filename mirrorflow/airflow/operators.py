@@ -634,8 +634,10 @@ class DRStepOperator(BaseOperator):
 
 class FailoverStepOperator(DRStepOperator):
     """A step of a flow's failover DAG (``failover__<source>__<target>``),
-    :mod:`mirrorflow.dr.failover`. Params: ``mode`` (planned, emergency, auto),
-    ``group_pattern``, ``fence_principals``, ``dry_run``, ``catch_up_timeout_seconds``."""
+    :mod:`mirrorflow.dr.failover`. Params: ``mode`` (planned, emergency, auto, rollback,
+    measure-rpo), ``group_pattern``, ``fence_principals``, ``dry_run``,
+    ``catch_up_timeout_seconds``, ``stop_timeout_seconds``, ``failover_run`` (rollback and
+    measure-rpo: the failover run they act on)."""
 
     kind = "failover"
     ui_color = "#f8e8e0"

@@ -3,9 +3,10 @@ order, with the same run record and report (:mod:`mirrorflow.dr.failover`,
 :mod:`mirrorflow.dr.failback`, run by :meth:`mirrorflow.dr.steps.Workflow.run_all`).
 
 Both commands take the flow files, ``--flow``, ``--groups``, ``--fence``, ``--dry-run``,
-``--run-id``, ``--state-dir`` and ``--json``; the failover adds ``--mode`` and
-``--catch-up-timeout``, the failback ``--failover-run``. Each option's ``dest`` is the request's
-field it sets, so one runner builds either request.
+``--failover-run``, ``--run-id``, ``--state-dir`` and ``--json``; the failover adds ``--mode``
+(with ``rollback`` and ``measure-rpo``, which act on the failover run ``--failover-run``),
+``--catch-up-timeout`` and ``--stop-timeout``. Each option's ``dest`` is the request's field it
+sets, so one runner builds either request.
 """
 
 from __future__ import annotations
@@ -27,10 +28,14 @@ def register(commands: argparse._SubParsersAction) -> None:
         fence_help="deny WRITE on the source topics to this principal (planned); repeatable",
         after_flow=lambda parser: parser.add_argument(
             "--mode",
-            choices=("planned", "emergency", "auto"),
+            choices=("planned", "emergency", "auto", "rollback", "measure-rpo"),
             default="planned",
-            help="planned (the source is up; default), emergency (it is not), auto (decide)",
+            help="planned (the source is up; default), emergency (it is not), auto (decide); "
+            "rollback (release what the failover run --failover-run held), measure-rpo (count "
+            "on the source, once back, the records that run's cut left behind)",
         ),
+        failover_run_help="modes rollback and measure-rpo: the failover run (default: "
+        "rollback, the one whose hold the flow has; measure-rpo, the latest)",
     )
     failover.add_argument(
         "--catch-up-timeout",
@@ -40,6 +45,14 @@ def register(commands: argparse._SubParsersAction) -> None:
         default=300.0,
         help="seconds (default 300)",
     )
+    failover.add_argument(
+        "--stop-timeout",
+        dest="stop_timeout_s",
+        metavar="STOP_TIMEOUT",
+        type=float,
+        default=30.0,
+        help="seconds stop-mirror waits for the mirror job to stop the flow (default 30)",
+    )
     _common_tail(failover)
     failback = _command(
         commands,
@@ -48,13 +61,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         flow_help="the flow failed over, e.g. primary->secondary",
         groups_help="a regex of the groups to move back (default: all)",
         fence_help="deny WRITE on the DR cluster's copied topics to this principal; repeatable",
-    )
-    failback.add_argument(
-        "--failover-run",
-        dest="failover_run_id",
-        metavar="FAILOVER_RUN",
-        default="",
-        help="the failover to undo (default: latest)",
+        failover_run_help="the failover to undo (default: latest)",
     )
     _common_tail(failback)
 
@@ -67,6 +74,7 @@ def _command(
     flow_help: str,
     groups_help: str,
     fence_help: str,
+    failover_run_help: str,
     after_flow=None,
 ) -> argparse.ArgumentParser:
     parser = commands.add_parser(kind, help=help)
@@ -86,6 +94,13 @@ def _command(
         help=fence_help,
     )
     parser.add_argument("--dry-run", action="store_true", help="compute and report; change nothing")
+    parser.add_argument(
+        "--failover-run",
+        dest="failover_run_id",
+        metavar="FAILOVER_RUN",
+        default="",
+        help=failover_run_help,
+    )
     parser.set_defaults(handler=run, kind=kind)
     return parser
 

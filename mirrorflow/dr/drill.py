@@ -21,11 +21,14 @@ written and no real group is moved.
     ``traffic``: a producer writes continuously (idempotent, ``acks=all``; it knows each record's
     acknowledged offset); the drill group reads and commits on the source during the first half,
     its commit is checkpointed once the flow copied it, then, mid-traffic, the source broker is
-    killed (SIGKILL, ``mirrorflow sandbox kill``): the cut. ``failover``: the emergency failover's
-    own steps (:mod:`mirrorflow.dr.failover`: preflight, the flow held paused, the last
-    checkpoints committed on the target). ``verify``: the group reads on the target until it has
-    everything the flow copied. ``restore``: the broker restarted (``mirrorflow sandbox up``),
-    the hold released (the flow resumes; the drill waits for it to copy the rest, bounded).
+    killed (SIGKILL, ``mirrorflow sandbox kill``): the cut. ``failover``: the runbook, the
+    failover workflow's own steps in emergency mode (:func:`mirrorflow.dr.failover.run_all`:
+    preflight, stop-mirror (the flow held, its running job waited for), final-sync (the last
+    checkpoints committed on the target), report), their timings kept for the report.
+    ``verify``: the group reads on the target until it has everything the flow copied.
+    ``restore``: the broker restarted (``mirrorflow sandbox up``), what that failover holds
+    released from its ledger (the flow resumes; the drill waits for it to copy the rest,
+    bounded), its RPO measured on the source.
 
     Destructive drills run only when the flow's source is a **mirrorflow sandbox cluster**: its
     bootstrap servers are a loopback port of a cluster recorded in the sandbox directory
@@ -44,7 +47,8 @@ Measured per run (``verify``):
   **repeated** (records it read on both clusters, or twice on the target).
 
 ``report``: Markdown and HTML from ``templates/drill_report.{md,html}.j2`` and JSON in
-``$MIRRORFLOW_STATE/reports/drill/<run id>/`` (mode 0600), with the timeline. ``restore`` and
+``$MIRRORFLOW_STATE/reports/drill/<run id>/`` (mode 0600), with the timeline, the ledger and
+what the drill could not rehearse (:data:`NOT_REHEARSED`). ``restore`` and
 ``report`` run however the steps before ended; ``restore`` also deletes the drill group on both
 clusters. A dry run checks that the drill can run (``preflight``) and changes nothing.
 """
@@ -141,14 +145,14 @@ class DrillRequest(steps.DRRequest):
 
     def failover_request(self) -> failover.FailoverRequest:
         """The emergency failover of the drill group (destructive), recorded under
-        ``reports/failover/drill__<run id>/``."""
+        ``reports/failover/drill__<run id>/``: the failover's own steps with its own defaults
+        (its stop timeout included), as ``mirrorflow failover --mode emergency`` runs them."""
         return failover.FailoverRequest(
             flow=self.flow,
             flow_files=self.flow_files,
             run_id="drill__" + safe_run_id(self.run_id),
             mode="emergency",
             group_pattern=re.escape(self.group),
-            reachability_timeout_s=3.0,
             state_dir=self.state_dir,
         )
 
@@ -288,8 +292,12 @@ def preflight(request: DrillRequest, run: DrillRun, record: StepRecord, log: Log
     details["real_source_groups_before"] = _real_group_offsets(
         spec, source, spec.source_admin, request
     )
-    if not request.dry_run:
-        _ensure_topic(source)
+    if not request.dry_run and _ensure_topic(source):
+        run.change(
+            "topic-created",
+            f"created topic {DRILL_TOPIC} on {spec.source} ({DRILL_PARTITIONS} partitions)",
+            undo={"cluster": spec.source, "topic": DRILL_TOPIC},
+        )
     record.details = details
     record.summary = (
         f"{request.mode} drill of {request.flow}: both clusters answer; topic {DRILL_TOPIC} "
@@ -300,12 +308,13 @@ def preflight(request: DrillRequest, run: DrillRun, record: StepRecord, log: Log
     log(record.summary)
 
 
-def _ensure_topic(admin: ClusterAdmin) -> None:
+def _ensure_topic(admin: ClusterAdmin) -> bool:
+    """Create the drill topic unless it exists; whether this created it."""
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import NewTopic
 
     if DRILL_TOPIC in admin.metadata().topics:
-        return
+        return False
     futures = admin.client.create_topics([NewTopic(DRILL_TOPIC, DRILL_PARTITIONS)])
     try:
         futures[DRILL_TOPIC].result(timeout=30)
@@ -314,6 +323,8 @@ def _ensure_topic(admin: ClusterAdmin) -> None:
             raise cluster_error(
                 admin, f"creating {DRILL_TOPIC}", exc, "CREATE on the topic"
             ) from None
+        return False
+    return True
 
 
 def _real_group_offsets(
@@ -467,6 +478,12 @@ def traffic(request: DrillRequest, run: DrillRun, record: StepRecord, log: Log) 
     source = spec.source, spec.source_admin
     start = _end_offsets(*source, DRILL_TOPIC, DRILL_PARTITIONS)
     _commit(*source, request.group, start)
+    run.change(
+        "group-offsets",
+        f"committed group {request.group} on {spec.source} at {DRILL_TOPIC}'s end: "
+        + ", ".join(f"{DRILL_TOPIC}-{p}@{o}" for p, o in sorted(start.items())),
+        undo={"cluster": spec.source, "group": request.group},
+    )
     producer = _Producer(*source, tag)
     reader = _GroupReader(*source, request.group, tag, DRILL_TOPIC)
     run.event("traffic started")
@@ -477,6 +494,12 @@ def traffic(request: DrillRequest, run: DrillRun, record: StepRecord, log: Log) 
             details = _continuous_then_kill(request, spec, run, producer, reader, log)
     finally:
         reader.close()
+        run.change(
+            "records-written",
+            f"wrote {producer.sent} record(s) of this run (value {tag}:<n>) to {DRILL_TOPIC} "
+            f"on {spec.source}, {len(producer.acked)} acknowledged; group {request.group} read "
+            f"and committed {len(reader.read)} of them there",
+        )
     details["acked"] = producer.acked
     details["failed_deliveries"] = producer.failed
     details["read_on_source"] = reader.read
@@ -577,6 +600,11 @@ def _continuous_then_kill(
         sandbox = run.details("preflight")["sandbox"]
         cut = _sandbox("kill", sandbox)
         run.event(f"{spec.source} broker killed (SIGKILL): the cut", cut)
+        run.change(
+            "broker-killed",
+            f"killed {spec.source}'s broker (sandbox cluster {sandbox['cluster']}, SIGKILL)",
+            undo={"sandbox": sandbox},
+        )
         log(f"{spec.source}'s broker ({sandbox['cluster']}) killed mid-traffic at {_iso(cut)}")
         time.sleep(1.0)  # writes keep coming, now failing
     finally:
@@ -661,7 +689,9 @@ def _wait_copied(spec: MirrorSpec, acked: dict[str, list[int]], timeout: float) 
 @WORKFLOW.step("failover", xcom_details=False)
 def failover_step(request: DrillRequest, run: DrillRun, record: StepRecord, log: Log) -> None:
     """Non-destructive: the shadow group checkpointed now and committed on the target, nothing
-    else. Destructive: the emergency failover's steps for the drill group."""
+    else. Destructive: the emergency failover's own steps for the drill group, in order
+    (:func:`mirrorflow.dr.failover.run_all`: preflight, fence-producers and catch-up skipped,
+    stop-mirror, final-sync, report), with a failover record and report of their own."""
     _skip_when_dry(request)
     spec = request.spec()
     trigger = run.event("failover triggered")
@@ -672,10 +702,24 @@ def failover_step(request: DrillRequest, run: DrillRun, record: StepRecord, log:
         for line in result.lines():
             log(line)
         written = result.report.written if result.report else {}
+        committed = {
+            g: {failover._key(tp): o for tp, o in tps.items()} for g, tps in written.items()
+        }
+        if result.checkpoints:
+            run.change(
+                "checkpoints",
+                f"wrote {len(result.checkpoints)} checkpoint(s) of {request.group} to "
+                f"{spec.source}.checkpoints.internal on {spec.target}",
+            )
+        for group, offsets in committed.items():
+            run.change(
+                "group-offsets",
+                f"committed offsets of group {group} on {spec.target}: "
+                + ", ".join(f"{tp}@{o}" for tp, o in offsets.items()),
+                undo={"cluster": spec.target, "group": group},
+            )
         details = {
-            "committed": {
-                g: {failover._key(tp): o for tp, o in tps.items()} for g, tps in written.items()
-            },
+            "committed": committed,
             "positions_at_cut": {
                 failover._key(tp): o
                 for tp, o in flow_positions(spec).items()
@@ -684,24 +728,33 @@ def failover_step(request: DrillRequest, run: DrillRun, record: StepRecord, log:
         }
     else:
         inner = request.failover_request()
-        failover.preflight(inner, log=log)
-        jobs.hold(request.flow_dir(), f"drill {request.run_id}")
-        log(f"{request.flow} held paused for the drill ({request.flow_dir() / jobs.HOLD_FILE})")
-        final = failover.final_sync(inner, log=log)
-        failover.report(inner, log=log)
+        failed: MirrorflowError | None = None
+        try:
+            failover.run_all(inner, log=log)
+        except MirrorflowError as exc:
+            failed = exc
+        inner_run = failover.FailoverRun(inner)
+        final = inner_run.details("final-sync")
+        cut = (final.get("rpo") or {}).get("positions_at_cut") or {}
         details = {
-            "committed": final["committed"],
-            "targets": final["targets"],
-            "failover_estimate": final["rpo"]["summary_short"],
-            "failover_report": str(failover.FailoverRun(inner).directory / "report.md"),
-            "held": True,
+            "committed": final.get("committed") or {},
+            "targets": final.get("targets") or {},
+            "failover_estimate": (final.get("rpo") or {}).get("summary_short"),
+            "failover_run_id": inner.run_id,
+            "failover_report": str(inner_run.directory / "report.md"),
+            "failover_steps": _step_timings(inner_run),
+            "held": bool(inner_run.details("stop-mirror").get("held")),
             "positions_at_cut": {
                 failover._key((t, int(p))): o
-                for t, parts in final["rpo"]["positions_at_cut"].items()
+                for t, parts in cut.items()
                 for p, o in parts.items()
                 if t == DRILL_TOPIC
             },
         }
+        if failed is not None:
+            details["trigger"] = trigger
+            record.details = details
+            raise failed
     details["trigger"] = trigger
     record.details = details
     offsets = details["committed"].get(request.group, {})
@@ -709,6 +762,14 @@ def failover_step(request: DrillRequest, run: DrillRun, record: StepRecord, log:
         ", ".join(f"{k}@{v}" for k, v in offsets.items()) or "no offset committed"
     )
     log(record.summary)
+
+
+def _step_timings(run: steps.Run) -> list[dict]:
+    """A run's steps as its report lists them: step, status, seconds, what happened."""
+    return [
+        {k: s[k] for k in ("step", "status", "seconds", "summary")}
+        for s in run.report_header(step_details=False)["steps"]
+    ]
 
 
 # -- verify --------------------------------------------------------------------------------
@@ -744,6 +805,12 @@ def verify(request: DrillRequest, run: DrillRun, record: StepRecord, log: Log) -
         reader.close()
     if reader.first_read is not None:
         run.event(f"first record read by {request.group} on {spec.target}", reader.first_read)
+        run.change(
+            "group-offsets",
+            f"group {request.group} read {len(reader.read)} record(s) of this run on "
+            f"{spec.target} ({remote}) and committed its reads there",
+            undo={"cluster": spec.target, "group": request.group},
+        )
     read = reader.read
     lost = sorted(expected - set(read), key=int)
     repeated = len(read) - len(set(read)) + len(set(read) & read_on_source)
@@ -872,10 +939,27 @@ def restore(request: DrillRequest, run: DrillRun, record: StepRecord, log: Log) 
     if request.mode == "destructive" and pre.get("sandbox"):
         _sandbox("up", pre["sandbox"])
         run.event(f"{spec.source} broker restarted")
+        run.change(
+            "broker-restarted",
+            f"restarted {spec.source}'s broker (sandbox cluster {pre['sandbox']['cluster']})",
+        )
         log(f"{spec.source}'s broker restarted")
-        details["released"] = jobs.release(request.flow_dir())
-        jobs.set_paused(request.flow_dir(), False)
-        log(f"{request.flow}: hold released, the flow resumes")
+        # What the drill's failover holds (its ledger): released, and its record marked so.
+        inner = failover.FailoverRun(request.failover_request()).data
+        released: list[str] = []
+        if inner.get("steps"):
+            released, kept = failover.release_failover(
+                inner, run, request.flow_dir(), request.spec, False, log
+            )
+            details["kept"] = kept
+        details["released"] = released
+        log(f"{request.flow}: {'; '.join(released) or 'nothing'} released, the flow resumes")
+        if failover.positions_at_cut(inner) is not None:
+            try:  # the source is back: the RPO of the drill's failover, counted there
+                details["measured_rpo"] = failover.measure_and_record(spec, inner, run, False, log)
+            except MirrorflowError as exc:
+                details["measured_rpo_error"] = str(exc)
+                log(f"the RPO could not be measured on {spec.source}: {exc}")
         acked = run.details("traffic").get("acked", {})
         state_dir = request.flows_state_dir()
         running = jobs.mirror_processes(state_dir, request.flow) or jobs.running_jobs(
@@ -896,6 +980,8 @@ def restore(request: DrillRequest, run: DrillRun, record: StepRecord, log: Log) 
             + ("copied the rest after the restore" if caught else "has not caught up yet")
         )
     details["deleted_groups"] = _delete_group(spec, request.group)
+    for alias in details["deleted_groups"]:
+        run.change("group-deleted", f"deleted group {request.group} on {alias}")
     record.details = details
     record.summary = (
         ("broker restarted, flow resumed; " if "released" in details else "")
@@ -923,14 +1009,48 @@ def _delete_group(spec: MirrorSpec, group: str) -> list[str]:
 # -- report --------------------------------------------------------------------------------
 
 
+NOT_REHEARSED = {
+    "non-destructive": [
+        "the source's loss: it stays up, and the shadow group is checkpointed now with exact "
+        "translation (a planned failover's way), not from the checkpoints stored on the target",
+        "stop-mirror: the flow is not held, the mirror job keeps copying",
+        "fencing producers",
+        "moving real consumer groups: the shadow group alone moves (the real groups' offsets "
+        "are only compared)",
+        "the time people take to notice, decide and trigger the failover",
+        "the failback",
+    ],
+    "destructive": [
+        "fencing producers: an emergency failover cannot (the source is away)",
+        "moving real consumer groups: the drill group alone moves",
+        "the time people take to notice and decide: the failover starts right after the kill",
+        "the loss of more than the source's broker (the DR cluster, the network, the machine "
+        "running the mirror job and Airflow all stay up), on sandbox clusters only",
+        "the failback: the restore restarts the broker and releases the hold; nothing written "
+        "on the DR cluster is copied back",
+    ],
+}
+
+
 def report_context(run: DrillRun) -> dict:
-    """What the templates show, from the run record (without the per-record lists)."""
+    """What the templates show, from the run record (without the per-record lists): the
+    timeline, the figures, the ledger (``changes``), what the drill could not rehearse, and,
+    destructive, the failover's own steps with their seconds and its ledger."""
     data = run.data
     figures = run.details("verify")
     over = run.details("failover")
+    restore = run.details("restore")
+    mode = data["request"]["mode"]
+    failover_changes: list[dict] = []
+    measured = restore.get("measured_rpo")
+    if over.get("failover_run_id"):
+        inner = failover.FailoverRun(run.request.failover_request()).data  # type: ignore[attr-defined]
+        failover_changes = list(inner.get("changes") or [])
+        measured = measured or inner.get("measured_rpo")
+    steps_seconds = [s["seconds"] for s in over.get("failover_steps", []) if s["seconds"]]
     return {
         **run.report_header(step_details=False, ended=False),
-        "mode": data["request"]["mode"],
+        "mode": mode,
         "timeline": sorted(
             ({"at": e["at"], "event": e["event"]} for e in data["timeline"]),
             key=lambda e: e["at"],
@@ -941,7 +1061,12 @@ def report_context(run: DrillRun) -> dict:
         "figures": figures,
         "committed": over.get("committed") or {},
         "failover_report": over.get("failover_report"),
-        "restore": run.details("restore"),
+        "failover_steps": over.get("failover_steps") or [],
+        "failover_seconds": round(sum(steps_seconds), 3) if steps_seconds else None,
+        "failover_changes": failover_changes,
+        "measured_rpo": measured,
+        "not_rehearsed": NOT_REHEARSED[mode],
+        "restore": restore,
     }
 
 

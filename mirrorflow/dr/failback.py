@@ -11,8 +11,11 @@ failback, starts after it.
 Steps (:data:`STEPS`):
 
 ``preflight``
-    Both clusters answer; the failover being undone (the latest run of ``S->T`` that held it,
-    not a dry run: its ``positions_at_cut``); ``S->T`` still held; the replication policy; what
+    The failover being undone (:func:`latest_failover`: the latest failover of ``S->T`` that
+    changed something, not a dry run, not rolled back; its ``positions_at_cut``): one that failed
+    is refused in one line naming the rollback (or: run the failover again); both clusters
+    answer; ``S->T`` still held; the failover's RPO measured on ``S`` unless it was
+    (:func:`mirrorflow.dr.failover.measure_missing`); the replication policy; what
     to copy back: per partition of each replicated topic, the range of ``T``'s topic written
     during the failover (default policy: ``T``'s own ``orders``, copied to ``T.orders`` on ``S``
     as MirrorMaker 2's active/active names it; identity: ``orders`` past the forward flow's last
@@ -49,14 +52,13 @@ Steps (:data:`STEPS`):
     The report (``templates/failback_report.*.j2``) with the counts: records written on ``T``
     during the failover, records copied back, records set aside, groups and offsets.
 
-A dry run computes and reports everything and changes nothing. Records and reports live in
-``$MIRRORFLOW_STATE/reports/failback/<run id>/``.
+Each change goes in the run's ledger as it is made. A dry run computes and reports everything
+and changes nothing. Records and reports live in ``$MIRRORFLOW_STATE/reports/failback/<run id>/``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -64,16 +66,27 @@ from dataclasses import dataclass
 from mirrorflow import paths
 from mirrorflow.dr import steps
 from mirrorflow.dr.failover import (
+    _flat,
     _groups,
     _key,
     _nested,
     _replicated_partitions,
     _source_bounds,
     create_acls,
+    delete_acls,
     deny_write_bindings,
     fences_file,
+    is_failover,
+    made_changes,
+    measure_and_record,
+    positions_at_cut,
     reachable,
+    read_fences,
     reports_dir,
+    rollback_command,
+    run_records,
+    run_status,
+    step_details,
 )
 from mirrorflow.dr.steps import Log, Partition, StepRecord, StepSkipped, safe_run_id
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
@@ -139,33 +152,54 @@ def _is_identity(policy) -> bool:
     return isinstance(policy, IdentityReplicationPolicy)
 
 
-def latest_failover(flow: str, run_id: str = "") -> dict:
-    """The run record of the failover a failback undoes: ``run_id``'s, else the latest run of
-    ``flow`` that held it (not a dry run). Fails, saying so, when there is none."""
-    folder = reports_dir()
-    candidates = []
-    for path in sorted(folder.glob("*/run.json")) if folder.is_dir() else []:
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if data.get("flow") != flow or data.get("request", {}).get("dry_run"):
-            continue
-        if run_id and data.get("run_id") != run_id and path.parent.name != safe_run_id(run_id):
-            continue
-        recorded = {s["step"]: s for s in data.get("steps", [])}
-        held = recorded.get("stop-mirror", {}).get("details", {}).get("held")
-        rpo = recorded.get("final-sync", {}).get("details", {}).get("rpo")
-        if held and rpo:
-            candidates.append((data.get("started") or "", data))
-    if not candidates:
+def latest_failover(flow: str, run_id: str = "", held_by: str | None = None) -> dict:
+    """The run record of the failover a failback undoes: ``run_id``'s, else the latest failover
+    of ``flow`` that changed something (not a dry run, not rolled back). Fails in one line, saying
+    what to do, when that failover failed (roll it back, or run the failover again), when it was
+    rolled back, when none held the flow and measured its cut (``held_by``: the flow's hold, said
+    when there is one), or when there is none."""
+    runs = [
+        d
+        for d in run_records("failover", flow)
+        if is_failover(d) and not (d.get("request") or {}).get("dry_run")
+    ]
+    if run_id:
+        chosen = [d for d in runs if run_id in (d["run_id"], safe_run_id(str(d["run_id"])))]
+    else:
+        chosen = [d for d in runs if not d.get("rolled_back") and made_changes(d)]
+    latest = chosen[-1] if chosen else None
+    if latest is not None:
+        name = latest["run_id"]
+        if latest.get("rolled_back"):
+            raise MirrorflowError(
+                f"failover {name} of {flow} was rolled back by run "
+                f"{latest['rolled_back'].get('by')}: there is nothing of it to fail back",
+                "run the failover again first, or name another with --failover-run",
+            )
+        if run_status(latest) != "success":
+            files = (latest.get("request") or {}).get("flow_files") or ["FILES"]
+            raise MirrorflowError(
+                f"the {'' if run_id else 'latest '}failover of {flow}, run {name}, "
+                f"{run_status(latest)}: a failback undoes a failover that succeeded",
+                f"roll it back: {rollback_command(flow, files, name)}; or run the failover "
+                "again, then fail back",
+            )
+        if step_details(latest, "stop-mirror").get("held") and positions_at_cut(latest):
+            return latest
+    if held_by is not None:
         raise MirrorflowError(
-            f"no failover of {flow} to fail back"
+            f"no failover of {flow} succeeded"
             + (f" with run id {run_id}" if run_id else "")
-            + f" in {folder} (one that held the flow and measured its cut)",
-            "run the failover first (failover DAG or `mirrorflow failover`)",
+            + f", yet the flow is held ({held_by!r})",
+            f"roll back what holds it: mirrorflow failover FILES --flow '{flow}' --mode "
+            "rollback (or the failover DAG with mode rollback); or run the failover again",
         )
-    return max(candidates, key=lambda c: c[0])[1]
+    raise MirrorflowError(
+        f"no failover of {flow} to fail back"
+        + (f" with run id {run_id}" if run_id else "")
+        + f" in {reports_dir()} (one that held the flow and measured its cut)",
+        "run the failover first (failover DAG or `mirrorflow failover`)",
+    )
 
 
 def _end_offsets(admin: ClusterAdmin, partitions: list[Partition]) -> dict[Partition, int]:
@@ -197,10 +231,6 @@ def _reverse_positions(spec: MirrorSpec) -> dict[Partition, int]:
         reader.close()
 
 
-def _flat(nested: dict[str, dict[str, int]]) -> dict[Partition, int]:
-    return {(t, int(p)): int(v) for t, parts in (nested or {}).items() for p, v in parts.items()}
-
-
 # -- the steps ---------------------------------------------------------------------------------
 
 
@@ -210,6 +240,8 @@ def preflight(request: FailbackRequest, run: FailbackRun, record: StepRecord, lo
     from mirrorflow.replication.checkpoints import read_offset_map
 
     spec, _topology, policy = _spec_and_policy(request)
+    # The failover first: one that failed is refused before any cluster is asked.
+    failover = latest_failover(request.flow, request.failover_run_id, jobs.held(request.flow_dir()))
     for alias, config in ((spec.source, spec.source_admin), (spec.target, spec.target_admin)):
         down = reachable(alias, config, request.reachability_timeout_s)
         if down:
@@ -217,9 +249,7 @@ def preflight(request: FailbackRequest, run: FailbackRun, record: StepRecord, lo
                 f"a failback of {request.flow} needs {alias}, which is unreachable: {down}",
                 f"wait until {alias} is back, then trigger the failback again",
             )
-    failover = latest_failover(request.flow, request.failover_run_id)
-    recorded = {s["step"]: s for s in failover["steps"]}
-    cut = _flat(recorded["final-sync"]["details"]["rpo"]["positions_at_cut"])
+    cut = _flat(positions_at_cut(failover) or {})
     if not jobs.held(request.flow_dir()):
         raise MirrorflowError(
             f"{request.flow} is not held paused: it was resumed after failover "
@@ -292,6 +322,15 @@ def preflight(request: FailbackRequest, run: FailbackRun, record: StepRecord, lo
                 )
     groups = _groups(spec, target, request.group_pattern)
     written_on_target = sum(c["end"] - c["start"] for c in copies)
+    # The failover's RPO, measured now that its source is back (once: kept in its record).
+    measured = failover.get("measured_rpo")
+    measure_error = None
+    if measured is None:
+        try:
+            measured = measure_and_record(spec, failover, run, request.dry_run, log)
+        except MirrorflowError as exc:  # a figure for the report: the failback goes on
+            measure_error = str(exc)
+            log(f"the RPO of failover {failover['run_id']} could not be measured: {exc}")
     record.details = {
         "source": spec.source,
         "target": spec.target,
@@ -305,6 +344,8 @@ def preflight(request: FailbackRequest, run: FailbackRun, record: StepRecord, lo
         "diverged": diverged,
         "diverged_records": sum(d["end"] - d["start"] for d in diverged),
         "groups": groups,
+        "failover_measured_rpo": measured,
+        "failover_measured_rpo_error": measure_error,
     }
     record.summary = (
         f"failback of {request.flow} (failover {failover['run_id']}, "
@@ -334,8 +375,22 @@ def fence_producers(
     bindings = deny_write_bindings([(p, t) for t in topics for p in principals])
     acls = [{"principal": b.principal, "topic": b.name} for b in bindings]
     verb = "would deny" if request.dry_run else "denied"
-    if bindings and not request.dry_run:
-        create_acls(ClusterAdmin(spec.target, spec.target_admin), bindings)
+
+    def created(binding) -> None:
+        run.change(
+            "fence-acl",
+            f"{verb} WRITE on topic {binding.name} of {spec.target} to {binding.principal} "
+            "(kept after the failback)",
+            undo=None
+            if request.dry_run
+            else {"cluster": spec.target, "principal": binding.principal, "topic": binding.name},
+        )
+
+    if request.dry_run:
+        for binding in bindings:
+            created(binding)
+    elif bindings:
+        create_acls(ClusterAdmin(spec.target, spec.target_admin), bindings, created)
     record.details = {"acls": acls, "applied": not request.dry_run}
     record.summary = (
         f"{verb} WRITE on {len(topics)} topic(s) of {spec.target} to "
@@ -433,8 +488,11 @@ def copy_range(
     return runs
 
 
-def _ensure_topic(admin: ClusterAdmin, topic: str, like: ClusterAdmin, like_topic: str) -> None:
-    """Create ``topic`` on ``admin``'s cluster with ``like_topic``'s partition count."""
+def _ensure_topic(
+    run: FailbackRun, admin: ClusterAdmin, topic: str, like: ClusterAdmin, like_topic: str
+) -> None:
+    """Create ``topic`` on ``admin``'s cluster with ``like_topic``'s partition count (in the
+    run's ledger)."""
     from confluent_kafka.admin import NewTopic
 
     if topic in admin.metadata().topics:
@@ -451,6 +509,45 @@ def _ensure_topic(admin: ClusterAdmin, topic: str, like: ClusterAdmin, like_topi
                 raise cluster_error(
                     admin, f"creating topic {name}", exc, f"CREATE on {name}"
                 ) from None
+            continue
+        run.change(
+            "topic-created",
+            f"created topic {name} on {admin.alias} ({partitions} partition(s))",
+            undo={"cluster": admin.alias, "topic": name},
+        )
+
+
+def _copy_recorded(
+    run: FailbackRun,
+    clusters: tuple[str, str],
+    source_config: dict[str, str],
+    target_config: dict[str, str],
+    r: dict,
+) -> list[list[int]]:
+    """:func:`copy_range` of range ``r`` (topic, partition, start, end, to) from ``clusters[0]``
+    to ``clusters[1]``, in the run's ledger as soon as it is copied (or failed, perhaps partly
+    copied)."""
+    what = f"{r['topic']}-{r['partition']} [{r['start']}, {r['end']}) to {r['to']} on {clusters[1]}"
+    try:
+        runs = copy_range(
+            source_config,
+            target_config,
+            r["topic"],
+            r["partition"],
+            r["start"],
+            r["end"],
+            r["to"],
+            clusters=clusters,
+        )
+    except Exception as exc:
+        run.change("records-copied", f"copy of {what} failed, perhaps part copied: {exc}")
+        raise
+    landed = ", ".join(f"{d}..{d + n - 1}" for _u, d, n in runs) or "nothing"
+    run.change(
+        "records-copied",
+        f"copied {sum(n for _u, _d, n in runs)} record(s) of {what} (at offsets {landed})",
+    )
+    return runs
 
 
 @WORKFLOW.step("set-aside")
@@ -472,18 +569,12 @@ def set_aside(request: FailbackRequest, run: FailbackRun, record: StepRecord, lo
             f"never copied to {spec.target}"
         )
         if request.dry_run:
+            run.change("records-copied", f"would set aside {line} in {d['to']}")
             log(f"would set aside {line} in {d['to']}")
             continue
-        _ensure_topic(source, d["to"], source, d["topic"])
-        d["copies"] = copy_range(
-            spec.source_consumer_client,
-            spec.source_client,
-            d["topic"],
-            d["partition"],
-            d["start"],
-            d["end"],
-            d["to"],
-            clusters=(spec.source, spec.source),
+        _ensure_topic(run, source, d["to"], source, d["topic"])
+        d["copies"] = _copy_recorded(
+            run, (spec.source, spec.source), spec.source_consumer_client, spec.source_client, d
         )
         log(f"set aside {line} in {d['to']}")
     records = sum(d["end"] - d["start"] for d in ranges)
@@ -516,16 +607,9 @@ def reverse_copy(request: FailbackRequest, run: FailbackRun, record: StepRecord,
             if c["end"] <= c["start"]:
                 c["runs"] = []
                 continue
-            _ensure_topic(source, c["to"], target, c["topic"])
-            c["runs"] = copy_range(
-                spec.target_consumer,
-                spec.source_client,
-                c["topic"],
-                c["partition"],
-                c["start"],
-                c["end"],
-                c["to"],
-                clusters=(spec.target, spec.source),
+            _ensure_topic(run, source, c["to"], target, c["topic"])
+            c["runs"] = _copy_recorded(
+                run, (spec.target, spec.source), spec.target_consumer, spec.source_client, c
             )
             copied += sum(r[2] for r in c["runs"])
         if copies:
@@ -540,10 +624,29 @@ def reverse_copy(request: FailbackRequest, run: FailbackRun, record: StepRecord,
                 spec.offsets_partitions,
             )
             writer = PositionWriter(spec.source_client, topic, spec.target, spec.source)
+            written = {(c["topic"], c["partition"]): c["end"] for c in copies}
             try:
-                writer.write({(c["topic"], c["partition"]): c["end"] for c in copies})
+                writer.write(written)
             finally:
                 writer.close()
+            run.change(
+                "positions",
+                f"wrote {spec.target}->{spec.source}'s positions to {topic} on {spec.source}: "
+                + ", ".join(f"{_key(tp)}@{o}" for tp, o in sorted(written.items())),
+            )
+    else:
+        for c in copies:
+            if c["end"] > c["start"]:
+                run.change(
+                    "records-copied",
+                    f"would copy {c['topic']}-{c['partition']} [{c['start']}, {c['end']}) to "
+                    f"{c['to']} on {spec.source}",
+                )
+        if copies:
+            run.change(
+                "positions",
+                f"would write {spec.target}->{spec.source}'s positions after the copies",
+            )
     after = (
         {}
         if request.dry_run  # the topics may not exist yet
@@ -698,9 +801,19 @@ def group_sync(request: FailbackRequest, run: FailbackRun, record: StepRecord, l
             active.append(group)
             log(f"group {group} has members on {spec.source}: its offsets are not committed")
             continue
-        if not request.dry_run:
+        committed[group] = offsets_now = {f"{t.topic}-{t.partition}": t.offset for t in wanted}
+        where = ", ".join(f"{tp}@{o}" for tp, o in offsets_now.items())
+        if request.dry_run:
+            run.change(
+                "group-offsets", f"would commit offsets of group {group} on {spec.source}: {where}"
+            )
+        else:
             writer.commit(group, wanted)
-        committed[group] = {f"{t.topic}-{t.partition}": t.offset for t in wanted}
+            run.change(
+                "group-offsets",
+                f"committed offsets of group {group} on {spec.source}: {where}",
+                undo={"cluster": spec.source, "group": group},
+            )
     for group, rows in results.items():
         where = ", ".join(
             f"{r['topic']}-{r['partition']}@{'-' if r['offset'] is None else r['offset']}"
@@ -720,30 +833,30 @@ def group_sync(request: FailbackRequest, run: FailbackRun, record: StepRecord, l
 def unfence(request: FailbackRequest, run: FailbackRun, record: StepRecord, log: Log) -> None:
     """Remove exactly the DENY WRITE ACLs the failover recorded in ``fences.json``."""
     path = fences_file(request.flow)
-    try:
-        fences = json.loads(path.read_text())
-    except (OSError, ValueError):
-        fences = []
+    fences = read_fences(request.flow)
     if not fences:
         raise StepSkipped(f"the failover fenced no producer ({path} lists none)")
     spec, _t, _p = _spec_and_policy(request)
     acls = sorted({(f["principal"], f["topic"]) for f in fences})
-    if not request.dry_run:
-        source = ClusterAdmin(spec.source, spec.source_admin)
-        filters = deny_write_bindings(acls, as_filter=True)
-        try:
-            for future in source.client.delete_acls(
-                filters, request_timeout=ADMIN_TIMEOUT_S
-            ).values():
-                future.result()
-        except Exception as exc:
-            raise cluster_error(
-                source, "removing DENY WRITE ACLs", exc, "ALTER on the cluster"
-            ) from None
-        paths.write_private(path, "[]\n")
     verb = "would remove" if request.dry_run else "removed"
-    for principal, topic in acls:
-        log(f"{verb} DENY WRITE on topic {topic} of {spec.source} for {principal}")
+
+    def removed(acl: tuple[str, str]) -> None:
+        run.change(
+            "fence-removed",
+            f"{verb} DENY WRITE on topic {acl[1]} of {spec.source} for {acl[0]}",
+            undo=None
+            if request.dry_run
+            else {"cluster": spec.source, "principal": acl[0], "topic": acl[1]},
+        )
+        log(f"{verb} DENY WRITE on topic {acl[1]} of {spec.source} for {acl[0]}")
+
+    if request.dry_run:
+        for acl in acls:
+            removed(acl)
+    else:
+        delete_acls(ClusterAdmin(spec.source, spec.source_admin), acls, removed)
+        paths.write_private(path, "[]\n")
+        run.change("fences-file", f"emptied {path}: the fences it listed are removed")
     record.details = {
         "acls": [{"principal": p, "topic": t} for p, t in acls],
         "applied": not request.dry_run,
@@ -765,8 +878,9 @@ def resume(request: FailbackRequest, run: FailbackRun, record: StepRecord, log: 
     moved = _flat(copy.get("resume_positions", {})) if pre.get("identity") else {}
     moved = {tp: o for tp, o in moved.items() if o > before.get(tp, 0)}
     flow_dir = request.flow_dir()
-    if not request.dry_run:
-        if moved:
+    would = "would " if request.dry_run else ""
+    if moved:
+        if not request.dry_run:
             writer = PositionWriter(
                 spec.target_client, spec.offsets_topic, spec.source, spec.target
             )
@@ -774,8 +888,32 @@ def resume(request: FailbackRequest, run: FailbackRun, record: StepRecord, log: 
                 writer.write(moved)
             finally:
                 writer.close()
+        run.change(
+            "positions",
+            f"{would}{'move' if would else 'moved'} {request.flow}'s positions past the "
+            "records set aside and copied back: "
+            + ", ".join(f"{_key(tp)} {before.get(tp, 0)}->{o}" for tp, o in sorted(moved.items())),
+            undo={"positions": _nested({tp: before.get(tp, 0) for tp in moved})},
+        )
+    hold = jobs.held(flow_dir)
+    if not request.dry_run:
         jobs.release(flow_dir)
-        jobs.set_paused(flow_dir, False)
+    if hold is not None:
+        run.change(
+            "hold-released",
+            f"{would}{'release' if would else 'released'} {request.flow}'s hold "
+            f"({flow_dir / jobs.HOLD_FILE}, reason {hold!r})",
+            undo={"flow_dir": str(flow_dir), "reason": hold},
+        )
+    if (flow_dir / jobs.PAUSED_FILE).exists():
+        if not request.dry_run:
+            jobs.set_paused(flow_dir, False)
+        run.change(
+            "unpaused",
+            f"{would}{'remove' if would else 'removed'} {request.flow}'s paused file: its "
+            "mirror job resumes it from its positions",
+            undo={"flow_dir": str(flow_dir)},
+        )
     verb = "would" if request.dry_run else ""
     for (topic, p), offset in sorted(moved.items()):
         log(
@@ -797,40 +935,14 @@ def resume(request: FailbackRequest, run: FailbackRun, record: StepRecord, log: 
 
 
 def report_context(run: FailbackRun) -> dict:
-    """What the failback templates show, from the run record."""
-    data = run.data
+    """What the failback templates show, from the run record (the changes: its ledger)."""
     pre = run.details("preflight")
     copy = run.details("reverse-copy")
     aside = run.details("set-aside")
     groups = run.details("group-sync")
-    dry = bool(data["request"]["dry_run"])
-    changes = []
-    would = "would " if dry else ""
-    for c in copy.get("copies", []):
-        if c["end"] > c["start"]:
-            changes.append(
-                f"{would}copy {pre.get('target')} {c['topic']}-{c['partition']} "
-                f"[{c['start']}, {c['end']}) to {c['to']} on {pre.get('source')}"
-            )
-    for d in aside.get("diverged", []):
-        changes.append(
-            f"{would}set aside {d['topic']}-{d['partition']} [{d['start']}, {d['end']}) "
-            f"in {d['to']}"
-        )
-    for group, offsets in (groups.get("committed") or {}).items():
-        where = ", ".join(f"{tp}@{o}" for tp, o in offsets.items())
-        changes.append(f"{would}commit offsets of group {group} on {pre.get('source')}: {where}")
-    for a in run.details("unfence").get("acls", []):
-        changes.append(f"{would}remove DENY WRITE on {a['topic']} for {a['principal']}")
-    for a in run.details("fence-producers").get("acls", []):
-        changes.append(
-            f"{would}deny WRITE on {a['topic']} of {pre.get('target')} to {a['principal']}"
-        )
-    resumed = run.details("resume")
-    if resumed:
-        changes.append(f"{would}release the hold of {data['flow']} and unpause it")
+    header = run.report_header()
     return {
-        **run.report_header(),
+        **header,
         "kind": "failback",
         "reverse": f"{pre.get('target')}->{pre.get('source')}",
         "preflight": pre,
@@ -841,7 +953,7 @@ def report_context(run: FailbackRun) -> dict:
         "diverged_records": pre.get("diverged_records", 0),
         "targets": groups.get("targets") or {},
         "active": groups.get("active") or [],
-        "changes": changes,
+        "measured_rpo": pre.get("failover_measured_rpo"),
     }
 
 

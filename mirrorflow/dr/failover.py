@@ -4,48 +4,63 @@ DAG's tasks (and any other caller) run in order, sharing one run record on disk.
 Steps (:data:`STEPS`), for a run of :class:`FailoverRequest`:
 
 ``preflight``
-    Both clusters' reachability; decides the mode (``auto``: planned when the source answers,
-    emergency when not); a planned failover with the source away fails here, saying so. Lists
-    the replicated source topics and the consumer groups the run fails over (the flow's
-    ``groups`` / ``groups.exclude``, narrowed by the run's group pattern).
+    Both clusters' reachability, probed at once; decides the mode (``auto``: planned when the
+    source answers within 15 s, emergency when not; explicit ``emergency`` probes the source
+    for 2 s at most and never fails on it); a planned failover with the source away fails here,
+    saying so. Lists the replicated source topics and the consumer groups the run fails over
+    (the flow's ``groups`` / ``groups.exclude``, narrowed by the run's group pattern).
 ``fence-producers``
     Planned, with principals: an ACL DENY WRITE per replicated source topic and principal, so
     nothing more is written on the source after the cut. Each ACL is recorded in
-    ``$MIRRORFLOW_STATE/failover/<S>-<T>/fences.json`` (and the report), so a failback removes
-    exactly those.
+    ``$MIRRORFLOW_STATE/failover/<S>-<T>/fences.json`` (and the run's ledger), so a failback or
+    a rollback removes exactly those.
 ``catch-up``
     Planned: waits (bounded) until the flow's positions (in ``mm2-offsets.<S>.internal`` on the
     target) reach the source's end offsets of every replicated partition; fails naming the
     partitions still behind.
 ``stop-mirror``
     Holds the flow paused (:func:`mirrorflow.runtime.jobs.hold`: its ``paused`` file, kept even
-    if its flow DAG is unpaused) and waits until the running job has ended the flow's batch in
-    progress, so nothing is copied after the cut. The translation that follows sees a still
-    offset map.
+    if its flow DAG is unpaused; the hold is in the ledger at once) and waits (30 s by default,
+    polling every 0.2 s) until the running job has written PAUSED in ``progress.json`` since
+    the hold, so nothing is copied after the cut. Its end is the cut (``run.json``'s ``cut``).
 ``final-sync``
     Planned: topic configs and ACLs synced (where the flow syncs them), the groups checkpointed
     now with exact translation and their offsets committed into the target's groups (those with
     no members there). Emergency: the latest checkpoints stored on the target are committed.
-    Then the RPO: records on the source not copied, per partition. Planned: the source's end
-    offsets now minus the positions (0 after a catch-up with fenced producers). Emergency: the
-    end offsets the job last observed (``progress.json``'s ``source_end_offsets``) minus the
-    positions, a lower bound: what was written after that observation is unknown.
+    Then the RPO (:func:`rpo_at_cut`): records on the source not copied, per partition.
+    Planned: the source's end offsets now minus the positions (0 after a catch-up with fenced
+    producers). Emergency: at least the end offsets the job last observed minus the positions,
+    with bounds on when the oldest of them was written (:func:`oldest_uncopied_written`).
+``rollback`` (mode ``rollback``)
+    Releases exactly what one failover run held (:func:`choose_rollback`): its hold and
+    ``paused`` file when that run created them, the fence ACLs it created (``fences.json``
+    updated), each release in this run's ledger; marks that run's record and report rolled
+    back. Committed group offsets stay.
+``measure-rpo`` (mode ``measure-rpo``)
+    Once the source is back, reads it from the failover's ``positions_at_cut`` to its end and
+    counts the records written up to the cut (:func:`measure_missing`); the failover's record
+    and report get the figures (``measured_rpo``).
 ``report``
     Per group, where to read now: the remote topics under the flow's replication policy (e.g.
-    ``primary.orders``, never ``orders``) and offsets; the report in Markdown and HTML
-    (:mod:`mirrorflow.dr.report`).
+    ``primary.orders``, never ``orders``) and offsets; the ledger; the report in Markdown and
+    HTML (:mod:`mirrorflow.dr.report`).
 
-A dry run computes and records everything and changes nothing: no ACL, no checkpoint, no commit,
-no hold. The run record (``run.json``) and the report live in
-``$MIRRORFLOW_STATE/reports/failover/<run id>/``; none of them holds a secret.
+In modes ``rollback`` and ``measure-rpo`` the failover's own steps are skipped; in the failover
+modes those two are. A dry run computes and records everything and changes nothing: no ACL, no
+checkpoint, no commit, no hold (its ledger lists what it would change). The run record
+(``run.json``) and the report live in ``$MIRRORFLOW_STATE/reports/failover/<run id>/``; none of
+them holds a secret.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
+import shlex
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -53,6 +68,7 @@ from pathlib import Path
 from mirrorflow import paths
 from mirrorflow.dr import steps
 from mirrorflow.dr.steps import Log, Partition, StepRecord, StepSkipped
+from mirrorflow.dr.steps import iso as _iso
 from mirrorflow.dr.steps import now as _now
 from mirrorflow.dr.steps import safe_run_id as safe_run_id  # as it was named here
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
@@ -61,33 +77,67 @@ from mirrorflow.replication.spec import MirrorSpec
 from mirrorflow.replication.topics import ADMIN_TIMEOUT_S, ClusterAdmin, cluster_error
 from mirrorflow.runtime import jobs
 
-MODES = ("planned", "emergency", "auto")
-STEPS = ("preflight", "fence-producers", "catch-up", "stop-mirror", "final-sync", "report")
+FAILOVER_MODES = ("planned", "emergency", "auto")
+MODES = (*FAILOVER_MODES, "rollback", "measure-rpo")
+STEPS = (
+    "preflight",
+    "fence-producers",
+    "catch-up",
+    "stop-mirror",
+    "final-sync",
+    "rollback",
+    "measure-rpo",
+    "report",
+)
 STOPPED_STATES = ("PAUSED", "STOPPED", "FAILED")
+EMERGENCY_SOURCE_PROBE_S = 2.0  # explicit emergency: how long the source is given to answer
+STOP_POLL_S = 0.2  # how often stop-mirror reads progress.json
+OFFSETS_KEPT = (
+    "committed group offsets stay: they point at the copies of what the groups had read on "
+    "the source"
+)
 
 
 @dataclass(frozen=True)
 class FailoverRequest(steps.GroupsRequest):
-    """What a failover run was asked to do (a DAG run's Params, or a command's options)."""
+    """What a failover run was asked to do (a DAG run's Params, or a command's options).
+    ``failover_run_id``: in modes ``rollback`` and ``measure-rpo``, the failover run they act
+    on (empty: see :func:`choose_rollback`, :func:`choose_measured`)."""
 
     mode: str = "auto"
     catch_up_timeout_s: float = 300.0
-    stop_timeout_s: float = 120.0
+    stop_timeout_s: float = 30.0
     reachability_timeout_s: float = 15.0
+    failover_run_id: str = ""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.mode not in MODES:
             raise MirrorflowError(
                 f"failover mode {self.mode!r} is not one of {', '.join(MODES)}",
-                "choose planned (the source is up), emergency (it is not) or auto",
+                "choose planned (the source is up), emergency (it is not), auto, rollback (undo "
+                "a failover run) or measure-rpo (once the source is back)",
+            )
+        if self.stop_timeout_s <= 0:
+            raise MirrorflowError(
+                f"failover stop timeout {self.stop_timeout_s:g}s is not positive",
+                "give the seconds stop-mirror waits for the mirror job, e.g. 30",
             )
 
     PARAMS = {
         **steps.GroupsRequest.PARAMS,
         "mode": ("mode", str, "planned"),
         "catch_up_timeout_s": ("catch_up_timeout_seconds", float, 300),
+        "stop_timeout_s": ("stop_timeout_seconds", float, 30),
+        "failover_run_id": ("failover_run", str, ""),
     }
+
+    def record(self) -> dict:
+        return {
+            **super().record(),
+            "stop_timeout_s": self.stop_timeout_s,
+            "failover_run_id": self.failover_run_id,
+        }
 
 
 def reports_dir() -> Path:
@@ -101,15 +151,45 @@ def fences_file(flow: str) -> Path:
     return paths.state_dir() / "failover" / f"{source}-{target}" / "fences.json"
 
 
+def hold_reason(run_id: str) -> str:
+    """The reason a failover run writes in the flow's hold file (how a rollback knows it)."""
+    return f"failover {run_id}"
+
+
+def rollback_command(flow: str, flow_files: Sequence[str], run_id: str) -> str:
+    """The command (and the DAG's mode) that rolls back failover ``run_id`` of ``flow``."""
+    files = " ".join(shlex.quote(str(f)) for f in flow_files)
+    return (
+        f"mirrorflow failover {files} --flow {shlex.quote(flow)} --mode rollback "
+        f"--failover-run {shlex.quote(run_id)} (or the failover DAG with mode rollback and "
+        f"failover run {run_id})"
+    )
+
+
 class FailoverRun(steps.Run):
     """A failover's record (``reports/failover/<run id>/run.json``): the request, the mode
-    decided, each step's record."""
+    decided, each step's record, the ledger, the cut; later a rollback's mark
+    (``rolled_back``) and the RPO measured once the source was back (``measured_rpo``)."""
 
     KIND = "failover"
 
     @property
     def mode(self) -> str:
-        return self.data.get("mode") or self.request.mode  # type: ignore[attr-defined]
+        return self.data.get("mode") or self.data["request"].get("mode") or "auto"
+
+    @classmethod
+    def of_record(cls, data: dict) -> FailoverRun:
+        """The run of another failover, from its record (to amend it and render its report)."""
+        recorded = data.get("request") or {}
+        mode = recorded.get("mode")
+        request = FailoverRequest(
+            flow=data["flow"],
+            flow_files=tuple(recorded.get("flow_files") or ()),
+            run_id=data["run_id"],
+            mode=mode if mode in MODES else "auto",
+            dry_run=bool(recorded.get("dry_run")),
+        )
+        return cls(request)
 
     def report_context(self) -> dict:
         from mirrorflow.dr.report import report_context
@@ -121,6 +201,12 @@ class FailoverRun(steps.Run):
 
 
 WORKFLOW = steps.Workflow(FailoverRun, FailoverRequest, STEPS)
+
+
+def _failover_only(request: FailoverRequest) -> None:
+    """The failover's own steps do not run in modes rollback and measure-rpo."""
+    if request.mode not in FAILOVER_MODES:
+        raise StepSkipped(f"mode {request.mode}: no failover in this run")
 
 
 def reachable(alias: str, config: dict[str, str], timeout_s: float) -> str | None:
@@ -136,7 +222,7 @@ def reachable(alias: str, config: dict[str, str], timeout_s: float) -> str | Non
             if admin.auth_error is not None:
                 return f"it refused {admin.principal}: {admin.auth_error.str()}"
             if time.monotonic() > deadline:
-                return f"no answer within {timeout_s:.0f}s ({exc})"
+                return f"no answer within {timeout_s:g}s ({exc})"
 
 
 def _replicated_partitions(spec: MirrorSpec, admin: ClusterAdmin) -> dict[Partition, None]:
@@ -167,21 +253,203 @@ def _key(tp: Partition) -> str:
     return f"{tp[0]}-{tp[1]}"
 
 
+# -- the failover runs on record ---------------------------------------------------------------
+
+
+def run_records(kind: str, flow: str) -> list[dict]:
+    """The run records (``run.json``) of ``kind``'s runs of ``flow``, oldest first."""
+    folder = steps.reports_dir(kind)
+    found = []
+    for path in sorted(folder.glob("*/run.json")) if folder.is_dir() else []:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and data.get("flow") == flow and data.get("run_id"):
+            found.append(data)
+    return sorted(found, key=lambda d: str(d.get("started") or ""))
+
+
+def is_failover(data: dict) -> bool:
+    """Whether a failover run record is a failover's (not a rollback's or a measurement's)."""
+    return (data.get("request") or {}).get("mode", "auto") in FAILOVER_MODES
+
+
+def run_status(data: dict) -> str:
+    """``success`` or ``failed at <step>``, as the run's report says."""
+    failed = [s["step"] for s in data.get("steps", []) if s.get("status") == "failed"]
+    return f"failed at {failed[0]}" if failed else "success"
+
+
+def step_details(data: dict, name: str) -> dict:
+    """What step ``name`` of a run record last recorded (empty: it did not run)."""
+    found = [s for s in data.get("steps", []) if s.get("step") == name]
+    return (found[-1].get("details") or {}) if found else {}
+
+
+def positions_at_cut(data: dict) -> dict[str, dict[str, int]] | None:
+    """Where a failover run left the flow (its final-sync's RPO), None if it did not get there."""
+    return (step_details(data, "final-sync").get("rpo") or {}).get("positions_at_cut")
+
+
+def made_changes(data: dict) -> list[dict]:
+    """What a run changed (its ledger, dry-run entries left out). Records written before the
+    ledger: the hold and the fences its steps' details name."""
+    if "changes" in data:
+        return [c for c in data["changes"] if not c.get("dry_run")]
+    if (data.get("request") or {}).get("dry_run"):
+        return []
+    legacy = []
+    if step_details(data, "stop-mirror").get("held"):
+        reason = hold_reason(data["run_id"])
+        legacy.append({"kind": "hold", "undo": {"reason": reason, "paused_created": True}})
+    fence = step_details(data, "fence-producers")
+    if fence.get("applied"):
+        legacy += [
+            {"kind": "fence-acl", "undo": {"principal": a["principal"], "topic": a["topic"]}}
+            for a in fence.get("acls", [])
+        ]
+    return legacy
+
+
+def failed_back(data: dict, failbacks: Sequence[dict]) -> tuple[str, str] | None:
+    """The failback (run id, status) that undid failover ``data`` or began to (it changed
+    something, not a dry run), None if none did."""
+    for back in reversed(failbacks):
+        if (back.get("request") or {}).get("dry_run"):
+            continue
+        if step_details(back, "preflight").get("failover_run_id") != data["run_id"]:
+            continue
+        if made_changes(back) or run_status(back) == "success":
+            return back["run_id"], run_status(back)
+    return None
+
+
+def choose_rollback(
+    runs: Sequence[dict],
+    flow: str,
+    run_id: str,
+    held_by: str | None,
+    failbacks: Sequence[dict] = (),
+) -> dict:
+    """The failover run a rollback undoes (its record): ``run_id``'s, else the failover run
+    whose hold the flow has (``held_by``, the hold file's reason), else the latest that left
+    something to release (fences) and was neither rolled back nor failed back. Refuses, in one
+    line, a dry run, a rollback or measurement run, a run already rolled back, and one that
+    was failed back (or partly: the failback is then to finish)."""
+    failovers = [d for d in runs if d.get("flow") == flow]
+    if run_id:
+        matching = [d for d in failovers if run_id in (d["run_id"], safe_run_id(str(d["run_id"])))]
+        if not matching:
+            raise MirrorflowError(
+                f"no failover run {run_id} of {flow} to roll back in {reports_dir()}",
+                "name a failover run of the flow (its run id, as in its report's folder)",
+            )
+        chosen = matching[-1]
+    else:
+        holder = next(
+            (d for d in reversed(failovers) if held_by == hold_reason(str(d["run_id"]))), None
+        )
+        undoable = [
+            d
+            for d in failovers
+            if is_failover(d)
+            and not d.get("rolled_back")
+            and any(c["kind"] == "fence-acl" for c in made_changes(d))
+            and failed_back(d, failbacks) is None
+        ]
+        chosen = holder or (undoable[-1] if undoable else None)
+        if chosen is None:
+            if held_by is None:
+                why = "it is not held"
+            elif held_by.startswith("failover "):
+                why = f"its hold names {held_by!r}, whose record is not in {reports_dir()}"
+            else:
+                why = f"its hold is not a failover's ({held_by!r})"
+            raise MirrorflowError(
+                f"no failover of {flow} to roll back: {why}, and no failover run of it left "
+                "fences in place",
+                "name the run with --failover-run (the failover DAG's Param failover_run)",
+            )
+    name = chosen["run_id"]
+    if not is_failover(chosen):
+        raise MirrorflowError(
+            f"run {name} of {flow} is a {chosen['request'].get('mode')} run, not a failover",
+            "name a failover run",
+        )
+    if (chosen.get("request") or {}).get("dry_run"):
+        raise MirrorflowError(
+            f"failover {name} of {flow} was a dry run: it changed nothing to roll back",
+            "name the failover run that held the flow",
+        )
+    if chosen.get("rolled_back"):
+        raise MirrorflowError(
+            f"failover {name} of {flow} was rolled back already, by run "
+            f"{chosen['rolled_back'].get('by')}",
+            "nothing of it is left to release",
+        )
+    back = failed_back(chosen, failbacks)
+    if back is not None:
+        raise MirrorflowError(
+            f"failover {name} of {flow} "
+            + (
+                f"succeeded and was failed back by run {back[0]}"
+                if back[1] == "success"
+                else f"is being failed back: failback {back[0]} {back[1]}"
+            ),
+            "nothing of it is left to roll back"
+            if back[1] == "success"
+            else "finish the failback (trigger it again); a rollback would resume the flow "
+            "without it",
+        )
+    return chosen
+
+
+def choose_measured(runs: Sequence[dict], flow: str, run_id: str) -> dict:
+    """The failover run whose RPO a measurement measures: ``run_id``'s, else the latest that
+    recorded where it left the flow (``positions_at_cut``; not a dry run), one not rolled back
+    (e.g. a drill's) if there is one."""
+    candidates = [
+        d
+        for d in runs
+        if d.get("flow") == flow
+        and is_failover(d)
+        and not (d.get("request") or {}).get("dry_run")
+        and positions_at_cut(d) is not None
+        and (not run_id or run_id in (d["run_id"], safe_run_id(str(d["run_id"]))))
+    ]
+    if not candidates:
+        raise MirrorflowError(
+            f"no failover of {flow}"
+            + (f" with run id {run_id}" if run_id else "")
+            + f" recorded where it left the flow, in {reports_dir()}",
+            "measure the RPO of a failover that got past its final-sync (not a dry run)",
+        )
+    standing = [d for d in candidates if not d.get("rolled_back")]
+    return (standing or candidates)[-1]
+
+
 # -- the steps ---------------------------------------------------------------------------------
 
 
 @WORKFLOW.step("preflight")
 def preflight(request: FailoverRequest, run: FailoverRun, record: StepRecord, log: Log) -> None:
-    """Reachability of both clusters, the mode, the replicated topics and the groups."""
+    """Reachability of both clusters (at once), the mode, the replicated topics and the
+    groups. Explicit emergency: the source gets 2 s, and its absence never fails the run."""
+    _failover_only(request)
     spec = request.spec()
     timeout = request.reachability_timeout_s
-    target_down = reachable(spec.target, spec.target_admin, timeout)
+    emergency = request.mode == "emergency"
+    source_timeout = min(timeout, EMERGENCY_SOURCE_PROBE_S) if emergency else timeout
+    with ThreadPoolExecutor(2, thread_name_prefix="probe") as pool:
+        probe_target = pool.submit(reachable, spec.target, spec.target_admin, timeout)
+        probe_source = pool.submit(reachable, spec.source, spec.source_admin, source_timeout)
+        target_down, source_down = probe_target.result(), probe_source.result()
     if target_down:
         raise ClusterUnreachable(
             f"the DR cluster {spec.target} is unreachable: {target_down}",
             f"a failover needs {spec.target}; check {spec.target}.bootstrap.servers",
         )
-    source_down = reachable(spec.source, spec.source_admin, timeout)
     mode = request.mode
     if mode == "auto":
         mode = "emergency" if source_down else "planned"
@@ -194,9 +462,15 @@ def preflight(request: FailoverRequest, run: FailoverRun, record: StepRecord, lo
     groups: list[str] = []
     topics: list[str] = []
     if source_down is None:
-        source = ClusterAdmin(spec.source, spec.source_admin)
-        topics = sorted({t for t, _p in _replicated_partitions(spec, source)})
-        groups = _groups(spec, source, request.group_pattern)
+        try:
+            source = ClusterAdmin(spec.source, spec.source_admin)
+            topics = sorted({t for t, _p in _replicated_partitions(spec, source)})
+            groups = _groups(spec, source, request.group_pattern)
+        except MirrorflowError as exc:
+            if mode != "emergency":
+                raise
+            source_down = f"it answered, then failed: {exc.message}"
+            log(f"{spec.source}: {source_down} (an emergency failover goes on without it)")
     if mode == "emergency":  # the groups the target holds checkpoints of
         groups = sorted(set(groups) | set(_checkpointed_groups(spec, request.group_pattern)))
     run.data["mode"] = mode
@@ -205,6 +479,7 @@ def preflight(request: FailoverRequest, run: FailoverRun, record: StepRecord, lo
         "target": spec.target,
         "source_reachable": source_down is None,
         "source_error": source_down,
+        "source_probe_s": source_timeout,
         "mode": mode,
         "topics": topics,
         "remote_topics": {t: spec.remote_topic(t) for t in topics},
@@ -231,6 +506,7 @@ def fence_producers(
     request: FailoverRequest, run: FailoverRun, record: StepRecord, log: Log
 ) -> None:
     """Planned: deny WRITE on the replicated source topics to the named principals."""
+    _failover_only(request)
     if run.mode != "planned":
         raise StepSkipped("an emergency failover cannot fence producers: the source is away")
     principals = request.principals
@@ -245,11 +521,26 @@ def fence_producers(
         for b in bindings
     ]
     verb = "would deny" if request.dry_run else "denied"
+    if request.dry_run:
+        for acl in acls:
+            run.change(
+                "fence-acl",
+                f"would deny WRITE on topic {acl['topic']} of {spec.source} to {acl['principal']}",
+            )
+    elif bindings:
+
+        def created(acl: dict) -> None:
+            _record_fences(request, [acl])
+            run.change(
+                "fence-acl",
+                f"denied WRITE on topic {acl['topic']} of {spec.source} to {acl['principal']} "
+                f"(recorded in {fences_file(request.flow)})",
+                undo={"cluster": spec.source, "principal": acl["principal"], "topic": acl["topic"]},
+            )
+
+        create_acls(source, bindings, lambda binding: created(acls[bindings.index(binding)]))
     for acl in acls:
         log(f"{verb} WRITE on topic {acl['topic']} of {spec.source} to {acl['principal']}")
-    if bindings and not request.dry_run:
-        create_acls(source, bindings)
-        _record_fences(request, acls)
     record.details = {"acls": acls, "applied": not request.dry_run}
     record.summary = (
         f"{verb} WRITE on {len(topics)} topic(s) of {spec.source} to "
@@ -287,35 +578,70 @@ def deny_write_bindings(acls: Sequence[tuple[str, str]], as_filter: bool = False
     ]
 
 
-def create_acls(admin: ClusterAdmin, bindings: list) -> None:
-    """Create the DENY WRITE ``bindings`` on ``admin``'s cluster; a refusal fails, naming it."""
+def create_acls(
+    admin: ClusterAdmin, bindings: list, created: Callable[[object], None] | None = None
+) -> None:
+    """Create the DENY WRITE ``bindings`` on ``admin``'s cluster, calling ``created`` with each
+    one the cluster created (as it answers, before a later refusal fails, naming it)."""
     try:
-        for future in admin.client.create_acls(bindings, request_timeout=ADMIN_TIMEOUT_S).values():
+        futures = admin.client.create_acls(bindings, request_timeout=ADMIN_TIMEOUT_S)
+        for binding, future in futures.items():
             future.result()
+            if created is not None:
+                created(binding)
     except Exception as exc:
         raise cluster_error(
             admin, "creating DENY WRITE ACLs", exc, "ALTER on the cluster"
         ) from None
 
 
-def _record_fences(request: FailoverRequest, acls: list[dict]) -> None:
-    path = fences_file(request.flow)
+def delete_acls(
+    admin: ClusterAdmin,
+    acls: Sequence[tuple[str, str]],
+    deleted: Callable[[tuple[str, str]], None] | None = None,
+) -> None:
+    """Delete exactly the DENY WRITE ACLs ``(principal, topic)`` on ``admin``'s cluster, calling
+    ``deleted`` with each one as the cluster answers (before a later refusal fails)."""
+    if not acls:
+        return
+    filters = deny_write_bindings(acls, as_filter=True)
     try:
-        known = json.loads(path.read_text())
+        futures = admin.client.delete_acls(filters, request_timeout=ADMIN_TIMEOUT_S)
+        for acl_filter, future in futures.items():
+            future.result()
+            if deleted is not None:
+                deleted(acls[filters.index(acl_filter)])
+    except Exception as exc:
+        raise cluster_error(
+            admin, "removing DENY WRITE ACLs", exc, "ALTER on the cluster"
+        ) from None
+
+
+def read_fences(flow: str) -> list[dict]:
+    """The fences failovers of ``flow`` recorded (``fences.json``), each with its run id."""
+    try:
+        known = json.loads(fences_file(flow).read_text())
     except (OSError, ValueError):
-        known = []
+        return []
+    return known if isinstance(known, list) else []
+
+
+def _record_fences(request: FailoverRequest, acls: list[dict]) -> None:
+    known = read_fences(request.flow)
     stamp = _now()
     known += [{**acl, "run_id": request.run_id, "created": stamp} for acl in acls]
-    paths.write_private(path, json.dumps(known, indent=1) + "\n")
+    paths.write_private(fences_file(request.flow), json.dumps(known, indent=1) + "\n")
 
 
 def _source_bounds(
-    spec: MirrorSpec, admin: ClusterAdmin, partitions: Sequence[Partition]
+    spec: MirrorSpec, admin: ClusterAdmin, partitions: Sequence[Partition], committed: bool = False
 ) -> dict[Partition, tuple[int, int]]:
-    """(log start, end) offsets of the source partitions."""
-    from confluent_kafka import TopicPartition
+    """(log start, end) offsets of the source partitions (``committed``: the end a
+    ``read_committed`` reader reaches, the last stable offset)."""
+    from confluent_kafka import IsolationLevel, TopicPartition
     from confluent_kafka.admin import OffsetSpec
 
+    isolation = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
     bounds: dict[Partition, list[int]] = {tp: [0, 0] for tp in partitions}
     for which, offset_spec in ((0, OffsetSpec.earliest()), (1, OffsetSpec.latest())):
         if not partitions:
@@ -323,6 +649,7 @@ def _source_bounds(
         try:
             futures = admin.client.list_offsets(
                 {TopicPartition(t, p): offset_spec for t, p in partitions},
+                isolation_level=isolation,
                 request_timeout=ADMIN_TIMEOUT_S,
             )
             for tp, future in futures.items():
@@ -352,6 +679,7 @@ def catch_up(
     request: FailoverRequest, run: FailoverRun, record: StepRecord, log: Log, poll_s: float = 2.0
 ) -> None:
     """Planned: wait until the flow's positions reach the source's end offsets."""
+    _failover_only(request)
     if run.mode != "planned":
         raise StepSkipped("an emergency failover cannot wait for the source: it is away")
     spec = request.spec()
@@ -362,7 +690,15 @@ def catch_up(
     while True:
         partitions = list(_replicated_partitions(spec, source))
         bounds = _source_bounds(spec, source, partitions)
-        behind = _behind(bounds, flow_positions(spec))
+        try:
+            positions = flow_positions(spec)
+        except ClusterUnreachable as exc:  # its offsets topic just created, a leader moving
+            if time.monotonic() > deadline:
+                raise
+            log(f"{request.flow}'s positions not readable yet ({exc.message}); waiting")
+            time.sleep(poll_s)
+            continue
+        behind = _behind(bounds, positions)
         if not behind:
             break
         now = time.monotonic()
@@ -390,9 +726,34 @@ def catch_up(
     log(record.summary)
 
 
+def written_since(stamp: str | None, epoch_s: float) -> bool:
+    """Whether ``progress.json`` written at ``stamp`` (its ``updated``) was written at or after
+    ``epoch_s``: to the millisecond for a stamp with a fraction of a second; an older job's
+    whole-second stamp (truncated) counts from that second on."""
+    moment = _stamp_ms(stamp)
+    if moment is None:
+        return False
+    at_ms, precision_ms = moment
+    return at_ms >= (math.floor(epoch_s * 1000) // precision_ms) * precision_ms
+
+
+def _stamp_ms(stamp: str | None) -> tuple[int, int] | None:
+    """An ISO 8601 time as (epoch milliseconds, its precision in ms: 1000 for whole seconds,
+    else 1), None when it is none."""
+    try:
+        moment = datetime.fromisoformat(str(stamp))
+    except ValueError:
+        return None
+    clock = str(stamp).split("T", 1)[-1]
+    precision = 1 if "." in clock or "," in clock else 1000
+    return math.floor(moment.timestamp() * 1000), precision
+
+
 @WORKFLOW.step("stop-mirror")
 def stop_mirror(request: FailoverRequest, run: FailoverRun, record: StepRecord, log: Log) -> None:
-    """Hold the flow paused and wait until its running job has ended the flow's batch."""
+    """Hold the flow paused (in the ledger at once) and wait until its running job has written
+    PAUSED since the hold; the cut is when it did."""
+    _failover_only(request)
     flow_dir = request.flow_dir()
     state_dir = request.flows_state_dir()
     # The drivers that run the flow, however started; else the jobs the DAGs recorded.
@@ -400,64 +761,93 @@ def stop_mirror(request: FailoverRequest, run: FailoverRun, record: StepRecord, 
         state_dir, request.flow
     )
     before = jobs.read_progress(flow_dir).get("state")
+    hold_file = flow_dir / jobs.HOLD_FILE
     if request.dry_run:
-        record.details = {"held": False, "jobs": running, "state": before}
+        run.change("hold", f"would hold {request.flow} paused ({hold_file})")
+        cut = time.time()
+        run.data["cut"] = {"at": _iso(cut), "epoch_ms": math.floor(cut * 1000)}
+        record.details = {"held": False, "jobs": running, "state": before, "cut": _iso(cut)}
         record.summary = (
-            f"would hold {request.flow} paused ({flow_dir / jobs.HOLD_FILE}); "
+            f"would hold {request.flow} paused ({hold_file}); "
             f"{len(running)} running mirror job(s) run it, state {before or 'unknown'}"
         )
         log(record.summary)
         return
+    reason = hold_reason(request.run_id)
+    paused_file = flow_dir / jobs.PAUSED_FILE
+    paused_before = paused_file.exists()
+    held_before = jobs.held(flow_dir)  # another run's hold, replaced (a rollback restores it)
     held_at = time.time()
-    jobs.hold(flow_dir, f"failover {request.run_id}")
-    log(f"{request.flow} held paused ({flow_dir / jobs.HOLD_FILE}): it copies nothing more")
+    jobs.hold(flow_dir, reason)
+    run.change(
+        "hold",
+        f"held {request.flow} paused: {hold_file} (reason {reason!r})"
+        + (f", replacing the hold {held_before!r}" if held_before else "")
+        + (f"; {paused_file} was there already" if paused_before else f" and {paused_file}"),
+        undo={
+            "flow_dir": str(flow_dir),
+            "reason": reason,
+            "paused_created": not paused_before,
+            "replaced": held_before,
+        },
+    )
+    log(f"{request.flow} held paused ({hold_file}): it copies nothing more")
     deadline = time.monotonic() + request.stop_timeout_s
     state = before
     while running:
         progress = jobs.read_progress(flow_dir)
         state = progress.get("state")
-        updated = _epoch(progress.get("updated"))
-        if state in STOPPED_STATES and (updated >= held_at - 1 or before in STOPPED_STATES):
+        if state in STOPPED_STATES and (
+            written_since(progress.get("updated"), held_at) or before in STOPPED_STATES
+        ):
             break  # stopped now, or was already (paused by its DAG, failed)
         running = [p for p in running if jobs.process_alive(p)]
         if time.monotonic() > deadline:
             raise MirrorflowError(
-                f"the mirror job of {request.flow} did not pause it within "
-                f"{request.stop_timeout_s:.0f}s (state {state})",
-                "stop the site's mirror DAG (pause it) and trigger the failover again",
+                f"the mirror job of {request.flow} (driver {', '.join(map(str, running))}) did "
+                f"not pause it within {request.stop_timeout_s:g}s (state {state}); the flow "
+                "stays held, nothing else was changed after the hold",
+                "wait for the job's batch and trigger the failover again (a longer stop "
+                "timeout), or stop the site's mirror DAG (pause it) and trigger it again; "
+                "to undo this run instead: "
+                + rollback_command(request.flow, request.flow_files, request.run_id),
             )
-        time.sleep(0.5)
-    record.details = {"held": True, "state": state, "jobs": running}
+        time.sleep(STOP_POLL_S)
+    cut = time.time()
+    run.data["cut"] = {"at": _iso(cut), "epoch_ms": math.floor(cut * 1000)}
+    record.details = {
+        "held": True,
+        "state": state,
+        "jobs": running,
+        "cut": _iso(cut),
+        "waited_s": round(cut - held_at, 3),
+    }
     record.summary = (
-        f"{request.flow} stopped ({state}) in its running mirror job"
+        f"{request.flow} stopped ({state}) in its running mirror job, "
+        f"{cut - held_at:.1f}s after the hold"
         if running
         else f"no running mirror job runs {request.flow}; held paused so none starts it"
     )
     log(record.summary)
 
 
-def _epoch(stamp: str | None) -> float:
-    try:
-        return datetime.fromisoformat(str(stamp)).timestamp()
-    except ValueError:
-        return 0.0
-
-
 @WORKFLOW.step("final-sync")
 def final_sync(request: FailoverRequest, run: FailoverRun, record: StepRecord, log: Log) -> None:
     """Configs and ACLs, checkpoints and group offsets now (planned), or the stored checkpoints
     committed (emergency); then each group's targets and the RPO."""
+    _failover_only(request)
     spec = request.spec()
     groups = set(run.details("preflight").get("groups", []))
     dry = request.dry_run
     details: dict = {"dry_run": dry}
     if run.mode == "planned":
-        details["topic_sync"] = _topic_syncs(spec, dry, log)
-        sync = _planned_group_sync(spec, groups, dry, log)
+        details["topic_sync"] = _topic_syncs(spec, run, dry, log)
+        sync = _planned_group_sync(spec, run, groups, dry, log)
     else:
-        sync = _emergency_group_sync(spec, groups, dry, log)
+        sync = _emergency_group_sync(spec, run, groups, dry, log)
     details.update(sync)
-    details["rpo"] = rpo = measure_rpo(spec, run.mode, request)
+    cut = failover_cut_ms(run.data) or math.floor(time.time() * 1000)
+    details["rpo"] = rpo = rpo_at_cut(spec, run.mode, request, cut)
     for line in _group_lines(details["targets"], spec.target):
         log(line)
     log(rpo["summary"])
@@ -472,28 +862,111 @@ def final_sync(request: FailoverRequest, run: FailoverRun, record: StepRecord, l
     log(record.summary)
 
 
-def _topic_syncs(spec: MirrorSpec, dry_run: bool, log: Log) -> list[dict]:
-    from mirrorflow.replication.sync import run_syncs
+def _topic_syncs(spec: MirrorSpec, run: FailoverRun, dry_run: bool, log: Log) -> list[dict]:
+    """The flow's config and ACL syncs, each change in the ledger as soon as its sync ran."""
+    from mirrorflow.replication.sync import AclSync, TopicSync
 
     reports = []
-    for report in run_syncs(spec, dry_run)[0]:
+    for enabled, sync, kind in (
+        (spec.sync_configs_enabled, TopicSync, "config-sync"),
+        (spec.sync_acls_enabled, AclSync, "acl-sync"),
+    ):
+        if not enabled:
+            continue
+        report = sync(spec).run(dry_run=dry_run)
         for line in report.lines():
             log(line)
+        for change in report.changes:
+            done = "would sync" if dry_run else "synced"
+            undo = None
+            if kind == "config-sync" and change.kind == "config":
+                undo = {"topic": change.topic, "config": change.name, "before": change.before}
+            run.change(kind, f"{done} on {spec.target}: {change.describe()}", undo=undo)
         if report.failures:
             raise MirrorflowError(f"{spec.flow}: {report.failures[0]}")
         reports.append({**report.as_dict(), "lines": report.lines()})
     return reports
 
 
-def _planned_group_sync(spec: MirrorSpec, groups: set[str], dry_run: bool, log: Log) -> dict:
+def _previous_offsets(
+    spec: MirrorSpec, groups: dict[str, list[Partition]]
+) -> dict[str, dict[str, int]]:
+    """The groups' committed offsets on the target before the failover commits (best effort:
+    a group whose offsets cannot be read is left out)."""
+    from mirrorflow.replication.checkpoints import GroupOffsetsClient
+
+    client = GroupOffsetsClient(ClusterAdmin(spec.target, spec.target_admin), spec.target_consumer)
+    before: dict[str, dict[str, int]] = {}
+    for group, partitions in groups.items():
+        try:
+            found = client.committed(group, partitions)
+        except MirrorflowError:
+            continue
+        before[group] = {_key(tp): o for tp, (o, _m) in sorted(found.items())}
+    return before
+
+
+def _record_commits(
+    run: FailoverRun,
+    spec: MirrorSpec,
+    committed: dict[str, dict[str, int]],
+    before: dict[str, dict[str, int]],
+    dry_run: bool,
+) -> None:
+    for group, offsets in committed.items():
+        where = ", ".join(f"{tp}@{o}" for tp, o in offsets.items())
+        if dry_run:
+            run.change(
+                "group-offsets", f"would commit offsets of group {group} on {spec.target}: {where}"
+            )
+            continue
+        previous = before.get(group)
+        run.change(
+            "group-offsets",
+            f"committed offsets of group {group} on {spec.target}: {where}"
+            + ("" if previous is None else f" (before: {_offsets_text(previous)})"),
+            undo={"cluster": spec.target, "group": group, "previous": previous},
+        )
+
+
+def _offsets_text(offsets: dict[str, int]) -> str:
+    return ", ".join(f"{tp}@{o}" for tp, o in offsets.items()) or "none committed"
+
+
+def _planned_group_sync(
+    spec: MirrorSpec, run: FailoverRun, groups: set[str], dry_run: bool, log: Log
+) -> dict:
     from mirrorflow.replication.checkpoints import run_group_sync
 
     if not groups:
         return {"committed": {}, "active": [], "targets": {}, "checkpoints_written": 0}
-    result = run_group_sync(spec, groups, sync_offsets=True, dry_run=dry_run)
+    before = {}
+    if not dry_run:
+        source = ClusterAdmin(spec.source, spec.source_admin)
+        remote = [(spec.remote_topic(t), p) for t, p in _replicated_partitions(spec, source)]
+        before = _previous_offsets(spec, dict.fromkeys(sorted(groups), remote))
+    try:
+        result = run_group_sync(spec, groups, sync_offsets=True, dry_run=dry_run)
+    except MirrorflowError as exc:
+        if not dry_run:
+            run.change(
+                "group-offsets",
+                f"checkpoints and offsets of groups {', '.join(sorted(groups))} on "
+                f"{spec.target} may be partly written: the sync failed ({exc.message})",
+                undo={"cluster": spec.target, "previous": before},
+            )
+        raise
     for line in result.lines():
         log(line)
     report = result.report
+    if result.checkpoints:
+        run.change(
+            "checkpoints",
+            f"{'would write' if dry_run else 'wrote'} {len(result.checkpoints)} checkpoint(s) "
+            f"of the groups to {spec.source}.checkpoints.internal on {spec.target}",
+        )
+    committed = _committed(report.written if report else {})
+    _record_commits(run, spec, committed, before, dry_run)
     targets = {
         group: [
             {
@@ -509,14 +982,16 @@ def _planned_group_sync(spec: MirrorSpec, groups: set[str], dry_run: bool, log: 
         for group, rows in sorted(result.translations.items())
     }
     return {
-        "committed": _committed(report.written if report else {}),
+        "committed": committed,
         "active": list(report.active) if report else [],
         "targets": targets,
         "checkpoints_written": len(result.checkpoints),
     }
 
 
-def _emergency_group_sync(spec: MirrorSpec, groups: set[str], dry_run: bool, log: Log) -> dict:
+def _emergency_group_sync(
+    spec: MirrorSpec, run: FailoverRun, groups: set[str], dry_run: bool, log: Log
+) -> dict:
     from mirrorflow.replication.checkpoints import GroupOffsetSync, read_checkpoints
 
     reader = read_checkpoints(spec)
@@ -544,12 +1019,20 @@ def _emergency_group_sync(spec: MirrorSpec, groups: set[str], dry_run: bool, log
             "auto.offset.reset says"
         )
     admin = ClusterAdmin(spec.target, spec.target_admin)
-    report = GroupOffsetSync(spec, {spec.target: admin}, lambda: latest).run(
-        set(targets), dry_run=dry_run
-    )
+    sync = GroupOffsetSync(spec, {spec.target: admin}, lambda: latest)
+    committed: dict[str, dict[str, int]] = {}
+    active: list[str] = []
+    for group in sorted(targets):  # one group at a time: each commit in the ledger as made
+        partitions = [(r["topic"], r["partition"]) for r in targets[group]]
+        before = {} if dry_run else _previous_offsets(spec, {group: partitions})
+        report = sync.run({group}, dry_run=dry_run)
+        done = _committed(report.written)
+        _record_commits(run, spec, done, before, dry_run)
+        committed.update(done)
+        active += report.active
     return {
-        "committed": _committed(report.written),
-        "active": list(report.active),
+        "committed": committed,
+        "active": active,
         "targets": targets,
         "without_checkpoints": missing,
         "checkpoints_written": 0,
@@ -571,9 +1054,34 @@ def _group_lines(targets: dict[str, list[dict]], target: str) -> list[str]:
     return lines
 
 
-def measure_rpo(spec: MirrorSpec, mode: str, request: FailoverRequest) -> dict:
-    """Records on the source that the target does not have, per partition (see the module)."""
+# -- the RPO -------------------------------------------------------------------------------------
+
+
+def oldest_uncopied_written(
+    history: Sequence[Sequence[int]], position: int
+) -> tuple[int | None, int | None]:
+    """When the oldest record not copied of a partition at ``position`` (the record at offset
+    ``position``) was written, from the job's history of the partition's end offsets
+    (``[[epoch ms, end offset], …]``, ascending in time): after the last time its end was at
+    or before ``position`` (None: no such observation) and no later than the first time it was
+    past it (None: never seen past it). Epoch milliseconds."""
+    after = max((int(t) for t, end in history if end <= position), default=None)
+    by = min((int(t) for t, end in history if end > position), default=None)
+    return after, by
+
+
+def _seconds(ms: int | None) -> float | None:
+    return None if ms is None else round(ms / 1000, 3)
+
+
+def rpo_at_cut(spec: MirrorSpec, mode: str, request: FailoverRequest, cut_ms: int) -> dict:
+    """Records on the source that the target does not have at the cut, per partition (see the
+    module). Emergency: at least those the job last saw, with bounds on the age at the cut of
+    the oldest of them per partition (from ``progress.json``'s ``source_end_history`` when the
+    job writes it, else from when it last listed the ends)."""
     positions = flow_positions(spec)
+    history: dict = {}
+    observed_ms: int | None = None
     if mode == "planned":
         source = ClusterAdmin(spec.source, spec.source_admin)
         bounds = _source_bounds(spec, source, list(_replicated_partitions(spec, source)))
@@ -587,7 +1095,11 @@ def measure_rpo(spec: MirrorSpec, mode: str, request: FailoverRequest) -> dict:
             for topic, parts in ends.items()
             for p, end in parts.items()
         }
+        history = progress.get("source_end_history") or {}
         observed_at = progress.get("source_end_offsets_at")
+        stamp = _stamp_ms(observed_at)
+        # The listing happened within the stamp's precision after it (a truncated stamp).
+        observed_ms = None if stamp is None else stamp[0] + (stamp[1] if stamp[1] > 1 else 0)
         basis = (
             f"the end offsets the mirror job last observed on {spec.source} ({observed_at})"
             if ends
@@ -595,23 +1107,226 @@ def measure_rpo(spec: MirrorSpec, mode: str, request: FailoverRequest) -> dict:
         )
     behind = _behind(bounds, positions)
     records = sum(behind.values())
-    short = f"{records} record(s)" + (" or more" if mode != "planned" else "")
+    exact = mode == "planned"
+    partitions = []
+    for tp, n in sorted(behind.items()):
+        row: dict = {"partition": _key(tp), "behind": n}
+        if not exact:
+            seen = (history.get(tp[0]) or {}).get(str(tp[1]))
+            after, by = (
+                oldest_uncopied_written(seen, positions.get(tp, 0)) if seen else (None, None)
+            )
+            by = by if by is not None else observed_ms
+            row.update(
+                written_after=None if after is None else _iso(after / 1000),
+                written_by=None if by is None else _iso(by / 1000),
+                age_at_least_s=None if by is None else _seconds(cut_ms - by),
+                age_at_most_s=None if after is None else _seconds(cut_ms - after),
+                basis="history" if seen else "last observation",
+            )
+        partitions.append(row)
+    at_least = [r["age_at_least_s"] for r in partitions if r.get("age_at_least_s") is not None]
+    at_most = [r.get("age_at_most_s") for r in partitions]
+    oldest = {
+        "age_at_least_s": max(at_least) if at_least else None,
+        "age_at_most_s": max(at_most) if at_most and None not in at_most else None,
+    }
+    short = f"{records} record(s)" if exact else f"at least {records} record(s)"
+    summary = (
+        f"RPO: {short} on {spec.source} not on {spec.target}, from {basis} minus the "
+        "flow's positions" + ("" if exact else "; records written after that are not known")
+    )
+    if not exact and records and oldest["age_at_least_s"] is not None:
+        summary += (
+            f"; the oldest of them was {oldest['age_at_least_s']:.3f}s old at the cut or older"
+            + (
+                f" (at most {oldest['age_at_most_s']:.3f}s)"
+                if oldest["age_at_most_s"] is not None
+                else ""
+            )
+        )
     return {
         "records": records,
-        "exact": mode == "planned",
+        "exact": exact,
+        "at_least": not exact,
         "basis": basis,
         "observed_at": observed_at,
+        "cut": _iso(cut_ms / 1000),
         "per_partition": {_key(tp): n for tp, n in sorted(behind.items())},
+        "partitions": partitions,
+        "oldest": oldest,
+        "history": bool(history),
         # Where the flow stopped (the failback resumes from here and sets aside what the
         # source holds beyond it): source partition -> position.
         "positions_at_cut": _nested(positions),
         "summary_short": short,
+        "summary": summary,
+    }
+
+
+def failover_cut_ms(data: dict) -> int | None:
+    """The cut of a failover run (epoch ms): when its stop-mirror completed."""
+    recorded = (data.get("cut") or {}).get("epoch_ms")
+    if recorded is not None:
+        return int(recorded)
+    stop = [s for s in data.get("steps", []) if s.get("step") == "stop-mirror" and s.get("ended")]
+    stamp = _stamp_ms(stop[-1]["ended"]) if stop else None
+    return None if stamp is None else stamp[0]
+
+
+def measure_missing(spec: MirrorSpec, failover: dict, timeout_s: float = 120.0) -> dict:
+    """The RPO of failover run ``failover`` measured on its source, once that is back: per
+    partition, the records from the position at the cut to the end now whose timestamp is at
+    or before the cut (the records the target did not get), with the oldest's and newest's
+    timestamps and the oldest's age at the cut; those written after the cut are counted apart.
+    Reads with a consumer that is assigned its partitions, never joins nor commits its group
+    (READ on the topics is all it needs); ``read_committed`` when the flow reads so."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    cut = failover_cut_ms(failover)
+    positions = _flat(positions_at_cut(failover) or {})
+    if cut is None or not positions:
+        raise MirrorflowError(
+            f"failover {failover.get('run_id')} recorded no cut to measure from",
+            "measure the RPO of a failover that got past its final-sync",
+        )
+    committed = spec.source_consumer.get("isolation.level") == "read_committed"
+    admin = ClusterAdmin(spec.source, spec.source_admin)
+    ends = {
+        tp: end
+        for tp, (_s, end) in _source_bounds(spec, admin, sorted(positions), committed).items()
+    }
+    config = {
+        k: v
+        for k, v in spec.source_consumer_client.items()
+        if k not in ("group.id", "auto.offset.reset")
+    }
+    consumer = Consumer(
+        {
+            **config,
+            "group.id": f"mirrorflow-rpo-{spec.flow}",  # never joined nor committed
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",  # a position retention removed: from the start
+            "isolation.level": "read_committed" if committed else "read_uncommitted",
+        }
+    )
+    found: dict[Partition, dict] = {
+        tp: {"missing": 0, "after_cut": 0, "oldest_ms": None, "newest_ms": None} for tp in positions
+    }
+    todo = {tp for tp, start in positions.items() if ends.get(tp, 0) > start}
+    deadline = time.monotonic() + timeout_s
+    try:
+        if todo:
+            consumer.assign([TopicPartition(t, p, positions[(t, p)]) for t, p in sorted(todo)])
+        while todo:
+            if time.monotonic() > deadline:
+                raise MirrorflowError(
+                    f"reading {spec.source} from the cut to its end took over {timeout_s:g}s "
+                    f"({', '.join(_key(tp) for tp in sorted(todo))} not done)",
+                    f"check that {spec.source} answers, then measure again",
+                )
+            for msg in consumer.consume(1000, 0.5):
+                error = msg.error()
+                if error is not None:
+                    if error.code() in (
+                        KafkaError._PARTITION_EOF,
+                        KafkaError.GROUP_AUTHORIZATION_FAILED,  # the group is never used
+                    ):
+                        continue
+                    raise cluster_error(
+                        admin, f"reading {msg.topic()}", Exception(error), "READ on the topic"
+                    )
+                tp = (msg.topic(), msg.partition())
+                if msg.offset() >= ends[tp]:
+                    continue
+                stamp = msg.timestamp()[1]
+                counted = found[tp]
+                if stamp > cut:
+                    counted["after_cut"] += 1
+                    continue
+                counted["missing"] += 1
+                if counted["oldest_ms"] is None or stamp < counted["oldest_ms"]:
+                    counted["oldest_ms"] = stamp
+                if counted["newest_ms"] is None or stamp > counted["newest_ms"]:
+                    counted["newest_ms"] = stamp
+            # positions, not offsets read: transaction markers and aborted records count too
+            for at in consumer.position([TopicPartition(t, p) for t, p in sorted(todo)]):
+                if at.offset >= ends[(at.topic, at.partition)]:
+                    todo.discard((at.topic, at.partition))
+    finally:
+        consumer.close()
+    rows = []  # the partitions with records past the cut (the others: nothing to count)
+    for tp, counted in sorted(found.items()):
+        if ends.get(tp, 0) <= positions[tp]:
+            continue
+        oldest, newest = counted["oldest_ms"], counted["newest_ms"]
+        rows.append(
+            {
+                "partition": _key(tp),
+                "from": positions[tp],
+                "to": ends.get(tp, positions[tp]),
+                "missing": counted["missing"],
+                "after_cut": counted["after_cut"],
+                "oldest": None if oldest is None else _iso(oldest / 1000),
+                "newest": None if newest is None else _iso(newest / 1000),
+                "oldest_age_at_cut_s": _seconds(None if oldest is None else cut - oldest),
+            }
+        )
+    missing = sum(r["missing"] for r in rows)
+    stamps = [found[tp]["oldest_ms"] for tp in found if found[tp]["oldest_ms"] is not None]
+    newest = [found[tp]["newest_ms"] for tp in found if found[tp]["newest_ms"] is not None]
+    oldest_ms = min(stamps) if stamps else None
+    return {
+        "records": missing,
+        "after_cut": sum(r["after_cut"] for r in rows),
+        "cut": _iso(cut / 1000),
+        "measured_at": _now(),
+        "read_committed": committed,
+        "oldest": None if oldest_ms is None else _iso(oldest_ms / 1000),
+        "newest": None if not newest else _iso(max(newest) / 1000),
+        "oldest_age_at_cut_s": _seconds(None if oldest_ms is None else cut - oldest_ms),
+        "partitions": rows,
         "summary": (
-            f"RPO: {short} on {spec.source} not on {spec.target}, from {basis} minus the "
-            "flow's positions"
-            + ("" if mode == "planned" else "; records written after that are not known")
+            f"measured RPO: {missing} record(s) written on {spec.source} up to the cut "
+            f"({_iso(cut / 1000)}) never reached {spec.target}"
+            + (
+                f", the oldest {_seconds(cut - oldest_ms):.3f}s before the cut"
+                if oldest_ms is not None
+                else ""
+            )
+            + f"; {sum(r['after_cut'] for r in rows)} written after the cut"
         ),
     }
+
+
+def record_measured(failover: dict, measured: dict, by: str) -> Path:
+    """Amend failover run ``failover``'s record with its measured RPO and render its report
+    again; the report's path."""
+    target = FailoverRun.of_record(failover)
+    target.data["measured_rpo"] = {**measured, "by": by}
+    target.save()
+    return Path(steps.write_report(target)["markdown"])
+
+
+def measure_and_record(
+    spec: MirrorSpec, failover: dict, run: steps.Run, dry_run: bool, log: Log
+) -> dict:
+    """Measure failover ``failover``'s RPO (:func:`measure_missing`) and, unless ``dry_run``,
+    amend its record and report (in ``run``'s ledger). The figures."""
+    measured = measure_missing(spec, failover)
+    log(measured["summary"])
+    if not dry_run:
+        report = record_measured(failover, measured, run.data["run_id"])
+        run.change(
+            "record-amended",
+            f"failover {failover['run_id']}'s record and report got the measured RPO ({report})",
+        )
+    return measured
+
+
+def _flat(nested: dict[str, dict[str, int]]) -> dict[Partition, int]:
+    return {(t, int(p)): int(v) for t, parts in (nested or {}).items() for p, v in parts.items()}
 
 
 def _nested(offsets: dict[Partition, int]) -> dict[str, dict[str, int]]:
@@ -620,6 +1335,193 @@ def _nested(offsets: dict[Partition, int]) -> dict[str, dict[str, int]]:
     for (topic, partition), offset in sorted(offsets.items()):
         nested.setdefault(topic, {})[str(partition)] = offset
     return nested
+
+
+# -- rollback ----------------------------------------------------------------------------------
+
+
+def release_hold(
+    flow: str, flow_dir: Path, hold: dict, run: steps.Run, dry_run: bool
+) -> tuple[list[str], list[str]]:
+    """Release a failover's hold (its ledger entry ``hold``) when the flow still has it: the
+    hold file, and the paused file if that failover created it; each in ``run``'s ledger.
+    What was released and what was left, as lines."""
+    undo = hold.get("undo") or {}
+    reason = undo.get("reason")
+    now = jobs.held(flow_dir)
+    if now is None or now != reason:
+        why = "it is not held" if now is None else f"its hold is another's ({now!r})"
+        return [], [f"the hold of {flow}: {why}"]
+    would = "would release" if dry_run else "released"
+    released = []
+    replaced = undo.get("replaced")
+    if replaced:  # it had replaced another run's hold: that one is back
+        if not dry_run:
+            jobs.hold(flow_dir, replaced)
+        run.change(
+            "hold-released",
+            f"{'would put' if dry_run else 'put'} back the hold it had replaced on {flow} "
+            f"({flow_dir / jobs.HOLD_FILE}: reason {replaced!r}, was {reason!r})",
+            undo={"flow_dir": str(flow_dir), "reason": reason},
+        )
+        return [f"the hold of {flow} (the hold it replaced, {replaced!r}, is back)"], []
+    if not dry_run:
+        jobs.release(flow_dir)
+    run.change(
+        "hold-released",
+        f"{would} {flow}'s hold ({flow_dir / jobs.HOLD_FILE}, reason {reason!r})",
+        undo={"flow_dir": str(flow_dir), "reason": reason},
+    )
+    released.append(f"the hold of {flow}")
+    if not undo.get("paused_created"):
+        return released, [f"{flow}'s paused file: it was there before that failover"]
+    if not dry_run:
+        jobs.set_paused(flow_dir, False)
+    run.change(
+        "unpaused",
+        f"{'would remove' if dry_run else 'removed'} {flow}'s paused file "
+        f"({flow_dir / jobs.PAUSED_FILE}): its mirror job resumes it from its positions",
+        undo={"flow_dir": str(flow_dir)},
+    )
+    released.append(f"the paused file of {flow}")
+    return released, []
+
+
+def release_failover(
+    chosen: dict,
+    run: steps.Run,
+    flow_dir: Path,
+    spec: Callable[[], MirrorSpec],
+    dry_run: bool,
+    log: Log,
+) -> tuple[list[str], list[str]]:
+    """Release exactly what failover run ``chosen`` (its record) holds still: its hold and
+    paused files if it created them and the flow still has its hold, the fence ACLs it created
+    (unless another run's fence is the same ACL) and its entries in ``fences.json``; each in
+    ``run``'s ledger as done. Then (not in a dry run) mark its record rolled back by ``run`` and
+    render its report again. ``spec``: the flow's spec, asked for only when ACLs go. What was
+    released and what was left alone, as lines."""
+    flow, name = chosen["flow"], chosen["run_id"]
+    changes = made_changes(chosen)
+    released: list[str] = []
+    kept: list[str] = []
+    for hold in [c for c in changes if c["kind"] == "hold"][-1:]:
+        done, left = release_hold(flow, flow_dir, hold, run, dry_run)
+        released += done
+        kept += left
+    fences = read_fences(flow)
+    mine = {
+        (c["undo"]["principal"], c["undo"]["topic"]) for c in changes if c["kind"] == "fence-acl"
+    }
+    mine |= {(f["principal"], f["topic"]) for f in fences if f.get("run_id") == name}
+    others = {(f["principal"], f["topic"]) for f in fences if f.get("run_id") != name}
+    kept += [
+        f"DENY WRITE on {t} for {p}: another failover's fence too" for p, t in sorted(mine & others)
+    ]
+    remove = sorted(mine - others)
+    if remove:
+        flow_spec = None if dry_run else spec()
+        source = jobs.split_flow(flow)[0]
+
+        def deleted(acl: tuple[str, str]) -> None:
+            run.change(
+                "fence-removed",
+                f"{'would remove' if dry_run else 'removed'} DENY WRITE on topic {acl[1]} of "
+                f"{source} for {acl[0]}",
+                undo={"cluster": source, "principal": acl[0], "topic": acl[1]},
+            )
+            released.append(f"DENY WRITE on {acl[1]} for {acl[0]}")
+
+        if flow_spec is None:
+            for acl in remove:
+                deleted(acl)
+        else:
+            admin = ClusterAdmin(flow_spec.source, flow_spec.source_admin)
+            delete_acls(admin, remove, deleted)
+    if any(f.get("run_id") == name for f in fences):
+        if not dry_run:
+            left = [f for f in fences if f.get("run_id") != name]
+            paths.write_private(fences_file(flow), json.dumps(left, indent=1) + "\n")
+        run.change(
+            "fences-file",
+            f"{'would remove' if dry_run else 'removed'} failover {name}'s entries from "
+            f"{fences_file(flow)}",
+        )
+    for line in released:
+        log(f"{'would release' if dry_run else 'released'}: {line}")
+    for line in kept:
+        log(f"left alone: {line}")
+    if not dry_run:
+        by = run.data["run_id"]
+        target = FailoverRun.of_record(chosen)
+        target.data["rolled_back"] = {
+            "by": by,
+            "kind": run.KIND,
+            "at": _now(),
+            "released": released,
+            "kept": kept,
+        }
+        target.save()
+        report = steps.write_report(target)["markdown"]
+        run.change(
+            "record-amended",
+            f"failover {name}'s record and report marked rolled back by {by} ({report})",
+        )
+    return released, kept
+
+
+@WORKFLOW.step("rollback")
+def rollback(request: FailoverRequest, run: FailoverRun, record: StepRecord, log: Log) -> None:
+    """Mode rollback: release exactly what one failover run held (see the module)."""
+    if request.mode != "rollback":
+        raise StepSkipped(f"mode {run.mode}: nothing to roll back")
+    flow_dir = request.flow_dir()
+    chosen = choose_rollback(
+        run_records("failover", request.flow),
+        request.flow,
+        request.failover_run_id,
+        jobs.held(flow_dir),
+        run_records("failback", request.flow),
+    )
+    name, status, dry = chosen["run_id"], run_status(chosen), request.dry_run
+    run.data["rolls_back"] = name
+    log(f"rolling back failover {name} of {request.flow} ({status})")
+    released, kept = release_failover(chosen, run, flow_dir, request.spec, dry, log)
+    log(OFFSETS_KEPT)
+    record.details = {
+        "failover_run_id": name,
+        "failover_status": status,
+        "released": released,
+        "kept": kept,
+        "offsets": OFFSETS_KEPT,
+    }
+    record.summary = (
+        f"{'would roll' if dry else 'rolled'} back failover {name} ({status}): "
+        + (
+            f"{'would release' if dry else 'released'} {'; '.join(released)}"
+            if released
+            else "nothing to release"
+        )
+        + (f"; left alone: {'; '.join(kept)}" if kept else "")
+        + f"; {OFFSETS_KEPT}"
+    )
+    log(record.summary)
+
+
+@WORKFLOW.step("measure-rpo")
+def measure_rpo(request: FailoverRequest, run: FailoverRun, record: StepRecord, log: Log) -> None:
+    """Mode measure-rpo: a failover's RPO counted on its source, once that is back."""
+    if request.mode != "measure-rpo":
+        raise StepSkipped(f"mode {run.mode}: the RPO is measured in mode measure-rpo")
+    chosen = choose_measured(
+        run_records("failover", request.flow), request.flow, request.failover_run_id
+    )
+    spec = request.spec()
+    run.data["measures"] = chosen["run_id"]
+    measured = measure_and_record(spec, chosen, run, request.dry_run, log)
+    record.details = {"failover_run_id": chosen["run_id"], "measured_rpo": measured}
+    record.summary = f"failover {chosen['run_id']}: {measured['summary']}"
+    log(record.summary)
 
 
 report = WORKFLOW.report

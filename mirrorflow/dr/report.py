@@ -3,9 +3,10 @@ templates ``templates/failover_report.{md,html}.j2``, and the record itself as J
 beside ``run.json`` in ``$MIRRORFLOW_STATE/reports/failover/<run id>/`` (by
 :func:`mirrorflow.dr.steps.write_report`, which every DR workflow's report step uses).
 
-The report holds the timeline of the steps, the mode, the RPO, per group where to read now
-(remote topics under the flow's policy, offsets), and what the run changed (ACLs, committed
-offsets, the flow's hold, config and ACL sync). It holds no secret: the run record has names,
+The report holds the timeline of the steps, the mode, the RPO (at the cut, and measured on the
+source once it is back), per group where to read now (remote topics under the flow's policy,
+offsets), the run's ledger (what it changed: ACLs, the flow's hold, committed offsets, config and
+ACL sync…), and, for a rollback, what it released. It holds no secret: the run record has names,
 offsets and the flow files' paths only.
 """
 
@@ -20,41 +21,39 @@ if TYPE_CHECKING:
 
 __all__ = ["report_context", "write_report"]
 
+UNKNOWN_BOUNDS = ("written_after", "written_by", "age_at_least_s", "age_at_most_s")
+
 
 def report_context(run: FailoverRun) -> dict:
-    """What the templates show, from the run record."""
+    """What the templates show, from the run record: its header (with the ledger, ``changes``),
+    the mode, the RPO at the cut and, once measured, on the source (``measured_rpo``); per
+    group where to read now; a rollback run's release (``rollback``), a measurement run's
+    figures (``measure``); and, for a failover rolled back since, by which run
+    (``rolled_back``)."""
     data = run.data
     final = run.details("final-sync")
-    preflight = run.details("preflight")
-    fence = run.details("fence-producers")
-    stop = run.details("stop-mirror")
-    dry = bool(data["request"]["dry_run"])
-    changes = []
-    if fence.get("acls"):
-        verb = "applied" if fence.get("applied") else "would apply (dry run)"
-        changes += [
-            f"{verb}: DENY WRITE on topic {a['topic']} of {preflight.get('source')} "
-            f"for {a['principal']}"
-            for a in fence["acls"]
-        ]
-    if stop.get("held"):
-        changes.append(f"flow {data['flow']} held paused: the mirror copies nothing more")
-    for group, offsets in (final.get("committed") or {}).items():
-        verb = "would commit" if dry else "committed"
-        where = ", ".join(f"{tp}@{o}" for tp, o in offsets.items())
-        changes.append(f"{verb} offsets of group {group} on {preflight.get('target')}: {where}")
-    for sync in final.get("topic_sync") or []:
-        if sync.get("changes"):
-            changes += [
-                f"{'would sync' if dry else 'synced'}: {line.strip()}" for line in sync["lines"][1:]
-            ]
+    rpo = final.get("rpo")
+    if rpo and "partitions" not in rpo:  # a record from before the RPO's bounds
+        rpo = {
+            **rpo,
+            "partitions": [
+                {"partition": k, "behind": n, **dict.fromkeys(UNKNOWN_BOUNDS)}
+                for k, n in rpo["per_partition"].items()
+            ],
+            "history": False,
+        }
     return {
         **run.report_header(),
-        "mode": data.get("mode") or data["request"]["mode"],
-        "preflight": preflight,
-        "rpo": final.get("rpo"),
+        "mode": run.mode,
+        "preflight": run.details("preflight"),
+        "cut": (data.get("cut") or {}).get("at"),
+        "rpo": rpo,
+        "measured_rpo": data.get("measured_rpo"),
         "targets": final.get("targets") or {},
         "active": final.get("active") or [],
         "without_checkpoints": final.get("without_checkpoints") or [],
-        "changes": changes,
+        "acts_on": data.get("rolls_back") or data.get("measures"),
+        "rollback": run.details("rollback"),
+        "measure": run.details("measure-rpo"),
+        "rolled_back": data.get("rolled_back"),
     }

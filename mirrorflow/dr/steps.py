@@ -12,6 +12,12 @@ id>/run.json``, and adds its own :class:`StepRecord` to it, however it ends: suc
 (:class:`StepSkipped`: the step does not apply to the run) or failed (its one-line error). A
 drill also keeps a timeline (:meth:`Run.event`).
 
+The run's **ledger** (``run.json``'s ``changes``, :meth:`Run.change`) lists every change its steps
+make (a flow held, ACLs created, offsets committed, records copied, a broker killed…), each saved
+to ``run.json`` the moment it is made, before the step goes on (and may fail): so a run that
+fails still reports what it changed, with what is needed to undo it (``undo``). A dry run's
+ledger lists what it would change, each entry marked ``dry_run``.
+
 The ``report`` step (:meth:`Workflow.report`) renders the run's report from the record:
 ``templates/<kind>_report.{md,html}.j2`` and ``report.json`` (the context), mode 0600
 (:func:`write_report`), and fails the run (its DAG's last task, the command) when an earlier step
@@ -244,6 +250,7 @@ class Run:
         except (OSError, ValueError):
             data = {}
         self.data: dict = data or self.new_record()
+        self.current: str | None = None  # the step being recorded
 
     def new_record(self) -> dict:
         """The record of a run no step has recorded yet."""
@@ -254,6 +261,7 @@ class Run:
             "request": {**request.record(), "flow_files": list(request.flow_files)},
             "started": now(),
             "steps": [],
+            "changes": [],
         }
 
     @property
@@ -272,6 +280,31 @@ class Run:
     def failed_steps(self) -> list[str]:
         return [s["step"] for s in self.steps if s["status"] == "failed"]
 
+    @property
+    def changes(self) -> list[dict]:
+        """The ledger: every change the run's steps made (or, in a dry run, would make)."""
+        return self.data.setdefault("changes", [])
+
+    def change(
+        self, kind: str, what: str, undo: dict | None = None, *, step: str | None = None
+    ) -> dict:
+        """Add a change to the ledger and save the record at once (before the step goes on):
+        ``kind`` (e.g. ``hold``, ``fence-acl``, ``group-offsets``), ``what`` one line, ``undo``
+        what undoing it needs (None: not undoable, or nothing to say). In a dry run the entry is
+        marked ``dry_run`` (``what`` then says what would be done). Returns the entry."""
+        entry: dict[str, Any] = {
+            "at": now(),
+            "step": step or self.current or "-",
+            "kind": kind,
+            "what": what,
+            "dry_run": bool(self.data.get("request", {}).get("dry_run")),
+        }
+        if undo is not None:
+            entry["undo"] = undo
+        self.changes.append(entry)
+        self.save()
+        return entry
+
     def event(self, what: str, at: float | None = None) -> float:
         """Add a moment to the timeline (epoch seconds, default now); returns it."""
         at = time.time() if at is None else at
@@ -285,6 +318,7 @@ class Run:
     def recording(self, name: str) -> Iterator[StepRecord]:
         """Run a step: its record is saved however it ends (success, skipped, failed)."""
         record = StepRecord(name, now())
+        self.current = name
         try:
             yield record
             record.status = "success"
@@ -295,6 +329,7 @@ class Run:
             record.status, record.summary = "failed", str(exc)
             raise
         finally:
+            self.current = None
             record.ended = now()
             self.steps.append(asdict(record))
             self.save()
@@ -307,8 +342,8 @@ class Run:
     def report_header(self, step_details: bool = True, ended: bool = True) -> dict:
         """What every report shows of its run: flow, run id, request, dry run, when it started
         (and ``ended``, when the last step ended and how many seconds it took), its status
-        (``success`` or ``failed at <step>``) and its steps, each with its seconds (and
-        ``step_details``, what it found)."""
+        (``success`` or ``failed at <step>``), its steps, each with its seconds (and
+        ``step_details``, what it found), and its ledger (``changes``, oldest first)."""
         data = self.data
         rows = [
             {
@@ -326,6 +361,7 @@ class Run:
             "started": data.get("started"),
             "status": "failed at " + failed[0] if failed else "success",
             "steps": rows,
+            "changes": list(data.get("changes") or []),
         }
         if ended:
             last = rows[-1]["ended"] if rows else None
