@@ -78,7 +78,12 @@ _QUIET = (
     "retrying",
     "brokers are down",
 )
-_NOISE = re.compile(r"^\[thrd:[^\]]*\]:\s*|\s*\((?:after \d+ms[^)]*|\d+ identical[^)]*)\)|\d+ms")
+# librdkafka's thread and broker names (``sasl_ssl://host:9093/bootstrap: ``; the cluster is
+# named instead, so one refusal is said once, not once per bootstrap server) and timings.
+_NOISE = re.compile(
+    r"^\[thrd:[^\]]*\]:\s*|^\w+://[^/\s]+/[\w-]+:\s*"
+    r"|\s*\((?:after \d+ms[^)]*|\d+ identical[^)]*)\)|\d+ms"
+)
 _SAID_AT_MOST = 200  # distinct texts said per cluster; past that, DEBUG (a runaway source)
 # librdkafka hands events over when a client is polled, so a client polled just after the
 # cluster answered again may still hand over its failed attempts from during the outage: for
@@ -170,8 +175,9 @@ class ClusterLog:
 
 
 def _plain(detail: str) -> str:
-    """librdkafka's text without its thread name and timings, so that repeats compare equal."""
-    return _NOISE.sub("", detail).strip()
+    """librdkafka's text without its thread and broker names and timings, so that repeats
+    compare equal."""
+    return _NOISE.sub("", _NOISE.sub("", detail, count=1)).strip()
 
 
 _LOGS: dict[str, ClusterLog] = {}
