@@ -1181,7 +1181,9 @@ def measure_missing(spec: MirrorSpec, failover: dict, timeout_s: float = 120.0) 
     timestamps and the oldest's age at the cut; those written after the cut are counted apart.
     Reads with a consumer that is assigned its partitions, never joins nor commits its group
     (READ on the topics is all it needs); ``read_committed`` when the flow reads so."""
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
+    from confluent_kafka import KafkaError, TopicPartition
+
+    from mirrorflow.replication import clients
 
     cut = failover_cut_ms(failover)
     positions = _flat(positions_at_cut(failover) or {})
@@ -1201,7 +1203,8 @@ def measure_missing(spec: MirrorSpec, failover: dict, timeout_s: float = 120.0) 
         for k, v in spec.source_consumer_client.items()
         if k not in ("group.id", "auto.offset.reset")
     }
-    consumer = Consumer(
+    consumer = clients.consumer(
+        spec.source,
         {
             **config,
             "group.id": f"mirrorflow-rpo-{spec.flow}",  # never joined nor committed
@@ -1209,7 +1212,7 @@ def measure_missing(spec: MirrorSpec, failover: dict, timeout_s: float = 120.0) 
             "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest",  # a position retention removed: from the start
             "isolation.level": "read_committed" if committed else "read_uncommitted",
-        }
+        },
     )
     found: dict[Partition, dict] = {
         tp: {"missing": 0, "after_cut": 0, "oldest_ms": None, "newest_ms": None} for tp in positions
