@@ -350,6 +350,19 @@ class FlowMetrics:
                 "mirrorflow_checkpoint_latency_ms", labels, Stats(value, value, value, 1), now
             )
 
+    def latency_since(self, since: float) -> Stats:
+        """The replication latencies of the flow's copies acknowledged after ``since`` (Unix
+        time), over all its partitions and at most the last :data:`WINDOW_S` seconds (what
+        the flow's trend samples: :mod:`mirrorflow.runtime.trend`)."""
+        live, merged = self.metrics.live, Stats()
+        with live.lock:
+            for (name, labels), window in live.windows.items():
+                if name == "mirrorflow_replication_latency_ms" and labels[:2] == self.labels:
+                    for at, stats in window.samples:
+                        if at > since:
+                            merged = merged.merge(stats)
+        return merged
+
     def heartbeat(self) -> None:
         """A heartbeat was acknowledged by the target now."""
         self.metrics.heartbeat.labels(*self.labels).set(time.time())
