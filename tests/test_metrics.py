@@ -3,12 +3,11 @@ target, lag per partition, the flow's state, served on 127.0.0.1 only."""
 
 from __future__ import annotations
 
-import socket
 import time
 import urllib.request
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
 from mirrorflow.errors import MirrorflowError
@@ -18,7 +17,9 @@ from tests import exposure
 from tests.conftest import create_topics
 from tests.mirror_harness import (
     flow_file,
+    free_port,
     produce,
+    produce_fresh,
     progress,
     read_topic,
     start_mirror,
@@ -26,12 +27,6 @@ from tests.mirror_harness import (
     wait_for,
 )
 from tests.test_least_privilege import commit
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scrape(port: int) -> dict[str, list]:
@@ -157,24 +152,6 @@ def test_the_endpoint_serves_on_loopback_and_a_taken_port_fails_in_one_line():
             metrics_mod.Metrics().serve(port)
     finally:
         m.close()
-
-
-def produce_fresh(cluster, topic: str, partitions: int, count: int, start: int) -> list:
-    """Records stamped now (the harness's ``produce`` stamps them an hour ago)."""
-    producer = Producer({**cluster.client_config(), "enable.idempotence": True})
-    sent = []
-    for i in range(start, start + count):
-        record = dict(
-            topic=topic,
-            partition=i % partitions,
-            key=f"key-{i}".encode(),
-            value=f"fresh-{i}".encode(),
-            headers=[("trace", f"t{i}".encode())],
-        )
-        producer.produce(**record)
-        sent.append(record)
-    assert producer.flush(30) == 0
-    return sent
 
 
 def record_bytes(records: list) -> dict[int, int]:

@@ -60,8 +60,8 @@ def test_records_per_second_come_from_consecutive_counters():
     assert result.series["lag_seconds"].current == 2.5
     assert result.series["latency_ms"].points == [(NOW, 40.0)]  # None elsewhere: no line
     assert result.restarts == [] and result.samples == 4
-    # The hour before the first sample had none: a gap, no line.
-    assert result.gaps == [(NOW - 3600, NOW - 30)]
+    # The trend spans at least 5 minutes: the time before the first sample is a gap, no line.
+    assert result.start == NOW - 300 and result.gaps == [(NOW - 300, NOW - 30)]
 
 
 def test_a_restart_is_a_mark_never_a_negative_rate():
@@ -96,14 +96,18 @@ def test_times_without_samples_are_gaps_not_lines():
     assert result.series["rate"].segments[1][0][0] == NOW - 110
     # Drawn: no path crosses the gap, which is a shaded area.
     drawn = charts.chart(result, "lag_records")
-    assert len(drawn["paths"]) == 2 and len(drawn["gaps"]) == 3
+    assert result.start == NOW - 300  # the first sample: no gap before it
+    assert len(drawn["paths"]) == 2 and len(drawn["gaps"]) == 2
     for path in drawn["paths"]:
         xs = [float(x) for x in re.findall(r"[ML] ([\d.]+) ", path)]
         for gap in drawn["gaps"]:
             assert all(not gap["x"] < x < gap["x"] + gap["width"] for x in xs), (path, gap)
 
 
-def test_no_samples_is_one_gap_over_the_hour():
+def test_an_hour_at_most_and_no_samples_is_one_gap_over_it():
+    old = [sample(NOW - 4_000, 1), sample(NOW - 3_000, 2), sample(NOW - 2_990, 3)]
+    assert trends.derive(old, NOW).start == NOW - 3_000  # the first sample of the hour
+    assert trends.derive(old, NOW).samples == 2
     result = trends.derive([], NOW)
     assert result.gaps == [(NOW - 3600, NOW)] and result.last_sample_at is None
     assert all(s.current is None and s.high is None for s in result.series.values())
@@ -117,10 +121,10 @@ def test_chart_axes_labels_units_and_figures():
     drawn = charts.chart(result, "rate")
     assert drawn["unit"] == "records/s"
     assert [t["label"] for t in drawn["y_ticks"]] == ["0", "1,000,000", "2,000,000"]
-    minus = "\u2212"
-    assert [t["label"] for t in drawn["x_ticks"]] == [
-        f"{minus}{m} min" for m in (60, 45, 30, 15)
-    ] + ["now"]
+    assert [t["label"] for t in drawn["x_ticks"]] == ["\u22124 min", "\u22122 min", "now"]
+    assert charts.time_ticks(3600) == [60, 45, 30, 15, 0]
+    assert charts.time_ticks(1800) == [30, 20, 10, 0]
+    assert charts.time_ticks(400) == [6, 4, 2, 0]
     assert drawn["high_text"] == "1,234,567 records/s" and drawn["current_text"] == "0 records/s"
     # The highest point is drawn below the axis' top, at its value's height.
     [path] = drawn["paths"]
@@ -130,6 +134,14 @@ def test_chart_axes_labels_units_and_figures():
     assert max(ys) == bottom
     assert charts.nice_ceiling(0) == 1 and charts.nice_ceiling(1_234_567) == 2_000_000
     assert charts.nice_ceiling(2.1) == 2.5 and charts.nice_ceiling(5) == 5
+    small = trends.derive([sample(NOW - 10, 0, lag_seconds=0.8), sample(NOW, 1)], NOW)
+    assert [t["label"] for t in charts.chart(small, "lag_seconds")["y_ticks"]] == ["0", "0.5", "1"]
+    tiny = trends.derive([sample(NOW - 10, 0, lag_seconds=2.2), sample(NOW, 1)], NOW)
+    assert [t["label"] for t in charts.chart(tiny, "lag_seconds")["y_ticks"]] == [
+        "0",
+        "1.25",
+        "2.5",
+    ]
 
 
 def test_latency_since_merges_the_flows_partitions_after_a_time():

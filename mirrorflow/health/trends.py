@@ -9,7 +9,11 @@ report, every 10 s), pure logic with the time passed in:
   before it, or whose counter went down, means the job restarted (its counters began again at
   0, as Prometheus counters do): it is a **restart**, with no rate, never a negative one;
 - a time without samples for more than :data:`GAP_INTERVALS` intervals (the job frozen, stopped,
-  or not yet started in the hour) is a **gap**: series break there, never bridged by a line.
+  or not yet started) is a **gap**: series break there, never bridged by a line.
+
+The trend spans the last hour, or less when the samples began later (at least
+:data:`MIN_SPAN_S`): a flow whose history is five minutes old shows those five minutes across
+its charts, not squeezed into their last pixels.
 
 Each series has its current value (the last sample's, unless that is older than a gap: then
 none), and its minimum and maximum over the hour.
@@ -24,6 +28,7 @@ from typing import Any
 from mirrorflow.runtime import trend as sampled
 
 GAP_INTERVALS = 2.5  # no sample for this many intervals: the job did not report, a gap
+MIN_SPAN_S = 300.0  # the shortest time a trend spans
 SERIES = {  # name: (what it shows, its unit)
     "lag_records": ("Lag", "records"),
     "lag_seconds": ("Lag", "s"),
@@ -54,8 +59,8 @@ class Series:
 
 @dataclass
 class Trend:
-    """A flow's last hour: from ``start`` to ``end`` (now), its series, the times without
-    samples (``gaps``, as (from, to)) and the job's restarts (times)."""
+    """A flow's last hour (or less, see :func:`derive`): from ``start`` to ``end`` (now), its
+    series, the times without samples (``gaps``, as (from, to)) and the job's restarts."""
 
     start: float
     end: float
@@ -84,12 +89,15 @@ def derive(
     window_s: float = sampled.WINDOW_S,
 ) -> Trend:
     """The trend at ``now`` of ``samples`` (a job's, any order; those outside the window are
-    left out)."""
+    left out). It starts at the first sample, at most ``window_s`` and at least
+    :data:`MIN_SPAN_S` before ``now``."""
     start, bound = now - window_s, GAP_INTERVALS * interval_s
     kept = sorted(
         (s for s in samples if start <= _number(s.get("t"), -1.0) <= now),
         key=lambda s: float(s["t"]),
     )
+    if kept:
+        start = max(start, min(float(kept[0]["t"]), now - MIN_SPAN_S))
     series = {name: Series(name, *about) for name, about in SERIES.items()}
     gaps: list[tuple[float, float]] = []
     restarts: list[float] = []

@@ -21,7 +21,7 @@ from mirrorflow.health.trends import Series, Trend
 CHART_W, CHART_H = 560.0, 180.0
 LEFT, RIGHT, TOP, BOTTOM = 72.0, 14.0, 24.0, 30.0  # the plot's margins (axis labels)
 SPARK_W, SPARK_H = 150.0, 30.0
-X_TICKS_MIN = (60, 45, 30, 15, 0)  # minutes before now
+TICK_STEPS_MIN = (1, 2, 5, 10, 15)  # the time axis' steps: the smallest giving at most 4 ticks
 
 
 def nice_ceiling(value: float) -> float:
@@ -33,6 +33,18 @@ def nice_ceiling(value: float) -> float:
         if value <= step * power * (1 + 1e-9):
             return step * power
     return 10 * power
+
+
+def _decimals(value: float) -> int:
+    """The decimals a round axis value needs: 0 (``1,000``), 1 (``0.5``) or 2 (``1.25``)."""
+    return next((d for d in (0, 1) if round(value, d) == round(value, 6)), 2)
+
+
+def time_ticks(span_s: float) -> list[int]:
+    """Minutes before now to mark on a time axis spanning ``span_s`` seconds, now last."""
+    span_min = span_s / 60
+    step = next((m for m in TICK_STEPS_MIN if span_min / m <= 4), 15)
+    return [step * k for k in range(int(span_min // step + 1e-9), -1, -1)]
 
 
 def value_text(value: float | None, unit: str) -> str:
@@ -79,19 +91,17 @@ def chart(trend: Trend, name: str) -> dict[str, Any]:
     width, height = CHART_W - LEFT - RIGHT, CHART_H - TOP - BOTTOM
     x, y, top_value = _scale(trend, series, LEFT, TOP, width, height)
     paths, dots = _lines(series, x, y)
-    decimals = 1 if top_value < 10 and top_value != int(top_value) else 0
     y_ticks = [
-        {"y": y(top_value * share), "label": thousands(top_value * share, decimals)}
-        for share in (0.0, 0.5, 1.0)
+        {"y": y(value), "label": thousands(value, _decimals(value))}
+        for value in (0.0, top_value / 2, top_value)
     ]
     x_ticks = [
         {
             "x": x(trend.end - minutes * 60),
             "label": "now" if minutes == 0 else f"\u2212{minutes} min",
-            "anchor": "end" if minutes == 0 else ("start" if minutes == 60 else "middle"),
+            "anchor": "end" if minutes == 0 else "middle",
         }
-        for minutes in X_TICKS_MIN
-        if trend.end - minutes * 60 >= trend.start - 1
+        for minutes in time_ticks(trend.end - trend.start)
     ]
     return {
         "name": name,
