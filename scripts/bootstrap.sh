@@ -5,6 +5,7 @@
 #                                                   /venv-<hash of uv.lock>  the Python env
 #                                                     (its modules compiled to bytecode once)
 #                                                   /jars-<hash of jvm/*>    Maven artifacts
+#                                                   /promtool-<version>      Prometheus's promtool
 # Java 17+, Maven and Chromium are installed from Debian's packages when missing (needs root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -95,6 +96,39 @@ if [ -z "${MIRRORFLOW_SKIP_COMPOSE:-}" ] && command -v docker >/dev/null \
     fi
   else
     say "no docker compose and no Go to build it: the docker-compose.yaml test will skip"
+  fi
+fi
+
+# --- promtool (optional: only tests/test_monitoring.py needs it) ------------------------------
+# Prometheus's promtool checks monitoring/prometheus/mirrorflow-rules.yaml (`check rules`, `test
+# rules`) and the Grafana dashboard's queries. Where none is on the PATH and Go is installed, it
+# is built from the Go module proxy into $CACHE/promtool-<version>/promtool (Prometheus 3's
+# module versions are v0.3XX.Y for v3.XX.Y; several minutes cold on 2 cores, Go's caches are
+# removed afterwards). A failure only warns: those checks then skip. MIRRORFLOW_SKIP_PROMTOOL=1
+# skips this step.
+PROMTOOL_VERSION=v3.16.0 PROMTOOL_MODULE_VERSION=v0.316.0
+PROMTOOL_DIR="$CACHE/promtool-$PROMTOOL_VERSION"
+if [ -z "${MIRRORFLOW_SKIP_PROMTOOL:-}" ] && ! command -v promtool >/dev/null \
+   && [ ! -x "$PROMTOOL_DIR/promtool" ]; then
+  if command -v go >/dev/null; then
+    say "building promtool $PROMTOOL_VERSION from the Go module proxy into $PROMTOOL_DIR"
+    build="$PROMTOOL_DIR.partial"
+    rm -rf "$build" && mkdir -p "$build"
+    if (
+      export GOMODCACHE="$build/gomod" GOCACHE="$build/gocache" GOFLAGS=-modcacherw \
+        CGO_ENABLED=0 GOTOOLCHAIN=local GOBIN="$build"
+      go install -trimpath -ldflags "-s -w" \
+        "github.com/prometheus/prometheus/cmd/promtool@$PROMTOOL_MODULE_VERSION"
+    ) >"$PROMTOOL_DIR.log" 2>&1; then
+      rm -rf "$build/gomod" "$build/gocache" "$PROMTOOL_DIR"
+      mv "$build" "$PROMTOOL_DIR"
+    else
+      rm -rf "$build"
+      tail -5 "$PROMTOOL_DIR.log" >&2
+      say "warning: building promtool failed (log: $PROMTOOL_DIR.log); its checks will skip"
+    fi
+  else
+    say "no promtool and no Go to build it: the promtool checks of monitoring/ will skip"
   fi
 fi
 echo "$VENV"
