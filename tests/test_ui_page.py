@@ -250,7 +250,7 @@ def test_a_logged_in_user_sees_the_flow_running_stalled_and_stopped(
                 assert all(r < 50 for t, r in rates(samples(state)) if t > burst_end + 10)
                 page.goto(page_url)
                 highest = check_burst_in_table(page, state)
-                page.screenshot(path=str(shots / "7-trends-burst.png"), full_page=True)
+                page.screenshot(path=str(shots / "1b-trends-burst.png"), full_page=True)
                 check_burst_on_flow_page(page, flow_url, state, highest, burst_at)
                 # The same page inside Airflow's UI, from its Browse menu entry.
                 page.goto(f"{ui}/plugin/mirrorflow")
@@ -296,7 +296,7 @@ def test_a_logged_in_user_sees_the_flow_running_stalled_and_stopped(
                 segments = trend_json["series"]["rate"]["segments"]
                 assert any(s[-1][0] <= frozen_at for s in segments[:-1])
                 assert segments[-1][0][0] > frozen_at + GAP_S
-                page.screenshot(path=str(shots / "8-flow-trends.png"), full_page=True)
+                page.screenshot(path=str(shots / "3b-flow-trends-gap.png"), full_page=True)
 
                 stop_file.parent.mkdir(parents=True, exist_ok=True)
                 stop_file.touch()  # a clean stop, after the batch in progress
