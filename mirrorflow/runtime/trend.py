@@ -36,6 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mirrorflow import paths
 from mirrorflow.runtime import jobs
 
 if TYPE_CHECKING:
@@ -75,17 +76,7 @@ def write(flow_dir: Path, flow: str, samples: list[Sample], interval_s: float) -
     lines = ",\n".join(json.dumps(s, separators=(",", ":")) for s in samples)
     header = {"flow": flow, "interval_s": interval_s, "window_s": WINDOW_S}
     text = json.dumps(header)[:-1] + ', "samples": [\n' + lines + "\n]}\n"
-    path = flow_dir / TREND_FILE
-    partial = path.with_name(f".{TREND_FILE}.{os.getpid()}.partial")
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, MODE)
-    try:
-        os.fchmod(fd, MODE)  # whatever the umask
-        with os.fdopen(fd, "w") as out:
-            out.write(text)
-        os.replace(partial, path)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
+    paths.write_atomically(flow_dir / TREND_FILE, text, MODE)
 
 
 def lag_seconds(progress: dict[str, Any], now: float) -> float | None:
