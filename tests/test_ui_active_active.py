@@ -133,7 +133,11 @@ def open_task_log(page, dag_id: str, run_id: str, shot: Path) -> None:
     assert link.get_attribute("href") == ".." + path, link.get_attribute("href")
     link.click()
     page.wait_for_url(re.compile(".*" + re.escape(path) + "$"), timeout=30_000)
-    page.get_by_text(run_id).first.wait_for(timeout=60_000)  # Airflow's UI shows that run
+    # Airflow's UI found that task instance (its operator shows once its data loaded), its log
+    # the page's first tab.
+    page.get_by_text("MirrorFlowOperator").first.wait_for(timeout=60_000)
+    assert page.get_by_text(run_id).count() >= 1
+    page.get_by_text("Logs", exact=True).first.wait_for(timeout=30_000)
     page.screenshot(path=str(shot), full_page=True)
 
 
