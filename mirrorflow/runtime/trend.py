@@ -48,7 +48,6 @@ TREND_FILE = "trend.json"
 INTERVAL_S = 10.0  # as the driver's report-progress task (REPORT_PROGRESS_S)
 WINDOW_S = 3600.0  # the ring keeps the last hour
 MODE = 0o644  # figures only: readable by whoever reads the state directory
-FIELDS = ("t", "run", "state", "lag_records", "lag_seconds", "records", "latency_ms")
 
 Sample = dict[str, Any]
 _JOBS = itertools.count(1)  # the jobs this process sampled
@@ -139,6 +138,8 @@ class Sampler:
         }
 
 
+# Each job's sampler, as long as the job lives (a sampler refers to its job weakly, or the job
+# would never leave this map).
 _SAMPLERS: weakref.WeakKeyDictionary[MirrorJob, Sampler] = weakref.WeakKeyDictionary()
 
 
