@@ -114,7 +114,7 @@ fi
 # promtool: Prometheus's, for tests/test_monitoring.py (`check rules` and `test rules` of
 # monitoring/prometheus/mirrorflow-rules.yaml, the Grafana dashboard's queries). Where none is on
 # the PATH, it goes to $CACHE/promtool-<version>/promtool (Prometheus 3's module versions are
-# v0.3XX.Y for v3.XX.Y; many minutes cold on 2 cores, ~90 MB stay). MIRRORFLOW_SKIP_PROMTOOL=1
+# v0.3XX.Y for v3.XX.Y; many minutes cold on 2 cores, ~85 MB stay). MIRRORFLOW_SKIP_PROMTOOL=1
 # skips this step.
 PROMTOOL_VERSION=v3.16.0 PROMTOOL_MODULE_VERSION=v0.316.0
 PROMTOOL_DIR="$CACHE/promtool-$PROMTOOL_VERSION"
