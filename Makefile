@@ -5,7 +5,7 @@
 export PYTHONPATH := $(CURDIR)
 
 demo:
-	@venv=$$(MIRRORFLOW_SKIP_COMPOSE=1 scripts/bootstrap.sh) && PATH=$$venv/bin:$$PATH $$venv/bin/mirrorflow demo
+	@venv=$$(MIRRORFLOW_SKIP_COMPOSE=1 MIRRORFLOW_SKIP_PROMTOOL=1 scripts/bootstrap.sh) && PATH=$$venv/bin:$$PATH $$venv/bin/mirrorflow demo
 
 test:
 	@venv=$$(scripts/bootstrap.sh) && $$venv/bin/ruff check . && $$venv/bin/ruff format --check . && PATH=$$venv/bin:$$PATH $$venv/bin/python -m pytest $(PYTEST_ARGS)

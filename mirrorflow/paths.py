@@ -95,10 +95,17 @@ def write_private(path: Path, text: str) -> Path:
     an earlier file's wider mode does not survive."""
     path = Path(path)
     private_dir(path.parent)
+    return write_atomically(path, text, 0o600)
+
+
+def write_atomically(path: Path, text: str, mode: int) -> Path:
+    """Replace ``path`` with ``text`` at once (a reader never sees half of it), the file of
+    ``mode`` whatever the umask and whatever mode an earlier file had."""
+    path = Path(path)
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
     try:
-        os.fchmod(fd, 0o600)  # O_CREAT's mode is masked by the umask, and ignored if it existed
+        os.fchmod(fd, mode)  # O_CREAT's mode is masked by the umask, and ignored if it existed
         with os.fdopen(fd, "w") as out:
             out.write(text)
         os.replace(partial, path)

@@ -5,6 +5,7 @@
 #                                                   /venv-<hash of uv.lock>  the Python env
 #                                                     (its modules compiled to bytecode once)
 #                                                   /jars-<hash of jvm/*>    Maven artifacts
+#                                                   /promtool-<version>      Prometheus's promtool
 # Java 17+, Maven and Chromium are installed from Debian's packages when missing (needs root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -61,40 +62,69 @@ fi
 say "resolving Kafka, Spark's Kafka connector and MirrorMaker 2 from Maven Central"
 MIRRORFLOW_CACHE="$CACHE" "$VENV/bin/mirrorflow" jars >/dev/null
 
-# --- docker compose (optional: only the test that validates docker-compose.yaml needs it) -----
-# Where a Docker client has no compose plugin and Go is installed, build Docker Compose from
-# the Go module proxy into $CACHE/docker-compose-<version>/cli-plugins/docker-compose (1.5 to 2
-# minutes cold on 2 cores; Go's caches are removed afterwards, ~30 MB stay). Use it with
-# DOCKER_CONFIG=$CACHE/docker-compose-<version>. A failure only warns: that test then skips.
-# MIRRORFLOW_SKIP_COMPOSE=1 skips this step.
+# --- tools built from the Go module proxy (optional: a few tests use them) ----------------------
+# go_build WHAT DIR STEP NOTE: where Go is installed, runs the shell function STEP with Go's
+# module and build caches in DIR.partial (STEP builds into "$build"), then moves the result to
+# DIR and removes the caches. A failure only warns (NOTE says what then skips).
+go_build() {
+  local what=$1 dir=$2 step=$3 note=$4
+  if ! command -v go >/dev/null; then
+    say "no $what and no Go to build it: $note"
+    return 0
+  fi
+  say "building $what from the Go module proxy into $dir"
+  build="$dir.partial"
+  rm -rf "$build" && mkdir -p "$build"
+  if (
+    export GOMODCACHE="$build/gomod" GOCACHE="$build/gocache" GOFLAGS=-modcacherw \
+      CGO_ENABLED=0 GOTOOLCHAIN=local
+    "$step"
+  ) >"$dir.log" 2>&1; then
+    rm -rf "$build/gomod" "$build/gocache" "$dir"
+    mv "$build" "$dir"
+  else
+    rm -rf "$build"
+    tail -5 "$dir.log" >&2
+    say "warning: building $what failed (log: $dir.log): $note"
+  fi
+}
+
+# docker compose: only the test that validates docker-compose.yaml needs it. Where a Docker
+# client has no compose plugin, it goes to $CACHE/docker-compose-<version>/cli-plugins/
+# docker-compose (1.5 to 2 minutes cold on 2 cores, ~30 MB stay). Use it with
+# DOCKER_CONFIG=$CACHE/docker-compose-<version>. MIRRORFLOW_SKIP_COMPOSE=1 skips this step.
 COMPOSE_VERSION=v5.5.1  # v5.6.0+ needs a dependency the Go module proxy does not serve
 COMPOSE_DIR="$CACHE/docker-compose-$COMPOSE_VERSION"
+build_compose() {
+  local src
+  src=$(go mod download -json "github.com/docker/compose/v5@$COMPOSE_VERSION" \
+    | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  # Built inside its own module (not `go install`): its go.mod has exclude directives.
+  [ -n "$src" ] && cd "$src" && go build -trimpath \
+    -ldflags "-s -w -X github.com/docker/compose/v5/internal.Version=$COMPOSE_VERSION" \
+    -o "$build/cli-plugins/docker-compose" ./cmd
+}
 if [ -z "${MIRRORFLOW_SKIP_COMPOSE:-}" ] && command -v docker >/dev/null \
    && ! docker compose version >/dev/null 2>&1 \
    && [ ! -x "$COMPOSE_DIR/cli-plugins/docker-compose" ]; then
-  if command -v go >/dev/null; then
-    say "building docker compose $COMPOSE_VERSION from the Go module proxy into $COMPOSE_DIR"
-    build="$COMPOSE_DIR.partial"
-    rm -rf "$build" && mkdir -p "$build"
-    if (
-      export GOMODCACHE="$build/gomod" GOCACHE="$build/gocache" GOFLAGS=-modcacherw \
-        CGO_ENABLED=0 GOTOOLCHAIN=local
-      src=$(go mod download -json "github.com/docker/compose/v5@$COMPOSE_VERSION" \
-        | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
-      # Built inside its own module (not `go install`): its go.mod has exclude directives.
-      [ -n "$src" ] && cd "$src" && go build -trimpath \
-        -ldflags "-s -w -X github.com/docker/compose/v5/internal.Version=$COMPOSE_VERSION" \
-        -o "$build/cli-plugins/docker-compose" ./cmd
-    ) >"$COMPOSE_DIR.log" 2>&1; then
-      rm -rf "$build/gomod" "$build/gocache" "$COMPOSE_DIR"
-      mv "$build" "$COMPOSE_DIR"
-    else
-      rm -rf "$build"
-      tail -5 "$COMPOSE_DIR.log" >&2
-      say "warning: building docker compose failed (log: $COMPOSE_DIR.log); its test will skip"
-    fi
-  else
-    say "no docker compose and no Go to build it: the docker-compose.yaml test will skip"
-  fi
+  go_build "docker compose $COMPOSE_VERSION" "$COMPOSE_DIR" build_compose \
+    "the docker-compose.yaml test will skip"
+fi
+
+# promtool: Prometheus's, for tests/test_monitoring.py (`check rules` and `test rules` of
+# monitoring/prometheus/mirrorflow-rules.yaml, the Grafana dashboard's queries). Where none is on
+# the PATH, it goes to $CACHE/promtool-<version>/promtool (Prometheus 3's module versions are
+# v0.3XX.Y for v3.XX.Y; many minutes cold on 2 cores, ~85 MB stay). MIRRORFLOW_SKIP_PROMTOOL=1
+# skips this step.
+PROMTOOL_VERSION=v3.16.0 PROMTOOL_MODULE_VERSION=v0.316.0
+PROMTOOL_DIR="$CACHE/promtool-$PROMTOOL_VERSION"
+build_promtool() {
+  GOBIN="$build" go install -trimpath -ldflags "-s -w" \
+    "github.com/prometheus/prometheus/cmd/promtool@$PROMTOOL_MODULE_VERSION"
+}
+if [ -z "${MIRRORFLOW_SKIP_PROMTOOL:-}" ] && ! command -v promtool >/dev/null \
+   && [ ! -x "$PROMTOOL_DIR/promtool" ]; then
+  go_build "promtool $PROMTOOL_VERSION" "$PROMTOOL_DIR" build_promtool \
+    "the promtool checks of monitoring/ will skip"
 fi
 echo "$VENV"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterable
@@ -100,6 +101,37 @@ def produce(cluster, topic: str, partitions: int, count: int, start: int = 0) ->
         sent.append(record)
     assert producer.flush(30) == 0
     return sent
+
+
+def produce_fresh(
+    cluster, topic: str, partitions: int, count: int, start: int, seconds: float = 0.0
+) -> list:
+    """Records stamped now (``produce`` stamps them an hour ago), spread evenly over
+    ``seconds`` (0: at once)."""
+    producer = Producer({**cluster.client_config(), "enable.idempotence": True})
+    sent, began = [], time.monotonic()
+    for n, i in enumerate(range(start, start + count)):
+        record = dict(
+            topic=topic,
+            partition=i % partitions,
+            key=f"key-{i}".encode(),
+            value=f"fresh-{i}".encode(),
+            headers=[("trace", f"t{i}".encode())],
+        )
+        producer.produce(**record)
+        sent.append(record)
+        if seconds and n % 200 == 199:
+            producer.poll(0)
+            time.sleep(max(0.0, began + seconds * (n + 1) / count - time.monotonic()))
+    assert producer.flush(30) == 0
+    return sent
+
+
+def free_port() -> int:
+    """A port free on 127.0.0.1 now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def copied(records: dict[int, list]) -> dict[int, list]:

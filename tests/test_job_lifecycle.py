@@ -7,7 +7,6 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from tests.conftest import create_topics
 from tests.mirror_harness import (
     ROOT,
     flow_file,
+    free_port,
     mirror_command,
     produce,
     progress,
@@ -79,12 +79,6 @@ def mirror_cli(config: Path, state: Path, log: Path, *flows: str, extra=()) -> s
         cwd=ROOT,
         start_new_session=True,
     )
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def kill_group(job: subprocess.Popen) -> None:

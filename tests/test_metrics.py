@@ -1,14 +1,14 @@
 """The mirror job's Prometheus metrics: per remote topic-partition record counts that match the
-target, lag per partition, the flow's state, served on 127.0.0.1 only."""
+target, lag per partition, the flow's state, served on 127.0.0.1 only; every metric the shipped
+alert rules and Grafana dashboard query (``monitoring/``) is one a running job serves."""
 
 from __future__ import annotations
 
-import socket
 import time
 import urllib.request
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
 from mirrorflow.errors import MirrorflowError
@@ -18,7 +18,9 @@ from tests import exposure
 from tests.conftest import create_topics
 from tests.mirror_harness import (
     flow_file,
+    free_port,
     produce,
+    produce_fresh,
     progress,
     read_topic,
     start_mirror,
@@ -26,12 +28,7 @@ from tests.mirror_harness import (
     wait_for,
 )
 from tests.test_least_privilege import commit
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.test_monitoring import queried_metrics
 
 
 def scrape(port: int) -> dict[str, list]:
@@ -116,6 +113,8 @@ def test_flow_metrics_count_per_remote_partition_and_lag():
     flow.checkpoints({("g", "a.t", 0): 12.4})
     checkpoint = {"source": "a", "target": "b", "group": "g", "topic": "a.t", "partition": "0"}
     assert value("mirrorflow_checkpoint_latency_ms", {**checkpoint, "stat": "avg"}) == 12
+    checked = value("mirrorflow_checkpoint_timestamp_seconds", {"source": "a", "target": "b"})
+    assert time.time() - 5 < checked <= time.time()
     state = {"source": "a", "target": "b", "mirrorflow_flow_state": "RUNNING"}
     assert value("mirrorflow_flow_state", state) == 1
     beat = value("mirrorflow_heartbeat_timestamp_seconds", {"source": "a", "target": "b"})
@@ -157,24 +156,6 @@ def test_the_endpoint_serves_on_loopback_and_a_taken_port_fails_in_one_line():
             metrics_mod.Metrics().serve(port)
     finally:
         m.close()
-
-
-def produce_fresh(cluster, topic: str, partitions: int, count: int, start: int) -> list:
-    """Records stamped now (the harness's ``produce`` stamps them an hour ago)."""
-    producer = Producer({**cluster.client_config(), "enable.idempotence": True})
-    sent = []
-    for i in range(start, start + count):
-        record = dict(
-            topic=topic,
-            partition=i % partitions,
-            key=f"key-{i}".encode(),
-            value=f"fresh-{i}".encode(),
-            headers=[("trace", f"t{i}".encode())],
-        )
-        producer.produce(**record)
-        sent.append(record)
-    assert producer.flush(30) == 0
-    return sent
 
 
 def record_bytes(records: list) -> dict[int, int]:
@@ -284,6 +265,12 @@ def test_scraped_record_counts_match_the_target_and_the_endpoint_is_loopback_onl
 
         checkpoint_latency = wait_for(checkpointed, 60, "checkpoint latencies of both partitions")
         assert all(0 <= ms < 30_000 for ms in checkpoint_latency.values()), checkpoint_latency
+        # The shipped alert rules and dashboard query only metrics this job serves.
+        served = scrape(port)
+        missing = queried_metrics() - set(served)
+        assert not missing, f"monitoring/ queries metrics the job does not serve: {missing}"
+        [checked] = served["mirrorflow_checkpoint_timestamp_seconds"]
+        assert checked.labels == flow and time.time() - checked.value < 30
         current = [
             s.labels["mirrorflow_flow_state"]
             for s in samples["mirrorflow_flow_state"]

@@ -7,7 +7,8 @@ The page shows both flows, in its table and its drawn topology (an SVG box per c
 per flow with its state and lag), through the states the health model gives: RUNNING with their
 lag; PAUSED by the flow's ``paused`` file (the job pauses it) and by its flow DAG paused in
 Airflow; after a kill, STOPPED while its site's mirror DAG is on, then STALLED once the stall
-bound passed; after a clean stop, PAUSED while its site's mirror DAG is paused; RUNNING again
+bound passed, with a link to its mirror task's log in Airflow's UI (which opens it); after a
+clean stop, PAUSED while its site's mirror DAG is paused; RUNNING again
 after a restart, with the records written meanwhile copied. A second test pages through the
 history of DR runs (``?page=``, ``?limit=``, newest first, its links) and triggers the failback
 DAG with its buttons through Airflow's REST API (a dry run at once, a real run once confirmed).
@@ -26,6 +27,7 @@ import os
 import re
 import signal
 import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,6 +39,7 @@ from mirrorflow.runtime import jobs, launch
 from tests.conftest import create_topics
 from tests.mirror_harness import produce, progress, start_mirror, stop_job, wait_for, watermarks
 from tests.ui_harness import (
+    api_call,
     artefacts_dir,
     chromium,
     fetch,
@@ -57,7 +60,7 @@ AB, BA = "primary->secondary", "secondary->primary"
 SITE = {AB: "mirror__secondary", BA: "mirror__primary"}  # each flow's mirror DAG
 FLOW_DAG = {AB: "flow__primary__secondary", BA: "flow__secondary__primary"}
 STALL_TIMEOUT_S = 30  # > the jobs' 10 s between reports, so a kill shows STOPPED first
-LAG = re.compile(r"\d+ records, \d+ s")
+LAG = re.compile(r"[\d,]+ records, [\d,]+ s")
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +122,25 @@ def wait_states(
     raise AssertionError(f"the page did not show {wanted} within {timeout:.0f}s: {shown}")
 
 
+LOGICAL_DATE = {"logical_date": None}
+
+
+def open_task_log(page, dag_id: str, run_id: str, shot: Path) -> None:
+    """The STALLED flow's link leads to its mirror task's log in Airflow's UI: the task
+    instance's page of its site DAG's latest run (its first tab is the log)."""
+    link = page.locator(f'#flows tr[data-flow="{BA}"] a.log')
+    path = f"/dags/{dag_id}/runs/{urllib.parse.quote(run_id, safe='')}/tasks/mirror"
+    assert link.get_attribute("href") == ".." + path, link.get_attribute("href")
+    link.click()
+    page.wait_for_url(re.compile(".*" + re.escape(path) + "$"), timeout=30_000)
+    # Airflow's UI found that task instance (its operator shows once its data loaded), its log
+    # the page's first tab.
+    page.get_by_text("MirrorFlowOperator").first.wait_for(timeout=60_000)
+    assert page.get_by_text(run_id).count() >= 1
+    page.get_by_text("Logs", exact=True).first.wait_for(timeout=30_000)
+    page.screenshot(path=str(shot), full_page=True)
+
+
 def remote_records(box, flow: str, topic: str) -> int:
     """Records in the flow's remote topic on its target (``primary.<topic>`` on secondary)."""
     source, _, target = flow.partition("->")
@@ -165,7 +187,7 @@ def test_the_active_active_example_through_pause_stop_and_restart(
             assert set(shown) == {AB, BA}, shown
             for flow in (AB, BA):
                 assert LAG.fullmatch(shown[flow]["lag"]), shown[flow]
-                assert re.fullmatch(r"RUNNING \d+ rec · \d+ s", shown[flow]["arrow"]), shown
+                assert re.fullmatch(r"RUNNING [\d,]+ rec · [\d,]+ s", shown[flow]["arrow"]), shown
             nodes = page.locator("#topology g.node")
             assert sorted(n.get_attribute("data-cluster") for n in nodes.all()) == [
                 "primary",
@@ -201,6 +223,12 @@ def test_the_active_active_example_through_pause_stop_and_restart(
             # it): its job killed, it is STOPPED, then STALLED once nothing was heard within
             # the bound. primary->secondary stopped cleanly while its site's DAG is paused.
             api.unpause(SITE[BA])
+            # A run of the site's DAG (queued: no scheduler) whose mirror task's log the page
+            # links to once the flow stalls.
+            status, dag_run = api_call(
+                airflow_aa, "POST", f"/api/v2/dags/{SITE[BA]}/dagRuns", api.token, LOGICAL_DATE
+            )
+            assert status == 200, dag_run
             os.killpg(running[BA].pid, signal.SIGKILL)
             running[BA].wait(30)
             shown = wait_states(page, url, {BA: ("STOPPED", "STALLED")}, 30)
@@ -223,7 +251,10 @@ def test_the_active_active_example_through_pause_stop_and_restart(
             ), shown
             for flow in (AB, BA):
                 assert shown[flow]["lag"] == "—" and shown[flow]["arrow"].endswith("—"), shown
+            assert "log of its mirror task" in shown[BA]["reason"], shown
+            assert "log" not in shown[AB]["reason"], shown  # PAUSED: no log link
             page.screenshot(path=str(shots / "aa-4-stopped.png"), full_page=True)
+            open_task_log(page, SITE[BA], dag_run["dag_run_id"], shots / "aa-6-stalled-log.png")
 
             # Restarted: RUNNING again, and what was written meanwhile is copied both ways.
             produce(sandbox["primary"], topic, 2, 20, start=70)

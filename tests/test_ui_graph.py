@@ -1,6 +1,8 @@
 """The Replication page's drawn topology (pure layout and its SVG, no Airflow running): a box per
 cluster, an arrow per flow between its clusters' boxes, each with its flow's state and lag;
-the two flows of an active/active pair bow to opposite sides; everything inside the drawing."""
+the two flows of an active/active pair bow to opposite sides; everything inside the drawing.
+The flows' table: a sparkline per flow, numbers with thousands separators, and a STALLED or
+FAILED flow's link to its mirror task's log in Airflow's UI."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import re
 import time
 import xml.etree.ElementTree as ET
 
-from mirrorflow.airflow.ui.app import render_page
+from mirrorflow.airflow.ui.app import render_topology
 from mirrorflow.airflow.ui.graph import NODE_H, NODE_W, layout
 from mirrorflow.health.model import STATES
 
@@ -88,6 +90,7 @@ def test_the_page_draws_a_node_per_cluster_and_an_arrow_per_flow_with_its_state(
         flow("primary", "secondary", "RUNNING", 0, 0.0),
         flow("secondary", "primary", "STALLED"),
     ]
+    flows[0]["records"] = 1_234_567
     data = {
         "generated_at": time.time(),
         "dags_folder": "/dags",
@@ -96,7 +99,7 @@ def test_the_page_draws_a_node_per_cluster_and_an_arrow_per_flow_with_its_state(
         "flows": flows,
         "errors": [],
     }
-    html = render_page({**data, "graph": layout(data["clusters"], flows), "states": STATES})
+    html = render_topology(data)
     svg = ET.fromstring(html[html.index("<svg") : html.index("</svg>") + 6])
     groups = list(svg.iter(f"{SVG}g"))
     nodes = [g.get("data-cluster") for g in groups if g.get("class") == "node"]
@@ -117,3 +120,39 @@ def test_the_page_draws_a_node_per_cluster_and_an_arrow_per_flow_with_its_state(
     markers = {m.get("id") for m in svg.iter(f"{SVG}marker")}
     assert markers == {f"arrow-{s}" for s in STATES}
     assert "<script" not in html  # nothing for a Content-Security-Policy to refuse
+    table = html[html.index('<table id="flows"') :]
+    assert '<td class="num records">1,234,567</td>' in table
+    assert table.count('<svg class="spark"') == 2  # one per flow, with no samples: no line
+    # Without a run of its mirror DAG in Airflow, a STALLED flow says it has no log to show.
+    assert "no run of mirror__primary in Airflow: no task log to show" in table
+
+
+def test_a_stalled_or_failed_flow_links_to_its_mirror_tasks_log():
+    task = {
+        "dag_id": "mirror__secondary",
+        "run_id": "scheduled__2026-11-26T15:32:00+00:00",
+        "task_id": "mirror",
+        "try_number": 3,
+        "state": "running",
+    }
+    flows = []
+    for state in ("STALLED", "FAILED", "RUNNING"):
+        f = flow("primary", "secondary", state)
+        flows.append({**f, "flow": f"{state}", "mirror_task": task})
+    data = {
+        "generated_at": time.time(),
+        "dags_folder": "/dags",
+        "state_dir": "/state",
+        "clusters": ["primary", "secondary"],
+        "flows": flows,
+        "errors": [],
+    }
+    html = render_topology(data)
+    href = (
+        "../dags/mirror__secondary/runs/scheduled__2026-11-26T15%3A32%3A00%2B00%3A00/tasks/mirror"
+        "?try_number=3"
+    )
+    rows = dict(re.findall(r'<tr data-flow="(\w+)"(.*?)</tr>', html, re.S))
+    for state in ("STALLED", "FAILED"):
+        assert f'<a class="log" target="_top" href="{href}">' in rows[state], rows[state]
+    assert 'class="log"' not in rows["RUNNING"]

@@ -1,11 +1,15 @@
 """mirrorflow's page inside the Airflow UI, against a real api-server, a real mirror job on the
 sandbox clusters and a real browser (Debian's Chromium driven by Playwright): every plugin
 endpoint refuses anonymous requests; a user who logs in through Airflow's login page sees the
-flow RUNNING with its lag, STALLED while its job is frozen, RUNNING again, then STOPPED.
-Screenshots go to ``$MIRRORFLOW_TEST_ARTEFACTS/ui`` (else the test's temporary folder)."""
+flow RUNNING with its lag; during a burst of records its trends (the table's sparkline, the
+flow page's charts) rise and fall with the job's samples, numbers with thousands separators;
+STALLED while its job is frozen, RUNNING again with the frozen time a gap in its trends, then
+STOPPED. Screenshots go to ``$MIRRORFLOW_TEST_ARTEFACTS/ui`` (else the test's temporary
+folder)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -16,9 +20,19 @@ from collections.abc import Iterator
 import pytest
 
 from mirrorflow.devtools.local_airflow import UI_USER, LocalAirflow
-from mirrorflow.runtime import launch
+from mirrorflow.health.numbers import thousands
+from mirrorflow.runtime import launch, trend
 from tests.conftest import create_topics
-from tests.mirror_harness import flow_file, produce, progress, start_mirror, stop_job, wait_for
+from tests.mirror_harness import (
+    flow_file,
+    free_port,
+    produce,
+    produce_fresh,
+    progress,
+    start_mirror,
+    stop_job,
+    wait_for,
+)
 from tests.ui_harness import (
     CHROMIUM,
     CHROMIUM_ARGS,
@@ -35,6 +49,9 @@ pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.airflow]
 
 FLOW = "primary->secondary"
 STALL_TIMEOUT_S = 20  # the flow's health.stall.timeout.seconds in this test
+LAG = re.compile(r"([\d,]+) records, ([\d,]+) s")
+BURST, BURST_S = 20_000, 15  # records produced in a burst, over that many seconds
+GAP_S = 25  # no sample for 2.5 times the 10 s between samples: a gap
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +118,77 @@ def flow_row_state(page, url: str, states: tuple[str, ...], timeout: float) -> d
     raise AssertionError(f"the page showed {FLOW} as {seen}, not {'/'.join(states)}")
 
 
+def samples(state) -> list[dict]:
+    """The job's samples of the flow (its trend.json)."""
+    return trend.read(state / "primary-secondary")["samples"]
+
+
+def rates(taken: list[dict]) -> list[tuple[float, float]]:
+    """Records/s as the page must derive them: between consecutive samples of one job, within
+    the gap bound, from its counter of records copied."""
+    return [
+        (b["t"], (b["records"] - a["records"]) / (b["t"] - a["t"]))
+        for a, b in itertools.pairwise(taken)
+        if a["run"] == b["run"] and b["t"] - a["t"] <= GAP_S and b["records"] >= a["records"]
+    ]
+
+
+def heights(path_d: str) -> list[float]:
+    """The y of each point of an SVG path (M/L commands)."""
+    return [float(y) for y in re.findall(r"[ML] [\d.]+ ([\d.]+)", path_d)]
+
+
+def check_burst_in_table(page, state) -> float:
+    """The flows' table: the flow's sparkline rises and falls with the burst, its highest
+    point the samples' highest rate; numbers with thousands separators. That rate."""
+    spark = page.locator(f'svg.spark[data-flow="{FLOW}"]')
+    shown_high = float(spark.get_attribute("data-high"))
+    highest = max(rate for _t, rate in rates(samples(state)))
+    assert shown_high == pytest.approx(highest, rel=1e-6), (shown_high, highest)
+    assert highest > BURST / BURST_S / 3, highest  # the burst, not the heartbeats' trickle
+    lines = spark.locator("path.line").evaluate_all("ps => ps.map(p => p.getAttribute('d'))")
+    ys = [y for d in lines for y in heights(d)]  # left to right; a smaller y is higher
+    peak, zero = ys.index(min(ys)), max(ys)
+    assert zero - ys[peak] > 15, ys  # it rose well above its level before and after
+    assert any(y >= zero - 2 for y in ys[:peak]), ys  # from about 0 before the burst
+    assert any(y >= zero - 2 for y in ys[peak + 1 :]), ys  # and fell back after it
+    assert "Records copied since the job started" in page.locator("#flows th").all_inner_texts()
+    row = page.locator(f'tr[data-flow="{FLOW}"]')
+    records = row.locator("td.records").inner_text()
+    assert re.fullmatch(r"\d{1,3}(,\d{3})+", records), records
+    assert int(records.replace(",", "")) >= 120 + BURST
+    assert LAG.fullmatch(row.locator("td.lag").inner_text()), row.locator("td.lag").inner_text()
+    text = row.locator(".spark-text").inner_text()
+    assert f"max {thousands(highest)} records/s" in text, text
+    return highest
+
+
+def check_burst_on_flow_page(page, url: str, state, highest: float, burst_at: float) -> None:
+    """The flow's page: its four charts, the rate's highest the burst's, each figure with its
+    unit; the replication latency the samples' (of the burst's fresh records, under a minute);
+    offsets with separators."""
+    page.goto(url)
+    charts = {c.get_attribute("data-series"): c for c in page.locator("figure.chart").all()}
+    assert set(charts) == {"lag_records", "lag_seconds", "rate", "latency_ms"}
+    rate = charts["rate"]
+    assert float(rate.get_attribute("data-high")) == pytest.approx(highest, rel=1e-6)
+    assert rate.locator(".high").inner_text() == f"{thousands(highest)} records/s"
+    taken = samples(state)
+    latencies = [s["latency_ms"] for s in taken if s["latency_ms"] is not None]
+    assert float(charts["latency_ms"].get_attribute("data-high")) == max(latencies)
+    fresh = [s["latency_ms"] for s in taken if s["t"] > burst_at and s["records"]]
+    fresh = [ms for ms in fresh if ms is not None]
+    assert fresh and all(0 <= ms < 60_000 for ms in fresh), fresh  # copied within seconds
+    most_lag = max(s["lag_records"] or 0 for s in taken)
+    assert float(charts["lag_records"].get_attribute("data-high")) == most_lag
+    for chart in charts.values():
+        title = chart.locator("svg text.axis-title").text_content()  # SVG: no innerText
+        assert title == chart.get_attribute("data-unit"), title
+        assert chart.locator("svg text.x-tick").all_text_contents()[-1] == "now"
+    ends = page.locator("#partitions td:nth-child(3)").all_inner_texts()
+    assert any(re.fullmatch(r"\d{1,3}(,\d{3})+", e) for e in ends), ends
+
+
 def test_a_logged_in_user_sees_the_flow_running_stalled_and_stopped(
     airflow_ui: LocalAirflow, sandbox, topic_name, tmp_path
 ):
@@ -119,9 +207,12 @@ def test_a_logged_in_user_sees_the_flow_running_stalled_and_stopped(
     state = airflow_ui.state / "flows"  # where the api-server's MIRRORFLOW_STATE points
     stop_file = launch.stop_file_for(state, FLOW)
     log = tmp_path / "mirror.log"
-    job = start_mirror(config, FLOW, state, log, "--stop-file", str(stop_file))
+    # With metrics: the trend's replication latency is theirs.
+    metrics = ("--metrics-port", str(free_port()))
+    job = start_mirror(config, FLOW, state, log, "--stop-file", str(stop_file), *metrics)
     ui = f"http://127.0.0.1:{airflow_ui.port}"
     page_url = f"{ui}/mirrorflow/"
+    flow_url = f"{page_url}flows/primary/secondary"
     try:
         wait_for(lambda: progress(state).get("records", 0) >= 120, 240, "the first copies")
         with sync_playwright() as playwright:
@@ -140,9 +231,27 @@ def test_a_logged_in_user_sees_the_flow_running_stalled_and_stopped(
                 page.wait_for_url(re.compile(r".*/mirrorflow/?$"), timeout=30_000)
 
                 running = flow_row_state(page, page_url, ("RUNNING",), 60)
-                assert re.fullmatch(r"\d+ records, \d+ s", running["lag"]), running
+                assert LAG.fullmatch(running["lag"]), running
                 assert running["heartbeat"].endswith("s ago"), running
                 page.screenshot(path=str(shots / "1-running.png"), full_page=True)
+
+                # A burst of records: the trends rise with it and fall after it.
+                wait_for(lambda: len(samples(state)) >= 2, 60, "two samples before the burst")
+                burst_at = time.time()
+                produce_fresh(primary, topic, 2, BURST, start=120, seconds=BURST_S)
+                burst_end = time.time()
+                wait_for(
+                    lambda: (
+                        len([t for t, rate in rates(samples(state)) if t > burst_end + 10]) >= 2
+                    ),
+                    90,
+                    "two samples after the burst",
+                )
+                assert all(r < 50 for t, r in rates(samples(state)) if t > burst_end + 10)
+                page.goto(page_url)
+                highest = check_burst_in_table(page, state)
+                page.screenshot(path=str(shots / "1b-trends-burst.png"), full_page=True)
+                check_burst_on_flow_page(page, flow_url, state, highest, burst_at)
                 # The same page inside Airflow's UI, from its Browse menu entry.
                 page.goto(f"{ui}/plugin/mirrorflow")
                 frame = page.frame_locator("iframe")
@@ -157,12 +266,37 @@ def test_a_logged_in_user_sees_the_flow_running_stalled_and_stopped(
                     # Both bounds are the same: whichever the page sees pass first names it.
                     reason = stalled["reason"]
                     assert "no progress report" in reason or "no heartbeat" in reason, stalled
-                    seconds = int(re.fullmatch(r"\d+ records, (\d+) s", stalled["lag"])[1])
+                    seconds = int(LAG.fullmatch(stalled["lag"])[2].replace(",", ""))
                     assert seconds >= STALL_TIMEOUT_S, stalled  # behind since it froze
+                    # No Airflow run of its mirror DAG here (test_ui_active_active links one).
+                    assert "no task log to show" in stalled["reason"], stalled
                     page.screenshot(path=str(shots / "3-stalled.png"), full_page=True)
+                    frozen_at = samples(state)[-1]["t"]
+                    wait_for(lambda: time.time() - frozen_at > GAP_S + 5, 60, "a gap")
                 finally:
                     os.killpg(job.pid, signal.SIGCONT)
                 flow_row_state(page, page_url, ("RUNNING",), 90)
+                # The frozen time is a gap in the trends: no sample, no line across it.
+                wait_for(
+                    lambda: len([s for s in samples(state) if s["t"] > frozen_at + GAP_S]) >= 2,
+                    60,
+                    "two samples after the freeze",
+                )
+                page.goto(flow_url)
+                status, body, _ = fetch(
+                    f"{ui}/mirrorflow/api/flows/primary/secondary",
+                    {"Authorization": f"Bearer {airflow_ui.api().token}"},
+                )
+                assert status == 200, body[:300]
+                trend_json = json.loads(body)["trend"]
+                gaps = trend_json["gaps"]
+                assert any(a == frozen_at and b > frozen_at + GAP_S for a, b in gaps), gaps
+                rate_chart = page.locator("#chart-rate")
+                assert rate_chart.locator("rect.gap").count() >= 1  # the freeze, at least
+                segments = trend_json["series"]["rate"]["segments"]
+                assert any(s[-1][0] <= frozen_at for s in segments[:-1])
+                assert segments[-1][0][0] > frozen_at + GAP_S
+                page.screenshot(path=str(shots / "3b-flow-trends-gap.png"), full_page=True)
 
                 stop_file.parent.mkdir(parents=True, exist_ok=True)
                 stop_file.touch()  # a clean stop, after the batch in progress

@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from mirrorflow.health.numbers import thousands
+
 KNOWN_KINDS = ("failover", "drill", "failback")
 PAGE_SIZE, MAX_PAGE_SIZE = 20, 200  # the history's runs per page: by default, at most
 REPORT_JSON, REPORT_HTML = "report.json", "report.html"
@@ -189,10 +191,11 @@ def _rpo(value: object) -> str | None:
             return short
         records = value.get("records")
         if _is_number(records):
-            return f"{int(records)} record(s)" + ("" if value.get("exact", True) else " or more")
+            exact = value.get("exact", True)
+            return f"{thousands(int(records))} record(s)" + ("" if exact else " or more")
         return None
     if _is_number(value):
-        return f"{int(value)} record(s)"
+        return f"{thousands(int(value))} record(s)"
     return _text(value)
 
 
@@ -203,7 +206,7 @@ def _rto(value: object) -> str | None:
             return short
         value = _first(value, "seconds", "rto_seconds", "value")
     if _is_number(value):
-        return f"{float(value):.1f} s"
+        return f"{thousands(float(value), 1)} s"
     return _text(value)
 
 

@@ -272,8 +272,9 @@ class GroupCheckpoints:
         on_written: Callable[[dict[GroupKey, float]], None] | None = None,
     ) -> None:
         self.spec, self.offset_map, self.positions = spec, offset_map, positions
-        # Told each written checkpoint's latency (ms): from its creation (the group's offsets
-        # read and translated) to its acknowledgement, MirrorMaker 2's checkpoint-latency-ms.
+        # Told after each run that wrote (none, when no checkpoint moved) each written
+        # checkpoint's latency (ms): from its creation (the group's offsets read and
+        # translated) to its acknowledgement, MirrorMaker 2's checkpoint-latency-ms.
         self.on_written = on_written
         self.source, self.target = admins[spec.source], admins[spec.target]
         self.offsets = GroupOffsetsClient(self.source, spec.source_consumer_client)
@@ -400,9 +401,9 @@ class GroupCheckpoints:
                     created[key] = translated_at
         if due and write:
             self._write([c for c, _ in due])
-            if self.on_written is not None:
-                acknowledged = time.time()
-                self.on_written({k: (acknowledged - at) * 1000 for k, at in created.items()})
+        if write and self.on_written is not None:  # every group checked, the moved ones written
+            acknowledged = time.time()
+            self.on_written({k: (acknowledged - at) * 1000 for k, at in created.items()})
         self.due = [c for c, _ in due]
         now = time.time()
         with self._lock:

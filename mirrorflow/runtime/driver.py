@@ -87,7 +87,7 @@ from mirrorflow.replication.topics import (
     write_records,
 )
 from mirrorflow.runtime import eos_writer as mirror_writer
-from mirrorflow.runtime import jobs, jvm
+from mirrorflow.runtime import jobs, jvm, trend
 from mirrorflow.runtime.metrics import Copied, Stats
 from mirrorflow.runtime.spark_session import kafka_options
 
@@ -515,7 +515,8 @@ class MirrorJob:
         if spec.emit_checkpoints_enabled and not once:
             self._schedule_checkpoints()
         if spec.flow_dir:  # progress.json fresh even during a long batch: the flow is alive
-            self.scheduler.add("report-progress", REPORT_PROGRESS_S, self._report_progress)
+            report = trend.sampled(self, self._report_progress, REPORT_PROGRESS_S)
+            self.scheduler.add("report-progress", REPORT_PROGRESS_S, report)
         self.scheduler.start()
         self.doorbell = Doorbell(spec.source_consumer_client, spec.flow)
         if once:

@@ -19,6 +19,8 @@ MirrorMaker 2's meanings (``record-count`` is ``mirrorflow_record_count_total``)
 - ``mirrorflow_checkpoint_latency_ms`` with ``stat`` per group and remote topic-partition (MM2's
   ``checkpoint-latency-ms``): from a checkpoint's creation (the group's offsets read and
   translated) to its acknowledgement by the target, over the same window.
+- ``mirrorflow_checkpoint_timestamp_seconds`` per flow: when its checkpoint task last checked
+  every group and wrote the checkpoints that moved (the page's "last checkpoint").
 - ``mirrorflow_lag_records``: per partition, the source's end offset at the last plan minus the
   flow's position (what MirrorMaker 2 does not report).
 - ``mirrorflow_lag_seconds``: per partition, 0 when it had nothing to copy at the last plan, else
@@ -240,6 +242,13 @@ class Metrics:
             FLOW,
             registry=r,
         )
+        self.checkpointed = Gauge(
+            "mirrorflow_checkpoint_timestamp_seconds",
+            "When the flow's checkpoint task last checked every group and wrote the checkpoints "
+            "that moved (Unix time; its age: time() minus this)",
+            FLOW,
+            registry=r,
+        )
         self.heartbeat = Gauge(
             "mirrorflow_heartbeat_timestamp_seconds",
             "When the target last acknowledged the flow's heartbeat (Unix time; its age: "
@@ -341,14 +350,29 @@ class FlowMetrics:
                     live.caught_up[self._partition(remote_topics[topic], partition)] = (at, True)
 
     def checkpoints(self, latencies: Mapping[tuple[str, str, int], float]) -> None:
-        """Checkpoints acknowledged now: each (group, remote topic, partition)'s latency, ms."""
+        """The checkpoint task's run ended now, its checkpoints acknowledged: each (group,
+        remote topic, partition)'s latency, ms (none when no checkpoint moved)."""
         now = time.time()
+        self.metrics.checkpointed.labels(*self.labels).set(now)
         for (group, topic, partition), ms in latencies.items():
             labels = (*self.labels, group, topic, str(partition))
             value = max(0, round(ms))
             self.metrics.live.record(
                 "mirrorflow_checkpoint_latency_ms", labels, Stats(value, value, value, 1), now
             )
+
+    def latency_since(self, since: float) -> Stats:
+        """The replication latencies of the flow's copies acknowledged after ``since`` (Unix
+        time), over all its partitions and at most the last :data:`WINDOW_S` seconds (what
+        the flow's trend samples: :mod:`mirrorflow.runtime.trend`)."""
+        live, merged = self.metrics.live, Stats()
+        with live.lock:
+            for (name, labels), window in live.windows.items():
+                if name == "mirrorflow_replication_latency_ms" and labels[:2] == self.labels:
+                    for at, stats in window.samples:
+                        if at > since:
+                            merged = merged.merge(stats)
+        return merged
 
     def heartbeat(self) -> None:
         """A heartbeat was acknowledged by the target now."""

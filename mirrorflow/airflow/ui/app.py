@@ -47,16 +47,20 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
 from mirrorflow import paths
+from mirrorflow.airflow.ui import charts
 from mirrorflow.airflow.ui.graph import layout
-from mirrorflow.airflow.ui.sites import dags_paused, site_dags
+from mirrorflow.airflow.ui.sites import dags_paused, mirror_tasks, site_dags
 from mirrorflow.health import detail as flow_details
 from mirrorflow.health import history as dr_history
+from mirrorflow.health import trends
 from mirrorflow.health.model import STATES, SiteDag
+from mirrorflow.health.numbers import thousands
 from mirrorflow.health.status import topology_health
 from mirrorflow.runtime import jobs
 
 User = Annotated[BaseUser, Depends(get_user)]
 REFRESH_SECONDS = 5
+SPARKLINE = "rate"  # the flows' table shows records/s over the last hour
 TEMPLATE = "ui/topology.html.j2"
 HISTORY_TEMPLATE = "ui/history.html.j2"
 FLOW_TEMPLATE = "ui/flow.html.j2"
@@ -77,6 +81,7 @@ def collect(user: BaseUser | None, now: float | None = None) -> dict[str, Any]:
     paused = dags_paused(
         [s.dag_id for s in sites] + [d for s in sites for d in s.flow_dags.values()]
     )
+    tasks = mirror_tasks([s.dag_id for s in sites if s.dag_id in paused])
     clusters: list[str] = []
     flows: list[dict[str, Any]] = []
     errors: list[dict[str, str]] = []
@@ -91,7 +96,11 @@ def collect(user: BaseUser | None, now: float | None = None) -> dict[str, Any]:
         )
         clusters += [c for c in health.clusters if c not in clusters]
         for flow in health.flows:
-            flow.update(mirror_dag=site.dag_id, flow_dag=site.flow_dags.get(flow["flow"]))
+            flow.update(
+                mirror_dag=site.dag_id,
+                flow_dag=site.flow_dags.get(flow["flow"]),
+                mirror_task=tasks.get(site.dag_id),  # where its job's log is
+            )
             flows.append(flow)
         if health.error:
             errors.append({"dag_id": site.dag_id, "error": health.error})
@@ -172,8 +181,22 @@ def page_number(name: str, value: str | None, default: int, maximum: int | None 
     return int(value)
 
 
+def flow_trend(data: dict[str, Any], flow: dict[str, Any]) -> trends.Trend:
+    """The last hour of a flow of :func:`collect`'s ``data``, from its job's ``trend.json``."""
+    flow_dir = Path(data["state_dir"]) / f"{flow['source']}-{flow['target']}"
+    return trends.flow_trend(flow_dir, data["generated_at"])
+
+
 def collect_flow(user: BaseUser | None, source: str, target: str) -> dict[str, Any]:
-    """One flow of the rendered mirror DAGs ``user`` may read, in detail (404 if none)."""
+    """One flow of the rendered mirror DAGs ``user`` may read, in detail (404 if none), with
+    its last hour (``trend``: every series' points, gaps and restarts)."""
+    return flow_and_trend(user, source, target)[0]
+
+
+def flow_and_trend(
+    user: BaseUser | None, source: str, target: str
+) -> tuple[dict[str, Any], trends.Trend]:
+    """:func:`collect_flow`'s answer, and the flow's trend to draw."""
     flow = f"{source}->{target}"
     topology = collect(user)
     found = [f for f in topology["flows"] if f["flow"] == flow]
@@ -185,13 +208,16 @@ def collect_flow(user: BaseUser | None, source: str, target: str) -> dict[str, A
     if not found or not sites:
         raise HTTPException(404, f"no flow {flow} in the mirror DAGs you may read")
     detail = flow_details.flow_detail(list(sites[0].flow_files), flow, jobs.default_state_dir())
-    return {
+    trend = flow_trend(topology, found[0])
+    data = {
         "generated_at": topology["generated_at"],
         "flow": found[0],
+        "trend": trend.as_dict(),
         **detail,
         "runs": [r.as_dict() for r in readable_runs(user) if r.flow == flow],
         "dags": [d for a in dr_actions(user, found) for d in a["dags"]],
     }
+    return data, trend
 
 
 def history_paging(page: str | None = None, limit: str | None = None) -> tuple[int, int]:
@@ -215,6 +241,7 @@ def _jinja():
     )
     environment.filters["age"] = _age
     environment.filters["utc"] = _utc
+    environment.filters["num"] = thousands
     return environment
 
 
@@ -226,7 +253,7 @@ def _age(at: float | None, now: float) -> str:
         return f"{seconds}s ago"
     if seconds < 7200:
         return f"{seconds // 60}min ago"
-    return f"{seconds // 3600}h ago"
+    return f"{thousands(seconds // 3600)}h ago"
 
 
 def _utc(at: float | None) -> str:
@@ -235,6 +262,16 @@ def _utc(at: float | None) -> str:
 
 def render_page(data: dict[str, Any], template: str = TEMPLATE) -> str:
     return _jinja().get_template(template).render(refresh=REFRESH_SECONDS, **data)
+
+
+def render_topology(data: dict[str, Any]) -> str:
+    """The topology page of :func:`collect`'s ``data``: the drawn graph, the flows' table with
+    each flow's sparkline (records/s over the last hour)."""
+    graph = layout(data["clusters"], data["flows"])
+    sparklines = {
+        f["flow"]: charts.sparkline(flow_trend(data, f), SPARKLINE) for f in data["flows"]
+    }
+    return render_page({**data, "graph": graph, "states": STATES, "sparklines": sparklines})
 
 
 def create_app() -> FastAPI:
@@ -250,9 +287,7 @@ def create_app() -> FastAPI:
 
     @app.get("/", response_class=HTMLResponse)
     def page(user: User) -> str:
-        data = collect(user)
-        graph = layout(data["clusters"], data["flows"])
-        return render_page({**data, "graph": graph, "states": STATES})
+        return render_topology(collect(user))
 
     @app.get("/api/health")
     def health(user: User) -> dict[str, Any]:
@@ -268,7 +303,9 @@ def create_app() -> FastAPI:
 
     @app.get("/flows/{source}/{target}", response_class=HTMLResponse)
     def flow_page(source: str, target: str, user: User) -> str:
-        return render_page(collect_flow(user, source, target), FLOW_TEMPLATE)
+        data, trend = flow_and_trend(user, source, target)
+        drawn = [charts.chart(trend, name) for name in trends.SERIES]
+        return render_page({**data, "charts": drawn}, FLOW_TEMPLATE)
 
     @app.get("/api/flows/{source}/{target}")
     def flow_json(source: str, target: str, user: User) -> dict[str, Any]:

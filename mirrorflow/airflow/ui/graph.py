@@ -14,6 +14,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from mirrorflow.health.numbers import thousands
+
 WIDTH, NODE_W, NODE_H = 760.0, 132.0, 40.0
 BEND = 46.0  # how far an arrow bows from the straight line between its clusters
 LABEL_OFFSET = 16.0  # the label's distance from the curve's middle, on the bowed side
@@ -56,13 +58,11 @@ def _boundary(centre: tuple[float, float], towards: tuple[float, float]) -> tupl
 
 
 def lag_label(flow: dict[str, Any]) -> str:
-    """A flow's lag in short: ``12 rec · 3 s``, or a dash when its job does not run."""
+    """A flow's lag in short: ``1,234 rec · 3 s``, or a dash when its job does not run."""
     records, seconds = flow.get("lag_records"), flow.get("lag_seconds")
     if records is None and seconds is None:
         return "—"
-    text_records = "?" if records is None else str(records)
-    text_seconds = "?" if seconds is None else f"{seconds:.0f}"
-    return f"{text_records} rec · {text_seconds} s"
+    return f"{thousands(records, missing='?')} rec · {thousands(seconds, missing='?')} s"
 
 
 def layout(clusters: Sequence[str], flows: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -3,7 +3,8 @@ folder, read as text (never imported: a DAG file is code), and their DAGs' pause
 
 A generated mirror DAG names its flow files (``FLOW_FILES``) and each flow it runs with its
 flow DAG (``FLOW_DAGS``); the page reads the flows' settings from those files, relative paths
-against the project root, as the DAG's own task does.
+against the project root, as the DAG's own task does. Its ``mirror`` task's latest run says where
+the job's log is in Airflow's UI (:func:`mirror_tasks`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from pathlib import Path
 
 from mirrorflow.airflow import rendering
 from mirrorflow.paths import project_root
+
+MIRROR_TASK = "mirror"  # the task of a generated mirror DAG (templates/mirror_dag.py.j2)
 
 
 @dataclass(frozen=True)
@@ -84,3 +87,34 @@ def dags_paused(dag_ids: list[str]) -> dict[str, bool]:
             select(DagModel.dag_id, DagModel.is_paused).where(DagModel.dag_id.in_(dag_ids))
         )
         return {dag_id: bool(paused) for dag_id, paused in rows}
+
+
+def mirror_tasks(dag_ids: list[str], runs: int = 5) -> dict[str, dict[str, object]]:
+    """Per mirror DAG Airflow has runs of, its ``mirror`` task in the latest of its last
+    ``runs`` runs that started it (else the latest run): ``dag_id``, ``run_id``, ``task_id``,
+    ``try_number`` (0: not started yet) and ``state``; where its log is in Airflow's UI."""
+    from airflow.models.dagrun import DagRun
+    from airflow.models.taskinstance import TaskInstance as TI
+    from airflow.utils.session import create_session
+    from sqlalchemy import and_, select
+
+    found: dict[str, dict[str, object]] = {}
+    with create_session() as session:
+        for dag_id in dag_ids:
+            rows = session.execute(
+                select(TI.run_id, TI.try_number, TI.state)
+                .join(DagRun, and_(DagRun.dag_id == TI.dag_id, DagRun.run_id == TI.run_id))
+                .where(TI.dag_id == dag_id, TI.task_id == MIRROR_TASK)
+                .order_by(DagRun.id.desc())
+                .limit(runs)
+            ).all()
+            if rows:
+                run_id, try_number, state = next((r for r in rows if r[1]), rows[0])
+                found[dag_id] = {
+                    "dag_id": dag_id,
+                    "run_id": run_id,
+                    "task_id": MIRROR_TASK,
+                    "try_number": try_number or 0,
+                    "state": getattr(state, "value", state),  # None: not scheduled yet
+                }
+    return found
