@@ -205,7 +205,14 @@ def test_a_planned_failover_fences_producers_and_a_group_resumes_with_nothing_lo
         # A failover that fails: the job's driver frozen, so stop-mirror times out (2 s). Its
         # report lists what it changed (alice fenced, the hold); a failback refuses to undo it.
         spec = spec_for_flow([config], FLOW)
-        wait_for(lambda: flow_positions(spec) == {(t, 0): 115, (t, 1): 115}, 120, "the 230 copies")
+        wait_for(
+            lambda: (
+                {tp: o for tp, o in flow_positions(spec).items() if tp[0] == t}
+                == {(t, 0): 115, (t, 1): 115}
+            ),
+            120,
+            "the 230 copies",
+        )
         (driver,) = jobs.mirror_processes(flows, FLOW)
         os.kill(driver, signal.SIGSTOP)
         try:

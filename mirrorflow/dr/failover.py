@@ -1079,7 +1079,9 @@ def rpo_at_cut(spec: MirrorSpec, mode: str, request: FailoverRequest, cut_ms: in
     module). Emergency: at least those the job last saw, with bounds on the age at the cut of
     the oldest of them per partition (from ``progress.json``'s ``source_end_history`` when the
     job writes it, else from when it last listed the ends)."""
-    positions = flow_positions(spec)
+    # The offsets topic keeps the positions of every flow from the source to the target, and
+    # of topics a flow no longer replicates: the flow's own are those its filter takes.
+    positions = {tp: o for tp, o in flow_positions(spec).items() if spec.should_replicate(tp[0])}
     history: dict = {}
     observed_ms: int | None = None
     if mode == "planned":
@@ -1186,7 +1188,11 @@ def measure_missing(spec: MirrorSpec, failover: dict, timeout_s: float = 120.0) 
     from mirrorflow.replication import clients
 
     cut = failover_cut_ms(failover)
-    positions = _flat(positions_at_cut(failover) or {})
+    positions = {
+        tp: o
+        for tp, o in _flat(positions_at_cut(failover) or {}).items()
+        if spec.should_replicate(tp[0])
+    }
     if cut is None or not positions:
         raise MirrorflowError(
             f"failover {failover.get('run_id')} recorded no cut to measure from",
