@@ -28,6 +28,7 @@ def progress(state: str = "RUNNING", age: float = 2.0, **extra: object) -> dict:
         "updated": datetime.fromtimestamp(NOW - age, UTC).isoformat(timespec="seconds"),
         "records": 100,
         "lag_records": 0,
+        "lag_measured_at": NOW - age,
         "caught_up_at": NOW - age - 1,
         "last_batch_at": NOW - age,
         "pid": 4242,
@@ -42,38 +43,71 @@ def progress(state: str = "RUNNING", age: float = 2.0, **extra: object) -> dict:
 
 def test_a_running_flow_within_its_bounds_is_running_with_its_figures():
     health = derive(FLOW, progress(), now=NOW, job_alive=True)
-    assert (health.state, health.reason) == ("RUNNING", "copying")
-    assert health.lag_records == 0 and health.lag_seconds == pytest.approx(3.0)
+    assert (health.state, health.reason) == ("RUNNING", "caught up (measured 2s ago)")
+    assert health.lag_records == 0 and health.lag_seconds == 0.0
+    assert health.lag_measured_at == NOW - 2
     assert health.last_heartbeat == NOW - 1 and health.last_checkpoint == NOW - 30
     idle = derive(FLOW, progress("IDLE"), now=NOW, job_alive=None)
-    assert (idle.state, idle.lag_seconds) == ("RUNNING", 0.0)
-    assert "caught up" in idle.reason
+    assert (idle.state, idle.lag_seconds, idle.reason) == (
+        "RUNNING",
+        0.0,
+        "caught up (measured 2s ago)",
+    )
+
+
+def test_a_flow_with_records_to_copy_is_never_caught_up_whatever_its_job_says():
+    """The job's state lags behind the truth (IDLE written before it waits; a burst arrives):
+    the records behind decide, and the age of the oldest of them is the lag in seconds."""
+    burst = progress("IDLE", lag_records=297_084, oldest_uncopied_at=NOW - 12.5)
+    health = derive(FLOW, burst, now=NOW, job_alive=True)
+    assert (health.state, health.lag_records) == ("RUNNING", 297_084)
+    assert health.lag_seconds == pytest.approx(12.5)
+    assert (
+        health.reason == "copying; 297,084 record(s) behind, the oldest 12s old (measured 2s ago)"
+    )
+    # the oldest not read yet: the time since the flow was last caught up bounds it
+    unread = progress("RUNNING", lag_records=10, caught_up_at=NOW - 40)
+    assert derive(FLOW, unread, now=NOW).lag_seconds == pytest.approx(40)
+    # the renderer's own measurement, newer than the job's, wins
+    measured = {"lag_records": 5, "lag_measured_at": NOW - 1, "oldest_uncopied_at": NOW - 7}
+    fresh = derive(FLOW, progress("IDLE"), now=NOW, measured=measured)
+    assert (fresh.lag_records, fresh.lag_seconds, fresh.lag_measured_at) == (5, 7.0, NOW - 1)
+    stale = {"lag_records": 5, "lag_measured_at": NOW - 60, "oldest_uncopied_at": NOW - 70}
+    assert derive(FLOW, progress("IDLE"), now=NOW, measured=stale).lag_records == 0
 
 
 def test_lag_over_either_bound_is_lagging():
-    behind = progress(caught_up_at=NOW - 400, lag_records=5)
+    behind = progress(oldest_uncopied_at=NOW - 400, lag_records=5)
     health = derive(FLOW, behind, now=NOW)
     assert health.state == "LAGGING"
-    assert health.reason == "400s behind (bound 300s)"
+    assert health.reason == "400s behind (bound 300s) (measured 2s ago)"
     records = derive(FLOW, progress(lag_records=5000), now=NOW, settings=HealthSettings(
         lag_max_records=1000))  # fmt: skip
-    assert (records.state, records.reason) == ("LAGGING", "5000 records behind (bound 1000)")
+    assert (records.state, records.reason) == (
+        "LAGGING",
+        "5,000 records behind (bound 1,000) (measured 2s ago)",
+    )
     unbounded = HealthSettings(lag_max_seconds=0)
     assert derive(FLOW, behind, now=NOW, settings=unbounded).state == "RUNNING"
 
 
 def test_no_report_or_no_heartbeat_within_the_timeout_is_stalled():
-    quiet = derive(FLOW, progress(age=200), now=NOW, job_alive=True)
+    quiet = derive(FLOW, progress(age=31), now=NOW, job_alive=True)
     assert quiet.state == "STALLED"
-    assert quiet.reason.startswith("no progress report from its mirror job for 200s (bound 120s)")
-    frozen_idle = derive(FLOW, progress("IDLE", age=200), now=NOW, job_alive=True)
-    assert frozen_idle.state == "STALLED" and frozen_idle.lag_seconds == pytest.approx(201)
+    assert quiet.reason.startswith("no progress report from its mirror job for 31s (bound 30s)")
+    assert quiet.reason.endswith("; nothing to copy (measured 31s ago)")
+    frozen = progress("RUNNING", age=40, lag_records=1000, oldest_uncopied_at=NOW - 45)
+    stalled = derive(FLOW, frozen, now=NOW, job_alive=True)
+    assert (stalled.state, stalled.lag_records) == ("STALLED", 1000)
+    assert stalled.lag_seconds == pytest.approx(45)
+    assert stalled.reason.endswith("1,000 record(s) behind, the oldest 45s old (measured 40s ago)")
     beats = progress()
-    beats["tasks"]["heartbeats"]["last_success_at"] = NOW - 130
+    beats["tasks"]["heartbeats"]["last_success_at"] = NOW - 31
     no_beat = derive(FLOW, beats, now=NOW)
     assert (no_beat.state, no_beat.reason) == (
         "STALLED",
-        "no heartbeat acknowledged by the target for 130s (bound 120s)",
+        "no heartbeat acknowledged by the target for 31s (bound 30s); nothing to copy "
+        "(measured 2s ago)",
     )
     patient = HealthSettings(stall_timeout_seconds=200)
     assert derive(FLOW, beats, now=NOW, settings=patient).state == "RUNNING"
@@ -81,20 +115,30 @@ def test_no_report_or_no_heartbeat_within_the_timeout_is_stalled():
 
 def test_failed_paused_and_stopped():
     failed = derive(FLOW, progress("FAILED", error="cluster primary refused User:alice"), now=NOW)
-    assert (failed.state, failed.reason) == ("FAILED", "cluster primary refused User:alice")
-    assert failed.lag_seconds is None  # no job: lag unknown
+    assert failed.state == "FAILED"
+    assert failed.reason == "cluster primary refused User:alice; nothing to copy (measured 2s ago)"
     dags = SiteDag("mirror__secondary", False, "flow__primary__secondary", True)
     paused = derive(FLOW, progress(), now=NOW, dags=dags)
-    assert (paused.state, paused.reason) == ("PAUSED", "its DAG flow__primary__secondary is paused")
+    assert (paused.state, paused.reason) == (
+        "PAUSED",
+        "its DAG flow__primary__secondary is paused; nothing to copy (measured 2s ago)",
+    )
+    # a paused flow's backlog shows: what a failover would leave behind
+    waiting = progress("PAUSED", lag_records=1000, oldest_uncopied_at=NOW - 90)
+    backlog = derive(FLOW, waiting, now=NOW)
+    assert (backlog.state, backlog.lag_records, backlog.lag_seconds) == ("PAUSED", 1000, 90.0)
     assert derive(FLOW, progress("PAUSED"), now=NOW).state == "PAUSED"
     assert derive(FLOW, progress(), now=NOW, flow_paused=True).state == "PAUSED"
     site = derive(FLOW, progress("STOPPED"), now=NOW, dags=SiteDag("mirror__secondary", True))
     assert site.state == "PAUSED"
-    assert site.reason == "the site's mirror DAG mirror__secondary is paused"
+    assert site.reason.startswith("the site's mirror DAG mirror__secondary is paused;")
     started_by_hand = derive(FLOW, progress(), now=NOW, dags=SiteDag("mirror__secondary", True))
     assert started_by_hand.state == "RUNNING"  # a job runs it all the same
     stopped = derive(FLOW, progress("STOPPED", age=65), now=NOW)
-    assert (stopped.state, stopped.reason) == ("STOPPED", "its mirror job stopped 65s ago")
+    assert (stopped.state, stopped.reason) == (
+        "STOPPED",
+        "its mirror job stopped 65s ago; nothing to copy (measured 65s ago)",
+    )
     never = derive(FLOW, {}, now=NOW)
     assert (never.state, never.reason) == ("STOPPED", "no mirror job has run this flow yet")
 
@@ -102,7 +146,8 @@ def test_failed_paused_and_stopped():
 def test_a_killed_job_is_stopped_then_stalled_when_its_dag_should_run_it():
     killed = progress("RUNNING", age=5)
     gone = derive(FLOW, killed, now=NOW, job_alive=False)
-    assert (gone.state, gone.reason) == ("STOPPED", "its mirror job (pid 4242) is gone")
+    assert gone.state == "STOPPED"
+    assert gone.reason.startswith("its mirror job (pid 4242) is gone;")
     on = SiteDag("mirror__secondary", False)
     retrying = derive(FLOW, killed, now=NOW, job_alive=False, dags=on)
     assert retrying.state == "STOPPED" and "mirror__secondary is on and should start" in (
@@ -136,14 +181,14 @@ def _flow_file(tmp_path: Path, *lines: str) -> Path:
 
 def test_thresholds_are_flow_settings_with_defaults(tmp_path: Path):
     defaults = settings_for(load_topology([_flow_file(tmp_path)]).flow(FLOW))
-    assert defaults == HealthSettings(300.0, 0, 120.0)
+    assert defaults == HealthSettings(300.0, 0, 30.0)
     path = _flow_file(
         tmp_path,
         f"{FLOW}.health.lag.max.seconds = 60",
         "health.lag.max.records = 10000",
-        "health.stall.timeout.seconds = 30",
+        "health.stall.timeout.seconds = 45",
     )
-    assert settings_for(load_topology([path]).flow(FLOW)) == HealthSettings(60.0, 10000, 30.0)
+    assert settings_for(load_topology([path]).flow(FLOW)) == HealthSettings(60.0, 10000, 45.0)
     assert not [f for f in validate(load_topology([path])) if "health" in f.key]
 
 

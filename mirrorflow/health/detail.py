@@ -2,7 +2,9 @@
 consumer groups with their last checkpoints.
 
 The partitions come from the job's ``progress.json`` (the source's end offsets at its last plan,
-``source_end_offsets``, and the flow's positions, ``source_positions``): no cluster is asked.
+``source_end_offsets``, or at a later measurement of a paused flow's lag,
+``source_end_offsets_measured``, and the flow's positions, ``source_positions``): no cluster is
+asked.
 The checkpoints are read from the checkpoints topic on the target
 (:class:`mirrorflow.replication.checkpoints.CheckpointReader`), bounded in time: a cluster that
 does not answer within ``timeout_s`` gives a one-line note, not an error, and the page shows
@@ -32,6 +34,9 @@ def partitions(progress: dict, spec: MirrorSpec | None = None) -> list[dict[str,
     of a topic its filter no longer takes (or that another flow of the same name copied) stay
     in the offsets topic, but are no part of the flow now."""
     ends = progress.get("source_end_offsets") or {}
+    measured = progress.get("source_end_offsets_measured")
+    if measured and _newer(progress.get("lag_measured_at"), progress.get("source_end_offsets_at")):
+        ends = measured  # measured since the last plan (a paused flow's, by its application)
     positions = progress.get("source_positions") or {}
     rows = []
     keys = {(t, p) for t, parts in (ends or positions).items() for p in parts}
@@ -51,6 +56,18 @@ def partitions(progress: dict, spec: MirrorSpec | None = None) -> list[dict[str,
             }
         )
     return rows
+
+
+def _newer(measured_at: object, planned_at: object) -> bool:
+    """Whether a measurement (Unix time) is newer than a plan (ISO 8601; none: older)."""
+    from datetime import datetime
+
+    if not isinstance(measured_at, int | float):
+        return False
+    try:
+        return measured_at > datetime.fromisoformat(str(planned_at)).timestamp()
+    except ValueError:
+        return True
 
 
 def _read_checkpoints(spec: MirrorSpec, timeout_s: float) -> list[dict[str, object]]:

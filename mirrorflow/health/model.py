@@ -18,9 +18,13 @@ mirror DAG is paused, the flow's thresholds, and the time now. The result is one
   ``health.lag.max.records`` (the RPO);
 - ``RUNNING``: the job runs (copying, idle or starting) within its bounds.
 
-Lag in seconds is an upper bound on the age of the oldest record not yet copied: the time since
-the flow was last caught up (every record then on the source copied), 0 while the job is idle
-and reporting (its doorbell consumer copies any new record at once).
+Lag is what the clusters say (:mod:`mirrorflow.replication.lag`): in records, the source's end
+offsets minus the flow's positions, as the job's last plan or last measurement (every 10 s)
+found them, or as whoever renders the health measured them when no job reports (``measured``);
+in seconds, the age of the oldest record not copied (its source timestamp), 0 when nothing is
+behind. A flow with records to copy is never "caught up", whatever its job's state; the figures
+are shown in every state (PAUSED and STALLED included: what a failover would leave behind), and
+each reason says when they were measured.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from datetime import datetime
+
+from mirrorflow.replication.lag import progress_lag
 
 RUNNING, LAGGING, STALLED, FAILED, PAUSED, STOPPED = (
     "RUNNING",
@@ -48,7 +54,7 @@ class HealthSettings:
 
     lag_max_seconds: float = 300.0
     lag_max_records: int = 0
-    stall_timeout_seconds: float = 120.0
+    stall_timeout_seconds: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -74,7 +80,8 @@ class FlowHealth:
     job_state: str | None  # the job's own state in progress.json
     lag_records: int | None
     lag_seconds: float | None
-    last_heartbeat: float | None  # Unix times
+    lag_measured_at: float | None  # Unix times
+    last_heartbeat: float | None
     last_checkpoint: float | None
     last_batch: float | None
     last_report: float | None
@@ -93,26 +100,34 @@ def derive(
     job_alive: bool | None = None,
     flow_paused: bool = False,
     dags: SiteDag = UNKNOWN_DAGS,
+    measured: Mapping[str, object] | None = None,
 ) -> FlowHealth:
     """The flow's health at ``now`` (Unix time).
 
     ``progress`` is the flow's progress.json (empty if it has none); ``job_alive`` whether the
     process that wrote it still runs (None: cannot tell, e.g. on another host); ``flow_paused``
-    whether its ``paused`` file exists.
+    whether its ``paused`` file exists; ``measured``: the flow's lag as the renderer measured it
+    itself (:meth:`mirrorflow.replication.lag.Lag.as_progress`), used when newer than the job's.
     """
     job_state = _str(progress.get("state"))
     tasks = progress.get("tasks") if isinstance(progress.get("tasks"), Mapping) else {}
     last_heartbeat = _task_success(tasks, HEARTBEATS_TASK)
     last_report = _timestamp(progress.get("updated"))
-    lag_records = _int(progress.get("lag_records"))
     running = job_state in ACTIVE_JOB_STATES and job_alive is not False
-    fresh = last_report is not None and now - last_report <= settings.stall_timeout_seconds
-    lag_seconds = _lag_seconds(progress, job_state, fresh, now) if running else None
+    lag_source: Mapping[str, object] = progress
+    measured_at = _number(progress.get("lag_measured_at"))
+    if measured and (_number(measured.get("lag_measured_at")) or 0) > (measured_at or 0):
+        lag_source = {"caught_up_at": progress.get("caught_up_at"), **measured}
+        measured_at = _number(measured.get("lag_measured_at"))
+    lag_records, lag_seconds = progress_lag(lag_source, now)
+    if measured_at is None and lag_records is not None and running:
+        measured_at = last_report  # an older job: its figures as of its last report
     figures = dict(
         flow=flow,
         job_state=job_state,
-        lag_records=lag_records if running else None,
+        lag_records=lag_records,
         lag_seconds=lag_seconds,
+        lag_measured_at=measured_at,
         last_heartbeat=last_heartbeat,
         last_checkpoint=_task_success(tasks, CHECKPOINTS_TASK),
         last_batch=_number(progress.get("last_batch_at")),
@@ -120,11 +135,16 @@ def derive(
         records=_int(progress.get("records")),
     )
 
-    def health(state: str, reason: str) -> FlowHealth:
+    lag_said = _lag_said(lag_records, lag_seconds, measured_at, now)
+
+    def health(state: str, reason: str, lag: bool = True) -> FlowHealth:
+        if lag and lag_said:
+            reason = f"{reason}; {lag_said}"
         return FlowHealth(state=state, reason=reason, **figures)  # type: ignore[arg-type]
 
     if job_state == "FAILED":
-        return health(FAILED, _str(progress.get("error")) or "the flow failed (no error recorded)")
+        error = _str(progress.get("error")) or "the flow failed (no error recorded)"
+        return health(FAILED, error)
     if dags.flow_dag_paused:
         return health(PAUSED, f"its DAG {dags.flow_dag} is paused")
     if flow_paused or job_state == "PAUSED":
@@ -164,26 +184,43 @@ def derive(
     over = []
     max_seconds, max_records = settings.lag_max_seconds, settings.lag_max_records
     if max_seconds and lag_seconds is not None and lag_seconds > max_seconds:
-        over.append(f"{lag_seconds:.0f}s behind (bound {max_seconds:.0f}s)")
+        over.append(f"{lag_seconds:,.0f}s behind (bound {max_seconds:,.0f}s)")
     if max_records and lag_records is not None and lag_records > max_records:
-        over.append(f"{lag_records} records behind (bound {max_records})")
+        over.append(f"{lag_records:,} records behind (bound {max_records:,})")
+    when = _measured(measured_at, now)
     if over:
-        return health(LAGGING, " and ".join(over))
-    doing = {"STARTING": "starting", "IDLE": "caught up, waiting for records"}
-    return health(RUNNING, doing.get(job_state or "", "copying"))
+        return health(LAGGING, " and ".join(over) + (f" ({when})" if when else ""), lag=False)
+    if job_state == "STARTING":
+        return health(RUNNING, "starting")
+    if lag_records:  # records to copy: never "caught up", whatever the job's last word
+        return health(RUNNING, "copying")
+    if lag_records == 0:
+        return health(RUNNING, "caught up" + (f" ({when})" if when else ""), lag=False)
+    return health(RUNNING, "copying")
 
 
-def _lag_seconds(
-    progress: Mapping[str, object], job_state: str | None, fresh: bool, now: float
-) -> float | None:
-    """Seconds behind: 0 while idle (and reporting), else at most the time since the flow was
-    last caught up (None: unknown)."""
-    if job_state == "IDLE" and fresh:
-        return 0.0
-    caught_up = _number(progress.get("caught_up_at"))
-    if caught_up is None:
-        return None
-    return max(0.0, now - caught_up)
+def _lag_said(
+    records: int | None, seconds: float | None, measured_at: float | None, now: float
+) -> str:
+    """The lag in words, with when it was measured (empty when unknown)."""
+    if records is None:
+        return ""
+    if records == 0:
+        said = "nothing to copy"
+    else:
+        said = f"{records:,} record(s) behind"
+        if seconds is not None:
+            said += f", the oldest {_age_of(seconds)} old"
+    when = _measured(measured_at, now)
+    return said + (f" ({when})" if when else "")
+
+
+def _measured(at: float | None, now: float) -> str:
+    return "" if at is None else f"measured {_age(at, now)} ago"
+
+
+def _age_of(seconds: float) -> str:
+    return _age(0.0, max(0.0, seconds))
 
 
 def _task_success(tasks: Mapping, name: str) -> float | None:

@@ -46,7 +46,7 @@ MIRRORFLOW_ONLY = {
     # neither progress nor a heartbeat came within the timeout.
     "health.lag.max.seconds": ("LONG", "300"),
     "health.lag.max.records": ("LONG", "0"),
-    "health.stall.timeout.seconds": ("LONG", "120"),
+    "health.stall.timeout.seconds": ("LONG", "30"),
 }
 
 CLIENT_ROLES = ("consumer", "producer", "admin")

@@ -2,8 +2,10 @@
 
 MirrorMaker 2 refreshes its topic list every ``refresh.topics.interval.seconds`` and emits
 heartbeats every ``emit.heartbeats.interval.seconds``; checkpoints and config sync follow the same
-pattern. Here each such job is a :class:`PeriodicTask`: named, run on one daemon thread at its
-interval, timed, logged, and with its failures counted, so a failing task shows up in the log
+pattern. Here each such job is a :class:`PeriodicTask`: named, run at its interval on the
+scheduler's daemon thread (or, ``alone``, on a thread of its own: the heartbeats and the
+progress reports keep their pace while a sync waits out a cluster's timeout), timed, logged,
+and with its failures counted, so a failing task shows up in the log
 and in :meth:`Scheduler.stats` without taking the flow down. A task that must end the flow
 records its error with :meth:`Scheduler.fail`; the flow's loop checks :attr:`Scheduler.error`;
 a task whose run failed but must not end the flow raises :class:`TaskFailed`.
@@ -44,10 +46,12 @@ class PeriodicTask:
     # such error; None once a run succeeds or fails otherwise.
     unreachable_since: float | None = field(default=None, repr=False)
     unreachable: ClusterUnreachable | None = field(default=None, repr=False)
+    alone: bool = field(default=False, repr=False)  # runs on a thread of its own
 
 
 class Scheduler:
-    """Runs :class:`PeriodicTask` s on one daemon thread until :meth:`stop`.
+    """Runs :class:`PeriodicTask` s on one daemon thread (those ``alone``, each on its own)
+    until :meth:`stop`.
 
     A :class:`~mirrorflow.errors.ClusterUnreachable` is counted and logged, and the task runs
     again at its next interval; any other :class:`~mirrorflow.errors.MirrorflowError` ends the
@@ -60,12 +64,19 @@ class Scheduler:
         self.error: MirrorflowError | None = None
         self._stopped = threading.Event()
         self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
 
-    def add(self, name: str, interval_s: float, run: Callable[[], object]) -> PeriodicTask:
+    def add(
+        self, name: str, interval_s: float, run: Callable[[], object], *, alone: bool = False
+    ) -> PeriodicTask:
+        """A task run every ``interval_s`` (first in ``interval_s``); ``alone``: on a thread of
+        its own, so that no other task's slow run delays it (add such tasks before
+        :meth:`start`)."""
         if interval_s <= 0:
             raise ValueError(f"task {name}: the interval must be positive, not {interval_s}")
-        task = PeriodicTask(name, interval_s, run, next_due=time.monotonic() + interval_s)
+        task = PeriodicTask(
+            name, interval_s, run, next_due=time.monotonic() + interval_s, alone=alone
+        )
         self.tasks.append(task)
         self._wake.set()
         return task
@@ -107,25 +118,36 @@ class Scheduler:
             self.error = error
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name=f"tasks {self.owner}", daemon=True)
-        self._thread.start()
+        loops = [(f"tasks {self.owner}", self._loop, ())]
+        loops += [(f"{t.name} {self.owner}", self._alone, (t,)) for t in self.tasks if t.alone]
+        for name, target, args in loops:
+            thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+            self._threads.append(thread)
+            thread.start()
 
     def _loop(self) -> None:
         while not self._stopped.is_set():
             now = time.monotonic()
-            for task in self.tasks:
+            shared = [t for t in self.tasks if not t.alone]
+            for task in shared:
                 if task.next_due <= now and not self._stopped.is_set():
                     self.run_now(task)
-            due = min((t.next_due for t in self.tasks), default=now + 1.0)
+            due = min((t.next_due for t in shared), default=now + 1.0)
             self._wake.wait(max(0.0, min(due - time.monotonic(), 1.0)))
             self._wake.clear()
 
+    def _alone(self, task: PeriodicTask) -> None:
+        while not self._stopped.wait(max(0.0, task.next_due - time.monotonic())):
+            self.run_now(task)
+
     def stop(self, wait_s: float = 30.0) -> None:
-        """Stop the tasks; wait up to ``wait_s`` for a run in progress to end."""
+        """Stop the tasks; wait up to ``wait_s`` in all for the runs in progress to end."""
         self._stopped.set()
         self._wake.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(wait_s)
+        deadline = time.monotonic() + wait_s
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join(max(0.0, deadline - time.monotonic()))
 
     def unreachable(self) -> tuple[float, ClusterUnreachable] | None:
         """The longest run of failures because a cluster did not answer, among the tasks

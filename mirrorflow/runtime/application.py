@@ -37,9 +37,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mirrorflow.errors import MirrorflowError
+from mirrorflow.replication import lag
 from mirrorflow.replication.spec import MirrorSpec
 from mirrorflow.runtime import jobs
-from mirrorflow.runtime.driver import MirrorJob, record_state
+from mirrorflow.runtime.driver import MirrorJob, record_state, update_progress
 from mirrorflow.runtime.metrics import FlowMetrics, Metrics
 
 if TYPE_CHECKING:
@@ -70,6 +71,8 @@ class FlowThread:
         self.paused_at = 0.0  # monotonic: when this thread saw the flow paused while it ran
         self.restarting = False  # ending its batch to start over (a restart request)
         self.recorded: str | None = None  # the state this thread last wrote for the flow
+        self._measuring: threading.Thread | None = None
+        self._measured_at = 0.0  # monotonic: when its lag was last measured while stopped
 
     @property
     def flow_dir(self) -> Path:
@@ -129,6 +132,38 @@ class FlowThread:
     def request_stop(self) -> None:
         if self.job is not None:
             self.job.request_stop()
+
+    def measure_lag(self) -> None:
+        """While the flow is paused or failed, no job of it measures its lag: measure it here,
+        every :data:`~mirrorflow.replication.lag.MEASURE_EVERY_S`, on a thread of its own (a
+        source that does not answer holds back no other flow), into ``progress.json`` and the
+        metrics: the backlog a pause or an outage leaves shows."""
+        if self._measuring is not None and self._measuring.is_alive():
+            return
+        if time.monotonic() - self._measured_at < lag.MEASURE_EVERY_S:
+            return
+        self._measured_at = time.monotonic()
+        self._measuring = threading.Thread(
+            target=self._measure, name=f"lag {self.spec.flow}", daemon=True
+        )
+        self._measuring.start()
+
+    def _measure(self) -> None:
+        from mirrorflow.replication.checkpoints import flow_positions
+
+        spec = self.spec
+        try:  # the stored positions: a cancelled batch may have committed some since
+            positions = {
+                tp: o for tp, o in flow_positions(spec).items() if spec.should_replicate(tp[0])
+            }
+            measured = lag.measure(spec, positions)
+        except MirrorflowError as exc:
+            log.debug("%s: its lag could not be measured: %s", spec.flow, exc)
+            return
+        update_progress(self.flow_dir, **measured.as_progress())
+        if self.metrics is not None:
+            remote = {topic: spec.remote_topic(topic) for topic, _p in measured.ends}
+            self.metrics.measured(measured, remote)
 
 
 class Application:
@@ -212,14 +247,19 @@ class Application:
                     # nothing more, and starts again only once it has ended
                     flow.record_state("PAUSED")
                     flow.recorded = "PAUSED"
+                if flow.paused and flow.quiet:
+                    flow.measure_lag()
             elif not flow.restarting and jobs.restart_request(flow.flow_dir) is not None:
                 flow.restarting = True
                 log.info("%s: restart requested: it starts over after its batch", flow.spec.flow)
                 flow.request_stop()
             return
+        if flow.error is not None and not self._stop.is_set():
+            flow.measure_lag()
         if self._stop.is_set() or flow.finished:
             return
         if paused:
+            flow.measure_lag()
             if not flow.paused:
                 log.info("%s: paused", flow.spec.flow)
                 flow.paused = True

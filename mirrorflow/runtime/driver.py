@@ -47,6 +47,7 @@ A mirrorflow 0.x job kept at-least-once positions in a Spark streaming checkpoin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -64,7 +65,7 @@ from typing import TYPE_CHECKING
 from mirrorflow.config.librdkafka import principal
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
 from mirrorflow.mm2.formats import OffsetSync
-from mirrorflow.replication import clients
+from mirrorflow.replication import clients, lag
 from mirrorflow.replication.checkpoints import (
     GroupCheckpoints,
     GroupOffsetSync,
@@ -203,6 +204,8 @@ class MirrorJob:
         # new, a batch copied all it planned, or the idle doorbell heard nothing): the flow's
         # lag in seconds is at most now minus this.
         self._caught_up_at: float | None = None
+        self._lag: lag.Lag | None = None  # the last measurement (task measure-lag)
+        self._lag_reader = None  # its consumer, made at its first need
 
     @property
     def flow_dir(self) -> Path:
@@ -487,8 +490,9 @@ class MirrorJob:
                 spec.heartbeats_topic,
                 {spec.target: client_principal(spec.target_client)},
             )
+            beat = self._beat(heartbeats)
             self.scheduler.run_now(
-                self.scheduler.add("heartbeats", spec.heartbeats_interval_s, self._beat(heartbeats))
+                self.scheduler.add("heartbeats", spec.heartbeats_interval_s, beat, alone=True)
             )
         if spec.refresh_topics_enabled and not once:
             self.scheduler.add(
@@ -516,7 +520,9 @@ class MirrorJob:
             self._schedule_checkpoints()
         if spec.flow_dir:  # progress.json fresh even during a long batch: the flow is alive
             report = trend.sampled(self, self._report_progress, REPORT_PROGRESS_S)
-            self.scheduler.add("report-progress", REPORT_PROGRESS_S, report)
+            self.scheduler.add("report-progress", REPORT_PROGRESS_S, report, alone=True)
+            # The lag as the source says it is, busy or idle, the target away or not.
+            self.scheduler.add("measure-lag", lag.MEASURE_EVERY_S, self._measure_lag, alone=True)
         self.scheduler.start()
         self.doorbell = Doorbell(spec.source_consumer_client, spec.flow)
         if once:
@@ -551,6 +557,10 @@ class MirrorJob:
         finally:
             self.scheduler.stop(wait_s=1.0 if outage else 30.0)
             self.doorbell.close()
+            if self._lag_reader is not None:
+                with contextlib.suppress(Exception):
+                    self._lag_reader.close()
+                self._lag_reader = None
             for alias, producer in self.producers.items():
                 try:
                     producer.flush(1.0 if outage else 10.0)
@@ -807,6 +817,8 @@ class MirrorJob:
 
     def _copy_batch(self, batch: str, ranges: list[tuple[Partition, int, int]]) -> None:
         mapping = self.mapping
+        if self.state != "RUNNING":  # copying from now on, not idle (what the page says)
+            self.record_state("RUNNING")
         started = time.monotonic()
         planned = sum(until - start for _tp, start, until in ranges)
         if self.spec.exactly_once:
@@ -925,11 +937,66 @@ class MirrorJob:
         with self._record_lock:
             self._write_progress(None)
 
+    def _measure_lag(self) -> None:
+        """The ``measure-lag`` task: the flow's lag from the source, for its positions now
+        (:mod:`mirrorflow.replication.lag`): records behind and the age of the oldest, in
+        ``progress.json`` and the metrics."""
+        positions = dict(self.positions)
+        if not positions:
+            return
+        if self._lag_reader is None:
+            self._lag_reader = lag.timestamp_reader(self.spec)
+        try:
+            measured = lag.measure(
+                self.spec,
+                positions,
+                admin=self.admins[self.spec.source],
+                consumer=self._lag_reader,
+            )
+        except MirrorflowError as exc:  # the batches say more; the last figures stay, dated
+            raise TaskFailed(str(exc)) from None
+        now = dict(self.positions)
+        if now != positions:  # a batch copied meanwhile: its positions, the ends measured
+            measured = lag.Lag(measured.measured_at, measured.ends, now, measured.oldest_ms)
+        self._lag = measured
+        if self.metrics is not None:
+            self.metrics.measured(measured, self.mapping)
+
+    def lag_figures(self) -> dict[str, object]:
+        """The flow's lag as ``progress.json`` keeps it: records behind and when that was
+        known, and when the oldest record not copied was written (while records are behind).
+
+        The newest ends known per partition (the last plan's or the last measurement's, which
+        only grow) minus the positions now: a measurement taken just before a batch copied
+        its records does not outlive the batch. Once the job heard nothing past its positions
+        (idle, after both), nothing is behind."""
+        positions = dict(self.positions)
+        ends, at = dict(self._planned_ends), self._plan_at
+        measured = self._lag
+        if measured is not None:
+            for tp, end in measured.ends.items():
+                ends[tp] = max(end, ends.get(tp, end))
+            at = max(at or 0.0, measured.measured_at)
+        behind = {
+            tp: end - positions[tp]
+            for tp, end in ends.items()
+            if tp in positions and end > positions[tp]
+        }
+        if self._caught_up_at is not None and self._caught_up_at >= (at or 0.0):
+            behind, at = {}, self._caught_up_at
+        oldest_ms = [
+            measured.oldest_ms[tp] for tp in behind if measured and tp in measured.oldest_ms
+        ]
+        return {
+            "lag_records": sum(behind.values()),
+            "lag_measured_at": _rounded(at) if at else None,
+            "oldest_uncopied_at": _rounded(min(oldest_ms) / 1000) if oldest_ms else None,
+        }
+
     def _write_progress(self, error: str | None) -> None:
         if self._cancelled.is_set():  # the application records the flow's state from now on
             return
-        ends, positions = self._planned_ends, dict(self.positions)
-        lag = sum(max(0, end - positions[tp]) for tp, end in ends.items() if tp in positions)
+        positions = dict(self.positions)
         record_state(
             self.flow_dir,
             self.spec.flow,
@@ -941,7 +1008,7 @@ class MirrorJob:
             bytes=self.copied[1],
             last_batch_seconds=round(self._last_batch_s, 3),
             last_batch_at=_rounded(self._last_batch_at),
-            lag_records=lag,
+            **self.lag_figures(),
             caught_up_at=_rounded(self._caught_up_at),
             pid=os.getpid(),
             host=socket.gethostname(),
@@ -1256,27 +1323,36 @@ def reader_group(flow: str) -> str:
     return f"mirrorflow-reader-{flow}"
 
 
+_PROGRESS_LOCK = threading.Lock()  # one writer of a progress.json at a time in this process
+
+
 def record_state(
     flow_dir: Path, flow: str, state: str, error: str | None = None, **progress: object
 ) -> None:
     """Update the flow's ``progress.json``: its state (STARTING, RUNNING, IDLE, PAUSED,
     STOPPED, FAILED), the error that stopped it, and any progress figures given."""
+    _update_progress(flow_dir, {**progress, "flow": flow, "state": state, "error": error})
+
+
+def update_progress(flow_dir: Path, **figures: object) -> None:
+    """Add ``figures`` to the flow's ``progress.json``, its state and error unchanged (e.g. the
+    lag of a paused flow, measured by its application)."""
+    _update_progress(flow_dir, figures)
+
+
+def _update_progress(flow_dir: Path, changes: dict[str, object]) -> None:
     path = flow_dir / PROGRESS_FILE
-    try:
-        current = json.loads(path.read_text())
-    except (OSError, ValueError):
-        current = {}
-    current.update(progress)
-    current.update(
-        flow=flow,
-        state=state,
-        error=error,
-        updated=datetime.now(UTC).isoformat(timespec="milliseconds"),
-    )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".partial")
-    partial.write_text(json.dumps(current, indent=1) + "\n")
-    partial.replace(path)
+    with _PROGRESS_LOCK:
+        try:
+            current = json.loads(path.read_text())
+        except (OSError, ValueError):
+            current = {}
+        current.update(changes)
+        current["updated"] = datetime.now(UTC).isoformat(timespec="milliseconds")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".partial")
+        partial.write_text(json.dumps(current, indent=1) + "\n")
+        partial.replace(path)
 
 
 def _rounded(at: float | None) -> float | None:

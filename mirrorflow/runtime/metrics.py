@@ -21,11 +21,14 @@ MirrorMaker 2's meanings (``record-count`` is ``mirrorflow_record_count_total``)
   translated) to its acknowledgement by the target, over the same window.
 - ``mirrorflow_checkpoint_timestamp_seconds`` per flow: when its checkpoint task last checked
   every group and wrote the checkpoints that moved (the page's "last checkpoint").
-- ``mirrorflow_lag_records``: per partition, the source's end offset at the last plan minus the
-  flow's position (what MirrorMaker 2 does not report).
-- ``mirrorflow_lag_seconds``: per partition, 0 when it had nothing to copy at the last plan, else
-  the time since it was last seen caught up (an upper bound on the age of its oldest record not
-  yet copied; computed at scrape); absent until the job has seen it caught up once.
+- ``mirrorflow_lag_records``: per partition, the source's end offset minus the flow's position,
+  at the last plan or the last measurement (every 10 s, busy, idle or paused:
+  :mod:`mirrorflow.replication.lag`), whichever is newer (what MirrorMaker 2 does not report).
+- ``mirrorflow_lag_seconds``: per partition, 0 when it had nothing to copy at the last plan or
+  measurement, else the age of its oldest record not copied (now minus that record's source
+  timestamp, read by the last measurement; computed at scrape), else, until a measurement has
+  read it, the time since the partition was last seen caught up (an upper bound); absent while
+  neither is known.
 - ``mirrorflow_batches_total`` and ``mirrorflow_last_batch_timestamp_seconds`` per flow.
 - ``mirrorflow_heartbeat_timestamp_seconds`` per flow: when the target last acknowledged the
   flow's heartbeat (its age is ``time() - mirrorflow_heartbeat_timestamp_seconds``).
@@ -41,12 +44,16 @@ import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from mirrorflow.errors import MirrorflowError
+
+if TYPE_CHECKING:
+    from mirrorflow.replication.lag import Lag
 
 Partition = tuple[str, int]
 
@@ -144,6 +151,8 @@ class _Live(Collector):
         # partition -> (when it was last seen caught up, whether it had nothing to copy at the
         # last plan)
         self.caught_up: dict[tuple[str, ...], tuple[float, bool]] = {}
+        # partition -> when its oldest record not copied was written (the last measurement)
+        self.oldest: dict[tuple[str, ...], float] = {}
 
     def record(self, name: str, labels: tuple[str, ...], stats: Stats, at: float) -> None:
         with self.lock:
@@ -157,18 +166,25 @@ class _Live(Collector):
         }
         lag = GaugeMetricFamily(
             "mirrorflow_lag_seconds",
-            "0 when the partition had nothing to copy at the last plan, else the time since it "
-            "was last seen caught up (an upper bound on its oldest uncopied record's age)",
+            "0 when the partition had nothing to copy at the last plan or measurement, else the "
+            "age of its oldest record not copied (its source timestamp, as last measured), else "
+            "the time since it was last seen caught up (an upper bound)",
             labels=PARTITION,
         )
         with self.lock:
             windows = [(key, w.stats(now)) for key, w in self.windows.items()]
-            caught_up = dict(self.caught_up)
+            caught_up, oldest = dict(self.caught_up), dict(self.oldest)
         for (name, labels), stats in sorted(windows):
             for stat, value in stats.values().items():
                 families[name].add_metric([*labels, stat], value)
-        for labels, (at, current) in sorted(caught_up.items()):
-            lag.add_metric(list(labels), 0.0 if current else max(0.0, now - at))
+        for labels in sorted(set(caught_up) | set(oldest)):
+            at, current = caught_up.get(labels, (None, False))
+            if current:
+                lag.add_metric(list(labels), 0.0)
+            elif labels in oldest:
+                lag.add_metric(list(labels), max(0.0, now - oldest[labels]))
+            elif at is not None:
+                lag.add_metric(list(labels), max(0.0, now - at))
         yield from families.values()
         yield lag
 
@@ -336,8 +352,32 @@ class FlowMetrics:
                     known = live.caught_up.get(labels)
                     if not lag:
                         live.caught_up[labels] = (max(at, known[0]) if known else at, True)
+                        live.oldest.pop(labels, None)
                     elif known is not None:
                         live.caught_up[labels] = (known[0], False)
+
+    def measured(self, lag: Lag, remote_topics: Mapping[str, str]) -> None:
+        """A measurement of the flow's lag (:mod:`mirrorflow.replication.lag`): records
+        behind per partition and, where it read it, when the oldest of them was written."""
+        live, behind = self.metrics.live, lag.behind()
+        for topic, partition in lag.ends:
+            if topic not in remote_topics:
+                continue
+            labels = self._partition(remote_topics[topic], partition)
+            self.metrics.lag.labels(*labels).set(behind.get((topic, partition), 0))
+            with live.lock:
+                if (topic, partition) not in behind:
+                    known = live.caught_up.get(labels)
+                    at = max(lag.measured_at, known[0]) if known else lag.measured_at
+                    live.caught_up[labels] = (at, True)
+                    live.oldest.pop(labels, None)
+                    continue
+                if labels in live.caught_up:
+                    live.caught_up[labels] = (live.caught_up[labels][0], False)
+                if (topic, partition) in lag.oldest_ms:
+                    live.oldest[labels] = lag.oldest_ms[(topic, partition)] / 1000
+                else:
+                    live.oldest.pop(labels, None)
 
     def caught_up(
         self, positions: Mapping[Partition, int], remote_topics: Mapping[str, str], at: float
@@ -347,7 +387,9 @@ class FlowMetrics:
         with live.lock:
             for topic, partition in positions:
                 if topic in remote_topics:
-                    live.caught_up[self._partition(remote_topics[topic], partition)] = (at, True)
+                    labels = self._partition(remote_topics[topic], partition)
+                    live.caught_up[labels] = (at, True)
+                    live.oldest.pop(labels, None)
 
     def checkpoints(self, latencies: Mapping[tuple[str, str, int], float]) -> None:
         """The checkpoint task's run ended now, its checkpoints acknowledged: each (group,

@@ -10,8 +10,9 @@ to a ring of the last :data:`WINDOW_S` seconds and rewrites ``trend.json`` atomi
   sequence number): a new run means the job restarted and its counters began again at 0;
 - ``state``: the job's own state (STARTING, RUNNING, IDLE);
 - ``lag_records`` and ``lag_seconds``: the flow's lag as its ``progress.json``, just written by
-  ``report-progress``, gives it (seconds: 0 while idle, else the time since it was last caught
-  up; None before it was caught up once);
+  ``report-progress``, gives it (the health model's rule: records as last planned or measured;
+  seconds 0 when nothing is behind, else the age of the oldest record not copied; None when not
+  known yet);
 - ``records``: records copied since the job started (a counter, as Prometheus counters: it
   starts at 0 when the job starts);
 - ``latency_ms``: the highest replication latency of the records the target acknowledged since
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mirrorflow import paths
+from mirrorflow.replication import lag
 from mirrorflow.runtime import jobs
 
 if TYPE_CHECKING:
@@ -79,12 +81,11 @@ def write(flow_dir: Path, flow: str, samples: list[Sample], interval_s: float) -
 
 
 def lag_seconds(progress: dict[str, Any], now: float) -> float | None:
-    """Seconds behind, as the health model reads ``progress.json``: 0 while the job is idle,
-    else the time since the flow was last caught up (None: not yet)."""
-    if progress.get("state") == "IDLE":
-        return 0.0
-    caught_up = _number(progress.get("caught_up_at"))
-    return None if caught_up is None else round(max(0.0, now - caught_up), 1)
+    """Seconds behind, as the health model reads ``progress.json``
+    (:func:`mirrorflow.replication.lag.progress_lag`): 0 when nothing is behind, else the age of
+    the oldest record not copied (None: not known yet)."""
+    seconds = lag.progress_lag(progress, now)[1]
+    return None if seconds is None else round(seconds, 1)
 
 
 class Sampler:
