@@ -19,9 +19,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from mirrorflow.devtools import sandbox as sandbox_mod
 from mirrorflow.devtools.local_airflow import UI_USER, LocalAirflow
 from mirrorflow.health.numbers import thousands
-from mirrorflow.runtime import launch, trend
+from mirrorflow.runtime import jobs, launch, trend
 from tests.conftest import create_topics
 from tests.mirror_harness import (
     flow_file,
@@ -49,6 +50,9 @@ pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.airflow]
 
 FLOW = "primary->secondary"
 STALL_TIMEOUT_S = 20  # the flow's health.stall.timeout.seconds in this test
+LAG_MAX_S, LAG_MAX_RECORDS = 10, 2000  # its health.lag.max.seconds and .records
+REFRESH_S = 15  # one refresh: the job measures every 10 s, the page reloads every 5 s
+BACKLOG = 100_000  # records produced while the flow is paused (drained 5,000 a batch)
 LAG = re.compile(r"([\d,]+) records, ([\d,]+) s")
 BURST, BURST_S = 20_000, 15  # records produced in a burst, over that many seconds
 GAP_S = 25  # no sample for 2.5 times the 10 s between samples: a gap
@@ -138,6 +142,81 @@ def heights(path_d: str) -> list[float]:
     return [float(y) for y in re.findall(r"[ML] [\d.]+ ([\d.]+)", path_d)]
 
 
+def row_of(page, url: str) -> dict[str, object]:
+    """The flow's row now: state, reason, lag (records, seconds; None: not shown)."""
+    page.goto(url)
+    row = page.locator(f'tr[data-flow="{FLOW}"]')
+    state = row.get_attribute("data-state", timeout=10_000)
+    cells = row.locator("td").all_inner_texts()
+    lag = LAG.fullmatch(cells[3])
+    records, seconds = (
+        (int(lag[1].replace(",", "")), int(lag[2].replace(",", "")))
+        if lag
+        else (
+            None,
+            None,
+        )
+    )
+    return {"state": state, "reason": cells[2], "records": records, "seconds": seconds}
+
+
+class Truth:
+    """The flow's lag counted independently of mirrorflow: the source's end offsets minus the
+    target's (its copies), and the page sampled against it."""
+
+    def __init__(self, source, target, topic: str) -> None:
+        self.source, self.target, self.topic = source, target, topic
+        self.samples: list[dict] = []
+
+    @staticmethod
+    def _ends(cluster, topic: str) -> int | None:
+        from confluent_kafka import TopicPartition
+        from confluent_kafka.admin import AdminClient, OffsetSpec
+
+        admin = AdminClient({**cluster.client_config(), "log_level": 0})
+        try:
+            futures = admin.list_offsets(
+                {TopicPartition(topic, p): OffsetSpec.latest() for p in range(2)},
+                request_timeout=5,
+            )
+            return sum(f.result(timeout=6).offset for f in futures.values())
+        except Exception:
+            return None  # the cluster is away
+
+    def behind(self) -> int | None:
+        source, target = (
+            self._ends(self.source, self.topic),
+            self._ends(self.target, "primary." + self.topic),
+        )
+        return None if source is None or target is None else source - target
+
+    def sample(self, page, url: str, behind: int | None = None) -> dict:
+        taken = {"t": time.time(), "behind": self.behind() if behind is None else behind}
+        taken.update(row_of(page, url))
+        self.samples.append(taken)
+        return taken
+
+    def never_caught_up_while_behind(self) -> None:
+        """No sample says caught up while records were behind since at least one refresh."""
+        for s in self.samples:
+            if "caught up" in s["reason"] and s["behind"]:
+                earlier = [e for e in self.samples if s["t"] - REFRESH_S <= e["t"] < s["t"]]
+                assert not earlier or not all(e["behind"] for e in earlier), (s, earlier)
+
+
+def scraped_lag(port: int, topic: str) -> tuple[float, float]:
+    """The job's lag metrics of the copies of ``topic`` now: records behind in all its
+    partitions, the oldest record's age in seconds."""
+    from tests.test_metrics import scrape
+
+    samples = scrape(port)
+
+    def of(name: str) -> list[float]:
+        return [s.value for s in samples.get(name, []) if s.labels["topic"] == "primary." + topic]
+
+    return sum(of("mirrorflow_lag_records")), max(of("mirrorflow_lag_seconds"), default=0.0)
+
+
 def check_burst_in_table(page, state) -> float:
     """The flows' table: the flow's sparkline rises and falls with the burst, its highest
     point the samples' highest rate; numbers with thousands separators. That rate."""
@@ -201,15 +280,23 @@ def test_a_logged_in_user_sees_the_flow_running_stalled_and_stopped(
     create_topics(primary, topic, partitions=2)
     produce(primary, topic, 2, 120)
     config = flow_file(
-        tmp_path, sandbox, topic, f"{FLOW}.health.stall.timeout.seconds = {STALL_TIMEOUT_S}"
+        tmp_path,
+        sandbox,
+        topic,
+        f"{FLOW}.health.stall.timeout.seconds = {STALL_TIMEOUT_S}",
+        f"{FLOW}.health.lag.max.seconds = {LAG_MAX_S}",
+        f"{FLOW}.health.lag.max.records = {LAG_MAX_RECORDS}",
     )
     render_dags(config, airflow_ui)
     state = airflow_ui.state / "flows"  # where the api-server's MIRRORFLOW_STATE points
     stop_file = launch.stop_file_for(state, FLOW)
     log = tmp_path / "mirror.log"
     # With metrics: the trend's replication latency is theirs.
-    metrics = ("--metrics-port", str(free_port()))
-    job = start_mirror(config, FLOW, state, log, "--stop-file", str(stop_file), *metrics)
+    port = free_port()
+    metrics = ("--metrics-port", str(port))
+    # Batches of 5,000 records at most: a backlog takes a while to drain, as a large one does.
+    small = ("--max-records-per-batch", "5000")
+    job = start_mirror(config, FLOW, state, log, "--stop-file", str(stop_file), *metrics, *small)
     ui = f"http://127.0.0.1:{airflow_ui.port}"
     page_url = f"{ui}/mirrorflow/"
     flow_url = f"{page_url}flows/primary/secondary"
@@ -260,18 +347,101 @@ def test_a_logged_in_user_sees_the_flow_running_stalled_and_stopped(
                 ) in ("RUNNING",)
                 page.screenshot(path=str(shots / "2-running-in-airflow.png"), full_page=True)
 
-                os.killpg(job.pid, signal.SIGSTOP)  # the job hangs: no report, no heartbeat
+                next_key = 120 + BURST
+                truth = Truth(primary, sandbox["secondary"], topic)
+                flow_dir = state / "primary-secondary"
+
+                # Paused with records produced meanwhile: PAUSED, and the backlog shows, on the
+                # page and in the metrics (measured by the job's application).
+                jobs.set_paused(flow_dir, True)
+                flow_row_state(page, page_url, ("PAUSED",), 60)
+                produce_fresh(primary, topic, 2, BACKLOG, start=next_key)
+                next_key += BACKLOG
+                wait_for(
+                    lambda: truth.sample(page, page_url)["records"] == BACKLOG,
+                    3 * REFRESH_S,
+                    "the paused flow's backlog on the page",
+                )
+                assert truth.samples[-1]["state"] == "PAUSED", truth.samples[-1]
+                assert truth.samples[-1]["behind"] == BACKLOG
+                wait_for(
+                    lambda: scraped_lag(port, topic)[0] == BACKLOG, 3 * REFRESH_S, "its metric"
+                )
+                page.screenshot(path=str(shots / "1c-paused-backlog.png"), full_page=True)
+
+                # Resumed: the backlog drains, sampled every second against the count.
+                jobs.set_paused(flow_dir, False)
+                metrics_seen = []
+                while True:
+                    taken = truth.sample(page, page_url)
+                    records = scraped_lag(port, topic)[0]
+                    # Counted again after the scrape: the metric lies between the two counts
+                    # of the last refresh (the backlog only shrinks here).
+                    metrics_seen.append((taken["t"], taken["behind"], records, truth.behind()))
+                    if taken["behind"] == 0 and taken["records"] == 0:
+                        break
+                    assert time.time() - taken["t"] < 240, "the backlog did not drain"
+                    time.sleep(max(0.0, 1 - (time.time() - taken["t"])))
+                truth.never_caught_up_while_behind()
+                lagging = [s for s in truth.samples if s["state"] == "LAGGING"]
+                assert any("records behind (bound 2,000)" in s["reason"] for s in lagging), (
+                    truth.samples
+                )
+                # The metric agrees with the count: what was behind within the last refresh.
+                for at, _behind, records, after in metrics_seen:
+                    recent = [m[1] for m in metrics_seen if at - REFRESH_S <= m[0] <= at]
+                    assert after <= records <= max(recent), (at, records, metrics_seen)
+
+                # The target's broker killed, records produced meanwhile: the lag grows in
+                # records and in seconds (LAGGING on the seconds bound), then STALLED (no
+                # heartbeat), the lag still shown.
+                sandbox_mod.kill(sandbox.directory, ["secondary"])
                 try:
+                    produced_at = time.time()
+                    produce_fresh(primary, topic, 2, 500, start=next_key)
+                    next_key += 500
+                    outage: list[dict] = []
+                    while time.time() - produced_at < STALL_TIMEOUT_S + 2 * REFRESH_S:
+                        outage.append(truth.sample(page, page_url, behind=500))
+                        time.sleep(1)
+                    assert not [s for s in outage if "caught up" in s["reason"]], outage
+                    assert any(
+                        s["state"] == "LAGGING" and f"s behind (bound {LAG_MAX_S}s)" in s["reason"]
+                        for s in outage
+                    ), outage
+                    last = outage[-1]
+                    assert last["state"] == "STALLED" and "no heartbeat" in last["reason"], last
+                    assert last["records"] == 500, last
+                    assert last["seconds"] >= time.time() - produced_at - REFRESH_S, last
+                    records, seconds = scraped_lag(port, topic)
+                    assert records == 500 and seconds > LAG_MAX_S, (records, seconds)
+                    page.screenshot(path=str(shots / "3a-target-away.png"), full_page=True)
+                finally:
+                    sandbox_mod.up(["secondary"], sandbox.directory)
+                wait_for(lambda: truth.behind() == 0, 120, "the copies after the outage")
+                flow_row_state(page, page_url, ("RUNNING",), 90)
+
+                os.killpg(job.pid, signal.SIGSTOP)  # the job hangs: no report, no heartbeat
+                frozen_at = time.time()
+                try:
+                    produce_fresh(primary, topic, 2, 300, start=next_key)
+                    next_key += 300
                     stalled = flow_row_state(page, page_url, ("STALLED",), STALL_TIMEOUT_S + 40)
+                    assert time.time() - frozen_at <= STALL_TIMEOUT_S + REFRESH_S, stalled
                     # Both bounds are the same: whichever the page sees pass first names it.
                     reason = stalled["reason"]
                     assert "no progress report" in reason or "no heartbeat" in reason, stalled
-                    seconds = int(LAG.fullmatch(stalled["lag"])[2].replace(",", ""))
-                    assert seconds >= STALL_TIMEOUT_S, stalled  # behind since it froze
+                    # The lag as the page measured it itself: the records written since.
+                    wait_for(
+                        lambda: truth.sample(page, page_url, behind=300)["records"] == 300,
+                        3 * REFRESH_S,
+                        "the frozen flow's lag measured by the page",
+                    )
+                    stalled = flow_row_state(page, page_url, ("STALLED",), 10)
                     # No Airflow run of its mirror DAG here (test_ui_active_active links one).
                     assert "no task log to show" in stalled["reason"], stalled
                     page.screenshot(path=str(shots / "3-stalled.png"), full_page=True)
-                    frozen_at = samples(state)[-1]["t"]
+                    frozen_at = samples(state)[-1]["t"]  # the trend's last sample
                     wait_for(lambda: time.time() - frozen_at > GAP_S + 5, 60, "a gap")
                 finally:
                     os.killpg(job.pid, signal.SIGCONT)
@@ -303,7 +473,7 @@ def test_a_logged_in_user_sees_the_flow_running_stalled_and_stopped(
                 assert job.wait(120) == 0, log.read_text(errors="replace")[-3000:]
                 stopped = flow_row_state(page, page_url, ("STOPPED",), 30)
                 assert stopped["reason"].startswith("its mirror job stopped"), stopped
-                assert stopped["lag"] == "—"
+                assert stopped["lag"] == "0 records, 0 s", stopped  # it had copied everything
                 page.screenshot(path=str(shots / "4-stopped.png"), full_page=True)
             finally:
                 browser.close()
