@@ -114,6 +114,11 @@ CANCEL_JOB_AFTER_S = 3.0
 # flows get their Spark slots back. (Spark's Kafka reader fetches uninterruptibly: a cancelled
 # exactly-once task ends only when its fetch does.)
 SOURCE_STALL_S = 10.0
+# Spark's Kafka batch source asks the source for its partitions in the driver, before a job
+# starts (for the starts, then the ends), which no job cancellation reaches: each call gives
+# up after this long (its requests too), tried once, unless the flow's consumer sets
+# default.api.timeout.ms (60 s by Kafka's default).
+SOURCE_PLAN_TIMEOUT_S = 5.0
 END_HISTORY_MAX = 64  # observed ends kept per partition (the age of the oldest uncopied record)
 _SHIPPED = False  # the mirrorflow package went to the executors (once per application)
 
@@ -138,6 +143,7 @@ class MirrorJob:
         self.quiet = threading.Event()
         self._batch_lock = threading.Lock()
         self._in_flight: str | None = None  # the id of the batch being copied
+        self._in_flight_partitions: list[Partition] = []  # its partitions
         self._batch_ids = f"{spec.flow}#{os.getpid()}.{id(self):x}"
         self._stop_logged = False
         self._parent = os.getppid()
@@ -422,6 +428,10 @@ class MirrorJob:
         if self.spec.exactly_once:
             log.info("%s: cancelling batch %s: its transactions are aborted", self.spec.flow, batch)
             context.cancelJobsWithTag(batch)
+            watcher = threading.Thread(
+                target=self._fence_cancelled, args=(batch,), daemon=True, name=f"fence {batch}"
+            )
+            watcher.start()
             return
         log.info("%s: cancelling batch %s: it keeps what is acknowledged", self.spec.flow, batch)
         getattr(context._jvm, jvm.COPIER_CLASS).cancel(batch)
@@ -435,14 +445,51 @@ class MirrorJob:
         timer.daemon = True
         timer.start()
 
-    def _begin_batch(self) -> str:
-        """The id of a new batch, in flight until :meth:`_end_batch`; raises
-        :class:`BatchCancelled` once the flow is cancelled."""
+    def _fence_cancelled(self, batch: str) -> None:
+        """An exactly-once batch cancelled (on a thread of its own): once its Spark job has
+        been submitted, the job cancelled again (it may have been submitted after the first
+        cancellation) and its partitions' transactional producers fenced, so none of its
+        transactions can commit any more whatever its tasks are still doing: the flow is quiet
+        then, without waiting for its thread (whose call may wait out a source that does not
+        answer). A committed transaction stays committed, with its position, which the flow
+        resumes after. Before its job exists (Spark still plans it, asking the source for its
+        partitions), the flow is quiet when its thread ends the batch."""
+        context = self.spark.sparkContext
+        tracker = context._jsc.sc().statusTracker()
+        while True:
+            with self._batch_lock:
+                if self._in_flight != batch:
+                    return  # ended: quiet already
+                partitions = list(self._in_flight_partitions)
+            if len(tracker.getJobIdsForTag(batch)):
+                break
+            time.sleep(0.2)
+        context.cancelJobsWithTag(batch)
+        try:
+            mirror_writer.abort_transactions(
+                self.spec.target,
+                self.copy_producer_config,
+                self._transactional_prefix,
+                partitions,
+                SOURCE_STALL_S,
+            )
+        except MirrorflowError as exc:  # the target away: quiet once the batch has ended
+            log.warning("%s: %s", self.spec.flow, exc)
+            return
+        log.info(
+            "%s: batch %s fenced: none of its transactions can commit now", self.spec.flow, batch
+        )
+        self.quiet.set()
+
+    def _begin_batch(self, partitions: list[Partition]) -> str:
+        """The id of a new batch of ``partitions``, in flight until :meth:`_end_batch`;
+        raises :class:`BatchCancelled` once the flow is cancelled."""
         with self._batch_lock:
             if self._cancelled.is_set():
                 raise BatchCancelled
             self.batches += 1
             self._in_flight = f"{self._batch_ids}-{self.batches}"
+            self._in_flight_partitions = partitions
             return self._in_flight
 
     def _end_batch(self, batch: str) -> None:
@@ -806,7 +853,7 @@ class MirrorJob:
         """Copy one batch (its ranges), write its positions and record it; a cancellation
         (:meth:`cancel`) ends it early (:class:`BatchCancelled`, or, at least once, the
         positions of what was copied)."""
-        batch = self._begin_batch()
+        batch = self._begin_batch([tp for tp, _start, _until in ranges])
         context = self.spark.sparkContext
         context.addJobTag(batch)
         try:
@@ -1065,9 +1112,14 @@ class MirrorJob:
             assign.setdefault(topic, []).append(partition)
             starts.setdefault(topic, {})[str(partition)] = start
             ends.setdefault(topic, {})[str(partition)] = until
+        consumer = dict(self.spec.source_consumer)
+        if "default.api.timeout.ms" not in consumer:  # at least request.timeout.ms, as Kafka asks
+            plan_ms = int(SOURCE_PLAN_TIMEOUT_S * 1000)
+            request_ms = int(consumer.setdefault("request.timeout.ms", str(plan_ms)))
+            consumer["default.api.timeout.ms"] = str(max(plan_ms, request_ms))
         return (
             self.spark.read.format("kafka")
-            .options(**kafka_options(self.spec.source_consumer))
+            .options(**kafka_options(consumer))
             # One group id per flow, not Spark's new one per query: executors' pooled consumers
             # are keyed by group id and partition, so each batch reuses the last batch's
             # connections (and the records it fetched past its end) instead of a new consumer
@@ -1080,6 +1132,9 @@ class MirrorJob:
             .option("includeHeaders", "true")
             .option("failOnDataLoss", "false")
             .option("kafkaConsumer.pollTimeoutMs", str(int(SOURCE_STALL_S * 1000)))
+            # One try of each planning call (SOURCE_PLAN_TIMEOUT_S): a failed batch is retried
+            # by the flow, with backoff, and a hold is not kept waiting by Spark's retries.
+            .option("fetchOffset.numRetries", "1")
             .load()
         )
 
