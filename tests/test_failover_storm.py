@@ -1,6 +1,6 @@
-"""The case DR exists for: the source broker SIGKILLed while the site's mirror job is copying a
-large batch of the flow, then the emergency failover through its DAG (``dag.test()``), in both
-delivery modes.
+"""The case DR exists for: the source broker SIGKILLed (or frozen: SIGSTOP) while the site's
+mirror job is copying a large batch of the flow, then the emergency failover through its DAG
+(``dag.test()``), in both delivery modes.
 
 The site job runs two flows into ``secondary``: ``primary->secondary`` (the one failed over) and
 ``tertiary->secondary``, which must copy throughout. The failover's ``stop-mirror`` must stop the
@@ -14,7 +14,9 @@ record once.
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import threading
 import time
 
@@ -142,10 +144,17 @@ class SteadyProducer:
 @pytest.mark.kafka
 @pytest.mark.spark
 @pytest.mark.airflow
-@pytest.mark.parametrize("delivery", ["exactly-once", "at-least-once"])
+@pytest.mark.parametrize(
+    ("delivery", "fault"),
+    [("exactly-once", "killed"), ("at-least-once", "killed"), ("exactly-once", "frozen")],
+)
 def test_an_emergency_failover_with_the_source_broker_killed_mid_batch(
-    delivery, sandbox, airflow_home, topic_name, tmp_path
+    delivery, fault, sandbox, airflow_home, topic_name, tmp_path
 ):
+    """``killed``: SIGKILL, connections refused. ``frozen``: SIGSTOP, connections open and
+    unanswered (a hung broker, a partitioned network): every call waits out its timeout, the
+    planning of a batch by Spark's Kafka source included; once the broker runs again, the
+    requests it had pending are answered, and still nothing of the held flow is committed."""
     primary, secondary, tertiary = sandbox["primary"], sandbox["secondary"], sandbox["tertiary"]
     t, u, group = topic_name("orders"), topic_name("stock"), topic_name("app")
     remote, other_remote = f"primary.{t}", f"tertiary.{u}"
@@ -180,6 +189,7 @@ def test_an_emergency_failover_with_the_source_broker_killed_mid_batch(
     flow_dir = flows / "primary-secondary"
     job = start_mirror(config, [FLOW, OTHER], flows, tmp_path / "job.log")
     writer: SteadyProducer | None = None
+    broker: int | None = None
     try:
         wait_for(
             lambda: copied_and_checkpointed(spec, 4000, group),
@@ -202,7 +212,11 @@ def test_an_emergency_failover_with_the_source_broker_killed_mid_batch(
             "the backlog's batch to start",
             interval=0.05,
         )
-        sandbox_mod.kill(sandbox.directory, ["primary"])
+        broker = sandbox_mod.load(sandbox.directory)["primary"].pid
+        if fault == "killed":
+            sandbox_mod.kill(sandbox.directory, ["primary"])
+        else:
+            os.kill(broker, signal.SIGSTOP)
         killed_at = time.time()
         other_at_kill = sum(ends(secondary, other_remote, 2).values())
 
@@ -239,7 +253,10 @@ def test_an_emergency_failover_with_the_source_broker_killed_mid_batch(
         )
 
         # The source comes back: nothing of the held flow reaches the target.
-        sandbox_mod.up(["primary"], sandbox.directory)
+        if fault == "killed":
+            sandbox_mod.up(["primary"], sandbox.directory)
+        else:
+            os.kill(broker, signal.SIGCONT)
         wait_for(lambda: sandbox_mod.load(sandbox.directory)["primary"].is_running(), 60, "primary")
         time.sleep(15)  # a running flow would have copied from primary by now
         assert ends(secondary, remote, PARTITIONS) == at_cut
@@ -265,6 +282,8 @@ def test_an_emergency_failover_with_the_source_broker_killed_mid_batch(
             interval=2,
         )
     finally:
+        if fault == "frozen" and broker is not None:
+            os.kill(broker, signal.SIGCONT)
         if writer is not None:
             writer.stop()
         stop_job(job)
