@@ -465,16 +465,7 @@ class MirrorJob:
                 break
             time.sleep(0.2)
         context.cancelJobsWithTag(batch)
-        try:
-            mirror_writer.abort_transactions(
-                self.spec.target,
-                self.copy_producer_config,
-                self._transactional_prefix,
-                partitions,
-                SOURCE_STALL_S,
-            )
-        except MirrorflowError as exc:  # the target away: quiet once the batch has ended
-            log.warning("%s: %s", self.spec.flow, exc)
+        if not self._fence(partitions):  # the target away: quiet once the batch has ended
             return
         log.info(
             "%s: batch %s fenced: none of its transactions can commit now", self.spec.flow, batch
@@ -946,6 +937,20 @@ class MirrorJob:
         mid-transaction leaves one open, which would hold back every read_committed consumer of
         the target partition until the transaction timeout). A transaction committed before
         stays committed, with its positions: the flow resumes after it."""
+        if not self._fence(partitions):
+            return
+        log.info(
+            "%s: batch %d %s: the open transactions of its %d partitions are aborted; nothing "
+            "of it is visible but what it committed",
+            self.spec.flow,
+            self.batches,
+            "cancelled (the flow was paused)" if self._cancelled.is_set() else "failed",
+            len(partitions),
+        )
+
+    def _fence(self, partitions: list[Partition]) -> bool:
+        """Fence the transactional producers of ``partitions`` on the target; False (logged)
+        when the target did not let it."""
         try:
             mirror_writer.abort_transactions(
                 self.spec.target,
@@ -956,15 +961,8 @@ class MirrorJob:
             )
         except MirrorflowError as exc:
             log.warning("%s: %s", self.spec.flow, exc)
-            return
-        log.info(
-            "%s: batch %d %s: the open transactions of its %d partitions are aborted; nothing "
-            "of it is visible but what it committed",
-            self.spec.flow,
-            self.batches,
-            "cancelled (the flow was paused)" if self._cancelled.is_set() else "failed",
-            len(partitions),
-        )
+            return False
+        return True
 
     @property
     def _transactional_prefix(self) -> str:
