@@ -72,7 +72,10 @@ def test_lagging_and_recovered_flows_are_alerted_once_each(tmp_path, caplog):
         assert alerts.check(now) is None
     assert calls == [("ctx", "LAGGING", "RUNNING", False), ("ctx", "RUNNING", "LAGGING", True)]
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
-    assert errors[0] == "mirrorflow alert: flow a->b is LAGGING: 300s behind (bound 60s)"
+    # The reason says when the lag was known: here the job's last report, just now.
+    assert errors[0] == (
+        "mirrorflow alert: flow a->b is LAGGING: 300s behind (bound 60s) (measured 0s ago)"
+    )
     assert errors[1].startswith("the on_alert callback failed for flow a->b: the pager is down")
     # Silent for a flow file it cannot read: the job itself says what is wrong.
     assert HealthAlerts(["x->y"], [config], tmp_path, log=log).check() is None
