@@ -5,7 +5,7 @@
 #                                                   /venv-<hash of uv.lock>  the Python env
 #                                                     (its modules compiled to bytecode once)
 #                                                   /jars-<hash of jvm/*>    Maven artifacts
-#                                                   /promtool-<version>      Prometheus's promtool
+#                                                   /promtool-debian         Prometheus's promtool
 # Java 17+, Maven and Chromium are installed from Debian's packages when missing (needs root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -113,18 +113,33 @@ fi
 
 # promtool: Prometheus's, for tests/test_monitoring.py (`check rules` and `test rules` of
 # monitoring/prometheus/mirrorflow-rules.yaml, the Grafana dashboard's queries). Where none is on
-# the PATH, it goes to $CACHE/promtool-<version>/promtool (Prometheus 3's module versions are
-# v0.3XX.Y for v3.XX.Y; many minutes cold on 2 cores, ~85 MB stay). MIRRORFLOW_SKIP_PROMTOOL=1
-# skips this step.
+# the PATH, Debian's prometheus package is downloaded (not installed: no Prometheus server is set
+# up or started) and only its promtool extracted to $CACHE/promtool-debian/promtool (seconds,
+# ~60 MB); without apt, it is built from the Go module proxy into $CACHE/promtool-<version>
+# (Prometheus 3's module versions are v0.3XX.Y for v3.XX.Y; many minutes cold on 2 cores).
+# MIRRORFLOW_SKIP_PROMTOOL=1 skips this step.
 PROMTOOL_VERSION=v3.16.0 PROMTOOL_MODULE_VERSION=v0.316.0
 PROMTOOL_DIR="$CACHE/promtool-$PROMTOOL_VERSION"
+PROMTOOL_DEB_DIR="$CACHE/promtool-debian"
 build_promtool() {
   GOBIN="$build" go install -trimpath -ldflags "-s -w" \
     "github.com/prometheus/prometheus/cmd/promtool@$PROMTOOL_MODULE_VERSION"
 }
+promtool_from_debian() {
+  command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null || return 1
+  local work
+  work=$(mktemp -d)
+  (cd "$work" && { apt-get download -qq prometheus 2>/dev/null \
+    || { [ "$(id -u)" = 0 ] && apt-get update -qq && apt-get download -qq prometheus 2>/dev/null; }; }) \
+    && dpkg-deb -x "$work"/prometheus_*.deb "$work/x" \
+    && mkdir -p "$PROMTOOL_DEB_DIR" && cp "$work/x/usr/bin/promtool" "$PROMTOOL_DEB_DIR/promtool"
+  rm -rf "$work"
+  [ -x "$PROMTOOL_DEB_DIR/promtool" ]
+}
 if [ -z "${MIRRORFLOW_SKIP_PROMTOOL:-}" ] && ! command -v promtool >/dev/null \
-   && [ ! -x "$PROMTOOL_DIR/promtool" ]; then
-  go_build "promtool $PROMTOOL_VERSION" "$PROMTOOL_DIR" build_promtool \
+   && [ ! -x "$PROMTOOL_DEB_DIR/promtool" ] && [ ! -x "$PROMTOOL_DIR/promtool" ]; then
+  say "taking promtool from Debian's prometheus package into $PROMTOOL_DEB_DIR"
+  promtool_from_debian || go_build "promtool $PROMTOOL_VERSION" "$PROMTOOL_DIR" build_promtool \
     "the promtool checks of monitoring/ will skip"
 fi
 echo "$VENV"

@@ -3,8 +3,9 @@
 The rules are checked by Prometheus's own ``promtool`` (``check rules``, then ``test rules`` on
 series made for each alert: each fires for the flow it is about and for no other), the
 dashboard's queries are parsed by it too, and both are read strictly here (the rules' schema,
-the dashboard's panels, targets and variables). ``scripts/bootstrap.sh`` builds promtool from
-the Go module proxy into the cache; without it (no Go) the promtool checks skip, saying so.
+the dashboard's panels, targets and variables). ``scripts/bootstrap.sh`` takes promtool from
+Debian's prometheus package into the cache (else builds it from the Go module proxy); without
+it the promtool checks skip, saying so.
 That every metric they query is one a running mirror job serves is checked against a real
 scrape in ``tests/test_metrics.py`` (:func:`queried_metrics`)."""
 
@@ -61,9 +62,10 @@ def queried_metrics() -> set[str]:
 
 
 def promtool() -> str:
-    """promtool on the PATH, else the one scripts/bootstrap.sh built into the cache."""
+    """promtool on the PATH, else the one scripts/bootstrap.sh put into the cache (Debian's,
+    else one built from the Go module proxy)."""
     found = shutil.which("promtool") or next(
-        (str(p) for p in sorted(paths.cache_dir().glob("promtool-v*/promtool"))[::-1]), None
+        (str(p) for p in sorted(paths.cache_dir().glob("promtool-*/promtool"))[::-1]), None
     )
     if found is None:
         pytest.skip("no promtool: scripts/bootstrap.sh builds it where Go is installed")
