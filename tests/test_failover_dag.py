@@ -326,7 +326,10 @@ def test_a_planned_failover_fences_producers_and_a_group_resumes_with_nothing_lo
         assert data["rpo"]["positions_at_cut"][t] == {"0": 115, "1": 115}  # all 230 records
         assert data["mode"] == "planned" and data["status"] == "success"
         assert [s["step"] for s in data["steps"]] == STEPS
-        assert [c["kind"] for c in data["changes"]][:2] == ["fence-acl", "hold"]
+        # The fences first (one per principal and topic: other tests of the session may have
+        # let more principals write to the replicated topics), then the hold.
+        kinds = [c["kind"] for c in data["changes"]]
+        assert kinds[0] == "fence-acl" and next(k for k in kinds if k != "fence-acl") == "hold"
         assert "group-offsets" in {c["kind"] for c in data["changes"]}
         rows = data["targets"][group]
         assert {r["topic"] for r in rows} == {remote} and len(rows) == 2

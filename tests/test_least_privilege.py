@@ -423,6 +423,7 @@ def test_a_whole_flow_runs_with_exactly_the_acls_readme_lists_and_a_missing_one_
         every = {
             "heartbeats",
             "report-progress",
+            "measure-lag",
             "refresh-topics",
             "expire-offset-map",
             "sync-topic-configs",

@@ -986,7 +986,7 @@ class MirrorJob:
         """The ``measure-lag`` task: the flow's lag from the source, for its positions now
         (:mod:`mirrorflow.replication.lag`): records behind and the age of the oldest, in
         ``progress.json`` and the metrics."""
-        positions = dict(self.positions)
+        positions = self._replicated_positions()
         if not positions:
             return
         if self._lag_reader is None:
@@ -1000,12 +1000,19 @@ class MirrorJob:
             )
         except MirrorflowError as exc:  # the batches say more; the last figures stay, dated
             raise TaskFailed(str(exc)) from None
-        now = dict(self.positions)
+        now = self._replicated_positions()
         if now != positions:  # a batch copied meanwhile: its positions, the ends measured
             measured = lag.Lag(measured.measured_at, measured.ends, now, measured.oldest_ms)
         self._lag = measured
         if self.metrics is not None:
             self.metrics.measured(measured, self.mapping)
+
+    def _replicated_positions(self) -> dict[Partition, int]:
+        """The positions of the topics the flow replicates now: the offsets topic keeps every
+        flow's from the source (and those of topics no longer replicated)."""
+        return {
+            tp: p for tp, p in dict(self.positions).items() if self.spec.should_replicate(tp[0])
+        }
 
     def lag_figures(self) -> dict[str, object]:
         """The flow's lag as ``progress.json`` keeps it: records behind and when that was
