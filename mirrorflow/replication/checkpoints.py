@@ -564,7 +564,15 @@ class GroupOffsetSync:
                     self.spec.target,
                 )
                 continue
-            if state == "DEAD" and self.still_on_source and not self.still_on_source(group):
+            current = (
+                self.offsets.committed(group, [(c.topic, c.partition) for c in checkpoints])
+                if state == "EMPTY"
+                else {}
+            )
+            # Absent from the target (or deleted there since it was described: its offsets are
+            # gone): created only while the source still has the group.
+            absent = state == "DEAD" or not current
+            if absent and self.still_on_source and not self.still_on_source(group):
                 report.gone.append(group)
                 log.info(
                     "%s: group %s has no offsets on %s any more: not created on %s",
@@ -574,11 +582,6 @@ class GroupOffsetSync:
                     self.spec.target,
                 )
                 continue
-            current = (
-                self.offsets.committed(group, [(c.topic, c.partition) for c in checkpoints])
-                if state == "EMPTY"
-                else {}
-            )
             write = []
             for c in checkpoints:
                 have = current.get((c.topic, c.partition), (-1, ""))[0]
