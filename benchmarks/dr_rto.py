@@ -20,6 +20,10 @@ to ``primary``'s ``orders``). Per run:
 * ``drill``: the drill DAG in destructive mode (``dag.test()``): its RTO (from the kill, which it
   makes itself, to the drill group's first read on the target) and RPO from its report, and the
   inner failover's step times.
+* ``airflow-dag`` and ``airflow-drill``: the same DAGs run as a user runs them, by Airflow's
+  services (api-server, dag-processor, scheduler with the LocalExecutor: a process per task),
+  triggered through its REST API as the UI's Trigger button does; the failover's trigger is that
+  request.
 
 Results go to ``benchmarks/results/dr-<time>.json`` and a table is printed. Run it on a quiet
 machine (the load average is recorded):
@@ -36,6 +40,7 @@ import datetime as dt
 import json
 import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -44,13 +49,14 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from mirrorflow.airflow import rendering
 from mirrorflow.devtools import sandbox as sandbox_mod
-from mirrorflow.devtools.local_airflow import LocalAirflow
+from mirrorflow.devtools.local_airflow import Api, LocalAirflow
 from mirrorflow.dr import drill
 from mirrorflow.errors import MirrorflowError
 from mirrorflow.paths import write_private
@@ -205,7 +211,11 @@ class Scenario:
         self.box: sandbox_mod.Sandbox | None = None
         self.job: subprocess.Popen | None = None
         self.writers: list[Writer] = []
-        self.airflow = LocalAirflow(work / "airflow", self.state)
+        self.airflow = LocalAirflow(
+            work / "airflow",
+            self.state,
+            settings={"MIRRORFLOW_SANDBOX": str(work / "sandbox")},  # the drill kills in it
+        )
 
     def start(self) -> None:
         names = ["primary", "secondary", "tertiary"]
@@ -261,12 +271,29 @@ class Scenario:
         wait(lambda: sum(positions(self.spec).values()) > 0, 300, "the first copies")
         self.airflow.migrate()
         result = rendering.render([self.config], rendering.RenderOptions())
-        rendering.write(result, self.airflow.dags_folder / "mirrorflow")
-        self.dag_files = {
-            d.kind: self.airflow.dags_folder / "mirrorflow" / d.filename
-            for d in result.dags
-            if FLOW in d.flows and d.kind in ("failover", "drill")
-        }
+        folder = self.airflow.dags_folder / "mirrorflow"
+        rendering.write(result, folder)
+        chosen = [d for d in result.dags if FLOW in d.flows and d.kind in ("failover", "drill")]
+        self.dag_files = {d.kind: folder / d.filename for d in chosen}
+        self.dag_ids = {d.kind: d.dag_id for d in chosen}
+        for path in folder.glob("*.py"):  # the benchmark's own job runs the flows: no other DAG
+            if path not in self.dag_files.values():
+                path.unlink()
+        self.api: Api | None = None
+
+    def services(self) -> Api:
+        """Airflow's api-server, dag-processor and scheduler, started once; its API."""
+        if self.api is None:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                self.airflow.choose_port(probe.getsockname()[1])
+            self.airflow.start_services(("api-server", "dag-processor", "scheduler"))
+            self.airflow.wait_for_api()
+            self.api = self.airflow.api()
+            self.airflow.wait_for_dags(self.api, list(self.dag_ids.values()))
+            for dag_id in self.dag_ids.values():
+                self.api.unpause(dag_id)
+        return self.api
 
     @property
     def primary(self) -> sandbox_mod.Cluster:
@@ -308,6 +335,8 @@ class Scenario:
         wait(caught_up, 300, "the flow to catch up after the restore", interval=2)
 
     def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            self.airflow.stop_services(say=lambda _line: None)
         for writer in self.writers:
             with contextlib.suppress(Exception):
                 writer.stop()
@@ -334,6 +363,21 @@ def dag_test(dag_file: Path, conf: dict, env: dict, log_file: Path) -> dict:
     if not lines:
         raise RuntimeError(f"dag.test of {dag_file.name} gave no result: see {log_file}")
     return json.loads(lines[-1].removeprefix("RESULT="))
+
+
+def trigger_and_wait(api: Api, dag_id: str, conf: dict, timeout: float = 900) -> dict:
+    """Trigger ``dag_id`` through Airflow's REST API (as the UI's Trigger button does) and wait
+    until its run ends: its state and run id."""
+    body = json.dumps({"logical_date": None, "conf": conf}).encode()
+    run = api._call("POST", f"/api/v2/dags/{dag_id}/dagRuns", body)
+    run_id = run["dag_run_id"]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = api._call("GET", f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id)}")
+        if found["state"] in ("success", "failed"):
+            return {"state": found["state"], "run_id": run_id}
+        time.sleep(0.2)
+    raise RuntimeError(f"{dag_id} run {run_id} did not end within {timeout:.0f}s")
 
 
 def report(state: Path, kind: str, run_id: str) -> dict:
@@ -376,12 +420,11 @@ def failover_run(scenario: Scenario, how: str, index: int) -> dict:
             done = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, env=env)
         ok = done.returncode == 0
     else:
-        result = dag_test(
-            scenario.dag_files["failover"],
-            {"mode": "emergency", "group_pattern": group},
-            env,
-            out,
-        )
+        conf = {"mode": "emergency", "group_pattern": group}
+        if how == "airflow-dag":
+            result = trigger_and_wait(scenario.services(), scenario.dag_ids["failover"], conf)
+        else:
+            result = dag_test(scenario.dag_files["failover"], conf, env, out)
         ok, run_id = result["state"] == "success", result["run_id"]
     failed_over = time.time()
     if not ok:
@@ -408,19 +451,18 @@ def failover_run(scenario: Scenario, how: str, index: int) -> dict:
     return figures
 
 
-def drill_run(scenario: Scenario, index: int) -> dict:
+def drill_run(scenario: Scenario, how: str, index: int) -> dict:
     env = scenario.environment()
-    out = scenario.work / f"drill-{index}.log"
-    result = dag_test(
-        scenario.dag_files["drill"],
-        {"mode": "destructive", "traffic_seconds": 8, "rate": scenario.rate},
-        env,
-        out,
-    )
+    out = scenario.work / f"{how}-{index}.log"
+    conf = {"mode": "destructive", "traffic_seconds": 8, "rate": scenario.rate}
+    if how == "airflow-drill":
+        result = trigger_and_wait(scenario.services(), scenario.dag_ids["drill"], conf)
+    else:
+        result = dag_test(scenario.dag_files["drill"], conf, env, out)
     data = report(scenario.state, "drill", result["run_id"])
     figures = data.get("figures") or {}
     row = {
-        "how": "drill",
+        "how": how,
         "state": result["state"],
         "rto_s": figures.get("rto_s"),
         "failover_s": data.get("failover_seconds"),
@@ -440,7 +482,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--delivery", default="exactly-once,at-least-once")
-    parser.add_argument("--what", default="cli,dag,drill")
+    parser.add_argument(
+        "--what",
+        default="cli,dag,drill",
+        help="comma-separated: cli, dag, drill, airflow-dag, airflow-drill",
+    )
     parser.add_argument("--rate", type=int, default=200, help="records/s written to the source")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args(argv)
@@ -461,8 +507,8 @@ def main(argv: list[str] | None = None) -> int:
             for index in range(args.runs):
                 for how in args.what.split(","):
                     row = (
-                        drill_run(scenario, index)
-                        if how == "drill"
+                        drill_run(scenario, how, index)
+                        if how.endswith("drill")
                         else failover_run(scenario, how, index)
                     )
                     row.update(delivery=delivery, run=index, load=os.getloadavg()[0])

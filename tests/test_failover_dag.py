@@ -70,10 +70,12 @@ STEPS = [
     "measure-rpo",
     "report",
 ]
+# Each task's state and try number: a step that does not apply is skipped by the step before
+# it, its task never started (try 0): in an emergency each task is a process and a hand-off.
 FAILOVER_TASKS = {
     **{s: ["success", 1] for s in STEPS},
-    "rollback": ["skipped", 1],
-    "measure-rpo": ["skipped", 1],
+    "rollback": ["skipped", 0],
+    "measure-rpo": ["skipped", 0],
 }
 
 
@@ -448,10 +450,17 @@ def test_an_emergency_failover_with_the_source_down_commits_checkpoints_and_esti
         result = run_dag(dag_file, state, log, {"mode": "emergency"})
         output = log.read_text()
         tasks = dict(FAILOVER_TASKS)
-        tasks["fence-producers"] = tasks["catch-up"] = ["skipped", 1]
+        tasks["fence-producers"] = tasks["catch-up"] = ["skipped", 0]
         assert result == {"state": "success", "tasks": tasks}, output
         assert "Connection refused" not in output and "Connect to" not in output
         data, markdown, _html = the_report(state)
+        # The report lists every step in the runbook's order, those skipped with their reason.
+        assert [(s["step"], s["status"]) for s in data["steps"]] == [
+            (step, "skipped" if tasks[step][0] == "skipped" else "success") for step in STEPS
+        ]
+        assert "| skipped | an emergency failover cannot wait for the source: it is away |" in (
+            markdown
+        )
         assert data["mode"] == "emergency" and data["preflight"]["source_reachable"] is False
         # The source, away, is given 2 s (auto would give it 15 s).
         assert data["preflight"]["source_probe_s"] == 2.0

@@ -59,7 +59,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from airflow.sdk import BaseOperator
+from airflow.sdk import BaseOperator, SkipMixin
 from airflow.sdk.exceptions import AirflowException
 
 from mirrorflow.airflow.alerts import HealthAlerts, OnAlert
@@ -558,7 +558,7 @@ class GroupSyncOperator(BaseOperator):
         return runs
 
 
-class DRStepOperator(BaseOperator):
+class DRStepOperator(BaseOperator, SkipMixin):
     """One step of a flow's disaster-recovery DAG (``<kind>__<source>__<target>``): runs the
     step of the workflow ``kind`` (:func:`mirrorflow.dr.steps.workflow`: ``failover``,
     ``failback``, ``drill``) with the run's Params, logs what it finds and does, and returns it
@@ -566,6 +566,10 @@ class DRStepOperator(BaseOperator):
     skipped (no principal to fence, an emergency's catch-up, a drill's dry run). The ``report``
     step writes the run's report and fails when an earlier step failed, so a failed run fails,
     report written. Each workflow reads its own Params (its request's ``from_params``).
+    When a step is done, the tasks of the steps right after it that will not apply to the run
+    (after an emergency failover's preflight, fence-producers and catch-up; after its final
+    sync, the other modes' steps) are skipped without starting: in an emergency each task is a
+    process and a scheduler hand-off.
 
     The DAGs name the subclasses :class:`FailoverStepOperator`, :class:`FailbackStepOperator`
     and :class:`DrillStepOperator`, which set ``kind``.
@@ -624,12 +628,27 @@ class DRStepOperator(BaseOperator):
             raise AirflowSkipException(str(skipped)) from None
         except MirrorflowError as exc:
             raise AirflowException(f"{self.kind} of {self.flow}, step {self.step}: {exc}") from None
+        if self.step != "report":
+            self._skip_tasks(context, dr.skip_ahead(request, self.step), result)
         if self.step == "report" and result.get("failed_steps"):
             raise AirflowException(
                 f"{self.kind} of {self.flow} failed at step {result['failed_steps'][0]}; "
                 f"report: {result['markdown']}"
             )
         return result
+
+    def _skip_tasks(self, context: Any, steps: Sequence[str], result: dict[str, Any]) -> None:
+        """Skip the tasks of this run's ``steps`` (their records already say why): this task
+        succeeds, its XCom pushed here (Airflow does not push it for a task that skips others)."""
+        tasks = [
+            t
+            for t in self.get_flat_relatives(upstream=False)
+            if isinstance(t, DRStepOperator) and t.kind == self.kind and t.step in steps
+        ]
+        if tasks:
+            self.log.info("%s", "steps that do not apply, skipped: " + ", ".join(steps))
+            context["ti"].xcom_push(key="return_value", value=result)
+            self.skip(context["ti"], tasks)
 
 
 class FailoverStepOperator(DRStepOperator):

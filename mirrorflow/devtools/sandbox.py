@@ -269,15 +269,17 @@ def down(directory: Path, names: Iterable[str] | None = None) -> list[str]:
     return stopped
 
 
-def kill(directory: Path, names: Iterable[str]) -> list[str]:
+def kill(directory: Path, names: Iterable[str]) -> dict[str, float]:
     """SIGKILL the named clusters' brokers (a crash, for DR drills: no clean shutdown); return
-    the names killed. A later ``up`` restarts them with their data."""
+    the names killed, each with when its signal was sent (epoch seconds). A later ``up``
+    restarts them with their data."""
     sandbox = load(directory)
-    killed = []
+    killed: dict[str, float] = {}
     for name in names:
         cluster = sandbox[name]
         if cluster.is_running():
             assert cluster.pid is not None
+            killed[name] = time.time()
             with contextlib.suppress(ProcessLookupError):
                 os.kill(cluster.pid, signal.SIGKILL)
             deadline = time.monotonic() + 30
@@ -285,7 +287,6 @@ def kill(directory: Path, names: Iterable[str]) -> list[str]:
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(cluster.pid, os.WNOHANG)
                 time.sleep(0.05)
-            killed.append(name)
         cluster.pid = None
     sandbox.save()
     return killed

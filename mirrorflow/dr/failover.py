@@ -200,13 +200,34 @@ class FailoverRun(steps.Run):
         return _group_lines(self.details("final-sync").get("targets", {}), self.request.target)
 
 
-WORKFLOW = steps.Workflow(FailoverRun, FailoverRequest, STEPS)
+def skip_reason(request: FailoverRequest, run: FailoverRun, step: str) -> str | None:
+    """Why ``step`` does not apply to this run (None: it does), from the request's mode and,
+    once preflight chose it, the run's: the one rule the steps follow when they skip and the
+    DAG follows when it skips their tasks without starting them
+    (:meth:`mirrorflow.dr.steps.Workflow.skip_ahead`)."""
+    if step in FAILOVER_STEPS and request.mode not in FAILOVER_MODES:
+        return f"mode {request.mode}: no failover in this run"
+    if step == "fence-producers":
+        if run.mode != "planned":
+            return "an emergency failover cannot fence producers: the source is away"
+        if not request.principals:
+            return "no principal to fence"
+    if step == "catch-up" and run.mode != "planned":
+        return "an emergency failover cannot wait for the source: it is away"
+    if step == "rollback" and request.mode != "rollback":
+        return f"mode {run.mode}: nothing to roll back"
+    if step == "measure-rpo" and request.mode != "measure-rpo":
+        return f"mode {run.mode}: the RPO is measured in mode measure-rpo"
+    return None
 
 
-def _failover_only(request: FailoverRequest) -> None:
-    """The failover's own steps do not run in modes rollback and measure-rpo."""
-    if request.mode not in FAILOVER_MODES:
-        raise StepSkipped(f"mode {request.mode}: no failover in this run")
+FAILOVER_STEPS = ("preflight", "fence-producers", "catch-up", "stop-mirror", "final-sync")
+WORKFLOW = steps.Workflow(FailoverRun, FailoverRequest, STEPS, skip_reason=skip_reason)
+
+
+def _skip_unless_applies(request: FailoverRequest, run: FailoverRun, step: str) -> None:
+    if reason := skip_reason(request, run, step):
+        raise StepSkipped(reason)
 
 
 def reachable(alias: str, config: dict[str, str], timeout_s: float) -> str | None:
@@ -436,7 +457,7 @@ def choose_measured(runs: Sequence[dict], flow: str, run_id: str) -> dict:
 def preflight(request: FailoverRequest, run: FailoverRun, record: StepRecord, log: Log) -> None:
     """Reachability of both clusters (at once), the mode, the replicated topics and the
     groups. Explicit emergency: the source gets 2 s, and its absence never fails the run."""
-    _failover_only(request)
+    _skip_unless_applies(request, run, "preflight")
     spec = request.spec()
     timeout = request.reachability_timeout_s
     emergency = request.mode == "emergency"
@@ -506,12 +527,8 @@ def fence_producers(
     request: FailoverRequest, run: FailoverRun, record: StepRecord, log: Log
 ) -> None:
     """Planned: deny WRITE on the replicated source topics to the named principals."""
-    _failover_only(request)
-    if run.mode != "planned":
-        raise StepSkipped("an emergency failover cannot fence producers: the source is away")
+    _skip_unless_applies(request, run, "fence-producers")
     principals = request.principals
-    if not principals:
-        raise StepSkipped("no principal to fence")
     spec = request.spec()
     topics = run.details("preflight").get("topics", [])
     source = ClusterAdmin(spec.source, spec.source_admin)
@@ -679,9 +696,7 @@ def catch_up(
     request: FailoverRequest, run: FailoverRun, record: StepRecord, log: Log, poll_s: float = 2.0
 ) -> None:
     """Planned: wait until the flow's positions reach the source's end offsets."""
-    _failover_only(request)
-    if run.mode != "planned":
-        raise StepSkipped("an emergency failover cannot wait for the source: it is away")
+    _skip_unless_applies(request, run, "catch-up")
     spec = request.spec()
     source = ClusterAdmin(spec.source, spec.source_admin)
     started = time.monotonic()
@@ -753,7 +768,7 @@ def _stamp_ms(stamp: str | None) -> tuple[int, int] | None:
 def stop_mirror(request: FailoverRequest, run: FailoverRun, record: StepRecord, log: Log) -> None:
     """Hold the flow paused (in the ledger at once) and wait until its running job has written
     PAUSED since the hold; the cut is when it did."""
-    _failover_only(request)
+    _skip_unless_applies(request, run, "stop-mirror")
     flow_dir = request.flow_dir()
     state_dir = request.flows_state_dir()
     # The drivers that run the flow, however started; else the jobs the DAGs recorded.
@@ -835,7 +850,7 @@ def stop_mirror(request: FailoverRequest, run: FailoverRun, record: StepRecord, 
 def final_sync(request: FailoverRequest, run: FailoverRun, record: StepRecord, log: Log) -> None:
     """Configs and ACLs, checkpoints and group offsets now (planned), or the stored checkpoints
     committed (emergency); then each group's targets and the RPO."""
-    _failover_only(request)
+    _skip_unless_applies(request, run, "final-sync")
     spec = request.spec()
     groups = set(run.details("preflight").get("groups", []))
     dry = request.dry_run
@@ -1482,8 +1497,7 @@ def release_failover(
 @WORKFLOW.step("rollback")
 def rollback(request: FailoverRequest, run: FailoverRun, record: StepRecord, log: Log) -> None:
     """Mode rollback: release exactly what one failover run held (see the module)."""
-    if request.mode != "rollback":
-        raise StepSkipped(f"mode {run.mode}: nothing to roll back")
+    _skip_unless_applies(request, run, "rollback")
     flow_dir = request.flow_dir()
     chosen = choose_rollback(
         run_records("failover", request.flow),
@@ -1520,8 +1534,7 @@ def rollback(request: FailoverRequest, run: FailoverRun, record: StepRecord, log
 @WORKFLOW.step("measure-rpo")
 def measure_rpo(request: FailoverRequest, run: FailoverRun, record: StepRecord, log: Log) -> None:
     """Mode measure-rpo: a failover's RPO counted on its source, once that is back."""
-    if request.mode != "measure-rpo":
-        raise StepSkipped(f"mode {run.mode}: the RPO is measured in mode measure-rpo")
+    _skip_unless_applies(request, run, "measure-rpo")
     chosen = choose_measured(
         run_records("failover", request.flow), request.flow, request.failover_run_id
     )

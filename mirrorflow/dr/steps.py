@@ -343,14 +343,18 @@ class Run:
         """What every report shows of its run: flow, run id, request, dry run, when it started
         (and ``ended``, when the last step ended and how many seconds it took), its status
         (``success`` or ``failed at <step>``), its steps, each with its seconds (and
-        ``step_details``, what it found), and its ledger (``changes``, oldest first)."""
+        ``step_details``, what it found), and its ledger (``changes``, oldest first). Steps are
+        in the workflow's order (a step skipped ahead, :meth:`Workflow.skip_ahead`, in its
+        place), a step run again after its earlier record."""
         data = self.data
+        known = _WORKFLOWS.get(self.KIND)
+        order = {name: i for i, name in enumerate(known.steps if known else ())}
         rows = [
             {
                 **{k: v for k, v in s.items() if step_details or k != "details"},
                 "seconds": seconds_between(s.get("started"), s.get("ended")),
             }
-            for s in data["steps"]
+            for s in sorted(data["steps"], key=lambda s: order.get(s["step"], len(order)))
         ]
         failed = self.failed_steps()
         header = {
@@ -416,6 +420,9 @@ class Workflow:
     :param steps: the steps' names in order (the DAG's task ids)
     :param always: the steps that run however the steps before them ended (as their DAG
         tasks' trigger rule ``all_done``): the report, a drill's restore
+    :param skip_reason: ``(request, run, step)``: why a step does not apply to the run (None:
+        it does), the rule its steps skip by; with it the DAG skips, once ``preflight`` is done,
+        the tasks of the steps that will not apply (:meth:`skip_ahead`)
     """
 
     def __init__(
@@ -424,10 +431,12 @@ class Workflow:
         request: type[DRRequest],
         steps: Sequence[str],
         always: Sequence[str] = ("report",),
+        skip_reason: Callable[[Any, Any, str], str | None] | None = None,
     ) -> None:
         self.kind = run.KIND
         self.run_class, self.request_class = run, request
         self.steps, self.always = tuple(steps), tuple(always)
+        self.skip_reason = skip_reason
         self.functions: dict[str, Step] = {"report": self.report} if "report" in steps else {}
         _WORKFLOWS[self.kind] = self
 
@@ -454,6 +463,27 @@ class Workflow:
             return run_step
 
         return register
+
+    def skip_ahead(self, request: DRRequest, after: str) -> list[str]:
+        """The steps right after ``after`` that do not apply to the run as its record now
+        stands (a failover's mode, once its preflight chose it), up to the first that does, each
+        recorded as skipped with its reason as if it had run: the DAG then skips their tasks
+        without starting a process for each (seconds apiece on a busy scheduler, in an
+        emergency), and its report lists them as the command's does. Only those: the DAG's
+        tasks follow each other, so a later task skipped now would let its successor start
+        before the steps before it ended. Empty without a :attr:`skip_reason`."""
+        if self.skip_reason is None:
+            return []
+        run = self.run_class(request)
+        skipped = []
+        for name in self.steps[self.steps.index(after) + 1 :]:
+            reason = self.skip_reason(request, run, name)
+            if not reason:
+                break
+            with contextlib.suppress(StepSkipped), run.recording(name):
+                raise StepSkipped(reason)
+            skipped.append(name)
+        return skipped
 
     def report(self, request: DRRequest, log: Log = print) -> dict:
         """The ``report`` step: records itself, writes the report (Markdown, HTML, JSON), logs
