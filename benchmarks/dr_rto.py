@@ -286,7 +286,8 @@ class Scenario:
         if self.api is None:
             with socket.socket() as probe:
                 probe.bind(("127.0.0.1", 0))
-                self.airflow.choose_port(probe.getsockname()[1])
+                port = probe.getsockname()[1]
+            self.airflow.choose_port(port)
             self.airflow.start_services(("api-server", "dag-processor", "scheduler"))
             self.airflow.wait_for_api()
             self.api = self.airflow.api()
@@ -407,6 +408,7 @@ def failover_run(scenario: Scenario, how: str, index: int) -> dict:
     )
     run_group_sync(scenario.spec, {group}, sync_offsets=False)  # its checkpoint, as the job's
     time.sleep(2)
+    api = scenario.services() if how == "airflow-dag" else None  # running before the kill
     sandbox_mod.kill(scenario.box.directory, ["primary"])
     trigger = time.time()
     run_id = f"bench__{how}_{index}_{int(trigger)}"
@@ -421,8 +423,8 @@ def failover_run(scenario: Scenario, how: str, index: int) -> dict:
         ok = done.returncode == 0
     else:
         conf = {"mode": "emergency", "group_pattern": group}
-        if how == "airflow-dag":
-            result = trigger_and_wait(scenario.services(), scenario.dag_ids["failover"], conf)
+        if api is not None:
+            result = trigger_and_wait(api, scenario.dag_ids["failover"], conf)
         else:
             result = dag_test(scenario.dag_files["failover"], conf, env, out)
         ok, run_id = result["state"] == "success", result["run_id"]
