@@ -1478,7 +1478,9 @@ class Doorbell:
     """Waits, on the driver, for the next record of any of a flow's source partitions.
 
     A consumer assigned to the flow's positions long-polls the source: :meth:`wait` returns as
-    soon as a record arrives, and costs nothing while none does. Transaction markers and aborted
+    soon as a record arrives, and costs nothing while none does. Once it rang it fetches nothing
+    until the next wait, at the flow's new positions, where it rings at once for records
+    already there. Transaction markers and aborted
     records (``read_committed``) never ring. It never joins its group nor commits (confluent-
     kafka needs a ``group.id`` all the same, and librdkafka looks up its coordinator: a principal
     without DESCRIBE on that group gets an error it ignores, and records arrive all the same).
@@ -1501,6 +1503,10 @@ class Doorbell:
                 "auto.offset.reset": "latest",
                 "max.partition.fetch.bytes": 65536,
                 "queued.max.messages.kbytes": 1024,
+                # A full local queue puts off a partition's next fetch by this much (1 s by
+                # default: under a steady stream every later wait heard nothing for that
+                # second, though records were waiting; issue 28's 1.0-s stalls).
+                "fetch.queue.backoff.ms": 20,
             },
         )
         self._assigned: dict[Partition, int] = {}
@@ -1547,7 +1553,10 @@ class Doorbell:
         else:
             return False
         self.error = None
-        # Seen, not consumed: assign again at the positions before the next wait.
+        # Seen, not consumed: it stops fetching while the flow copies (what it would fetch
+        # meanwhile the flow reads itself; it would be fetched twice and dropped), and is
+        # assigned again at the flow's new positions at the next wait.
+        self._consumer.unassign()
         self._assigned = {}
         return True
 
