@@ -10,9 +10,9 @@ from __future__ import annotations
 import datetime
 import itertools
 
-from airflow.sdk import DAG, Param
+from airflow.sdk import DAG, Param, TaskGroup
 
-from mirrorflow.airflow.operators import DrillStepOperator
+from mirrorflow.airflow.operators import DrillFailoverStepOperator, DrillStepOperator
 
 FLOW = "primary->secondary"
 FLOW_FILES = [
@@ -33,10 +33,12 @@ The flow must replicate the topic `mirrorflow-drill-canary` and checkpoint the g
   half there, is failed over (checkpointed, committed on secondary) and reads the other
   half on secondary. Real topics and groups are untouched.
 * **destructive** (sandbox clusters only): continuous writes, then primary's broker is
-  killed mid-traffic, the emergency failover's steps run for the drill group, it resumes on
-  secondary; then the broker is restarted and the flow resumes.
+  killed mid-traffic, the emergency failover's steps run for the drill group at once, as the
+  failover DAG's tasks (`emergency-failover.*`), it resumes on secondary; then the
+  broker is restarted and the flow resumes. Its RTO is what the failover DAG would take.
 
-Tasks: **preflight**, **traffic**, **failover**, **verify** (the figures), **restore**,
+Tasks: **preflight**, **traffic**, `emergency-failover.*` (destructive), **failover** (the
+shadow group's, or what the emergency failover did), **verify** (the figures), **restore**,
 **report** (Markdown, HTML, JSON under `$MIRRORFLOW_STATE/reports/drill/<run id>/`).
 A **dry run** runs the preflight only.
 
@@ -111,22 +113,46 @@ with DAG(
         ),
     },
 ) as dag:
-    steps = [
-        DrillStepOperator(
+
+    def drill_step(step: str, rule: str, **options: object) -> DrillStepOperator:
+        return DrillStepOperator(
             task_id=step,
             step=step,
             flow=FLOW,
             flow_files=FLOW_FILES,
             trigger_rule=rule,
+            step_options=options,
         )
-        for step, rule in [
-            ("preflight", "all_success"),
-            ("traffic", "none_failed"),
-            ("failover", "none_failed"),
-            ("verify", "none_failed"),
-            ("restore", "all_done"),
-            ("report", "all_done"),
+
+    preflight = drill_step("preflight", "all_success")
+    traffic = drill_step("traffic", "none_failed")
+    # Destructive: the emergency failover's own steps, as the failover DAG's tasks, at the kill.
+    with TaskGroup("emergency-failover", tooltip="the failover DAG's steps, mode emergency"):
+        runbook = [
+            DrillFailoverStepOperator(
+                task_id=step,
+                step=step,
+                flow=FLOW,
+                flow_files=FLOW_FILES,
+                trigger_rule=rule,
+            )
+            for step, rule in [
+                ("preflight", "none_failed"),
+                ("fence-producers", "none_failed"),
+                ("catch-up", "none_failed"),
+                ("stop-mirror", "none_failed"),
+                ("final-sync", "none_failed"),
+                ("report", "all_done"),
+            ]
         ]
+    steps = [
+        preflight,
+        traffic,
+        *runbook,
+        drill_step("failover", "all_done", failover_tasks=True),
+        drill_step("verify", "none_failed"),
+        drill_step("restore", "all_done"),
+        drill_step("report", "all_done"),
     ]
     for upstream, downstream in itertools.pairwise(steps):
         upstream >> downstream

@@ -357,9 +357,12 @@ def test_generated_dags_import_into_airflow_without_errors(tmp_path, record_prop
             if kind == "drill":  # the DR drill, one task per step, triggered by hand
                 flow = "{}->{}".format(*names)
                 assert dag.schedule is None and dag.max_active_runs == 1
+                runbook = ["preflight", "fence-producers", "catch-up", "stop-mirror"]
                 assert [t.task_id for t in dag.topological_sort()] == [
                     "preflight",
                     "traffic",
+                    # a destructive drill's failover: the failover DAG's own tasks
+                    *(f"emergency-failover.{s}" for s in [*runbook, "final-sync", "report"]),
                     "failover",
                     "verify",
                     "restore",
@@ -375,7 +378,15 @@ def test_generated_dags_import_into_airflow_without_errors(tmp_path, record_prop
                 }
                 assert dag.params["mode"] == "non-destructive"
                 for task in tasks.values():
-                    assert type(task).__name__ == "DrillStepOperator" and task.flow == flow
+                    operator = type(task).__name__
+                    assert task.flow == flow
+                    assert operator == (
+                        "DrillFailoverStepOperator"
+                        if task.task_id.startswith("emergency-failover.")
+                        else "DrillStepOperator"
+                    )
+                assert tasks["failover"].trigger_rule == "all_done"  # collects a failure too
+                assert tasks["emergency-failover.report"].trigger_rule == "all_done"
                 assert tasks["restore"].trigger_rule == "all_done"
                 assert tasks["report"].trigger_rule == "all_done"
                 continue

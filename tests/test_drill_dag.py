@@ -35,6 +35,11 @@ from tests.test_mirror_job import EXACTLY_ONCE
 
 FLOW = "primary->secondary"
 STEPS = ["preflight", "traffic", "failover", "verify", "restore", "report"]
+# A destructive drill's failover: the failover DAG's own tasks, in emergency mode.
+RUNBOOK = [
+    f"emergency-failover.{step}"
+    for step in ("preflight", "fence-producers", "catch-up", "stop-mirror", "final-sync", "report")
+]
 
 
 def source_group_offsets(cluster, group: str, topic: str) -> dict[tuple[str, int], int]:
@@ -135,7 +140,7 @@ def test_drills_non_destructive_then_destructive_with_the_source_broker_killed_m
         # A dry run checks and creates nothing (the drill topic comes with the first run).
         log = tmp_path / "dry.log"
         result = finish(start_dag_test(dag_file, state, log, {"dry_run": True}, **env), log, 300)
-        tasks = {s: ["skipped", 1] for s in STEPS}
+        tasks = {s: ["skipped", 1] for s in STEPS + RUNBOOK}
         tasks["preflight"] = tasks["report"] = ["success", 1]
         assert result == {"state": "success", "tasks": tasks}, log.read_text()[-5000:]
         data, markdown, _html = the_report(state)
@@ -147,9 +152,8 @@ def test_drills_non_destructive_then_destructive_with_the_source_broker_killed_m
         run = start_dag_test(dag_file, state, log, {"canaries": 60}, **env)
         result = finish(run, log, 420)
         output = log.read_text()
-        assert result == {"state": "success", "tasks": {s: ["success", 1] for s in STEPS}}, output[
-            -8000:
-        ]
+        tasks = {**{s: ["success", 1] for s in STEPS}, **{s: ["skipped", 1] for s in RUNBOOK}}
+        assert result == {"state": "success", "tasks": tasks}, output[-8000:]
         data, markdown, html = the_report(state)
         figures = data["figures"]
         (shadow,) = figures["groups"]
@@ -188,9 +192,12 @@ def test_drills_non_destructive_then_destructive_with_the_source_broker_killed_m
         conf = {"mode": "destructive", "traffic_seconds": 10, "rate": 100}
         result = finish(start_dag_test(dag_file, state, log, conf, **env), log, 600)
         output = log.read_text()
-        assert result == {"state": "success", "tasks": {s: ["success", 1] for s in STEPS}}, output[
-            -8000:
-        ]
+        # The failover ran as the failover DAG runs it: a task per step, those that do not
+        # apply to an emergency skipped unstarted by its preflight.
+        tasks = {s: ["success", 1] for s in STEPS + RUNBOOK}
+        tasks["emergency-failover.fence-producers"] = ["skipped", 0]
+        tasks["emergency-failover.catch-up"] = ["skipped", 0]
+        assert result == {"state": "success", "tasks": tasks}, output[-8000:]
         data, markdown, html = the_report(state)
         figures = data["figures"]
         ((killed_group, lost_repeated),) = figures["groups"].items()

@@ -580,6 +580,8 @@ class DRStepOperator(BaseOperator, SkipMixin):
     :param state_dir: the flows' state directory, as the mirror job's (default
         ``$MIRRORFLOW_STATE/flows``)
     :param kind: the workflow (set by the subclasses)
+    :param step_options: keyword options of the step function (e.g. the drill's
+        ``failover_tasks``)
     """
 
     kind = ""
@@ -593,6 +595,7 @@ class DRStepOperator(BaseOperator, SkipMixin):
         flow_files: Sequence[str],
         state_dir: str | None = None,
         kind: str | None = None,
+        step_options: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         from mirrorflow.dr.steps import workflow
@@ -607,6 +610,24 @@ class DRStepOperator(BaseOperator, SkipMixin):
         super().__init__(**kwargs)
         self.kind, self.step, self.flow, self.flow_files = kind, step, flow, list(flow_files)
         self.state_dir = state_dir
+        self.step_options = dict(step_options or {})
+
+    def run_fields(self, context: Any) -> dict[str, Any]:
+        """What a request takes from the task and its run: flow, flow files, run id, state."""
+        return {
+            "flow": self.flow,
+            "flow_files": tuple(str(p) for p in flow_file_paths(self.flow_files, self.flow)),
+            "run_id": str(context.get("run_id") or "manual"),
+            "state_dir": self.state_dir,
+        }
+
+    def request(self, context: Any) -> Any:
+        """The run's request, from its Params (the workflow's request class reads them)."""
+        from mirrorflow.dr.steps import workflow
+
+        return workflow(self.kind).request_class.from_params(
+            context.get("params") or {}, **self.run_fields(context)
+        )
 
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowSkipException
@@ -614,16 +635,11 @@ class DRStepOperator(BaseOperator, SkipMixin):
         from mirrorflow.dr.steps import StepSkipped, workflow
 
         dr = workflow(self.kind)
-        paths = flow_file_paths(self.flow_files, self.flow)
         try:
-            request = dr.request_class.from_params(
-                context.get("params") or {},
-                flow=self.flow,
-                flow_files=tuple(str(p) for p in paths),
-                run_id=str(context.get("run_id") or "manual"),
-                state_dir=self.state_dir,
+            request = self.request(context)
+            result = dr.functions[self.step](
+                request, log=lambda line: self.log.info("%s", line), **self.step_options
             )
-            result = dr.functions[self.step](request, log=lambda line: self.log.info("%s", line))
         except StepSkipped as skipped:
             raise AirflowSkipException(str(skipped)) from None
         except MirrorflowError as exc:
@@ -660,6 +676,25 @@ class FailoverStepOperator(DRStepOperator):
 
     kind = "failover"
     ui_color = "#f8e8e0"
+
+
+class DrillFailoverStepOperator(DRStepOperator):
+    """A step of the emergency failover a destructive drill rehearses, in the drill DAG
+    (``drill__<source>__<target>``, tasks ``emergency-failover.<step>``): the failover
+    workflow's own step, as the failover DAG's task of that step runs it, for the drill's
+    request (:func:`mirrorflow.dr.drill.emergency_failover_request`: the drill group, mode
+    emergency, run ``drill__<run id>``). Skipped in a dry run, a non-destructive drill, or when
+    the drill's traffic step did not end. Params: the drill's."""
+
+    kind = "failover"
+    ui_color = "#f8e8e0"
+
+    def request(self, context: Any) -> Any:
+        from mirrorflow.dr import drill
+
+        return drill.emergency_failover_request(
+            drill.DrillRequest.from_params(context.get("params") or {}, **self.run_fields(context))
+        )
 
 
 class FailbackStepOperator(DRStepOperator):

@@ -703,16 +703,40 @@ def _wait_copied(spec: MirrorSpec, acked: dict[str, list[int]], timeout: float) 
 # -- failover ------------------------------------------------------------------------------
 
 
+def emergency_failover_request(request: DrillRequest) -> failover.FailoverRequest:
+    """The request of a destructive drill's emergency failover, as the drill DAG's tasks of the
+    failover's own steps (``emergency-failover.<step>``) run it, right after the kill; they skip
+    (:class:`StepSkipped`) in a dry run, a non-destructive drill, and when the traffic step did
+    not end (no kill: nothing to fail over)."""
+    _skip_when_dry(request)
+    if request.mode != "destructive":
+        raise StepSkipped("non-destructive: the shadow group alone fails over (task failover)")
+    if DrillRun(request).step("traffic").get("status") != "success":
+        raise StepSkipped("the traffic step did not end: no broker was killed, nothing fails over")
+    return request.failover_request()
+
+
 @WORKFLOW.step("failover", xcom_details=False)
-def failover_step(request: DrillRequest, run: DrillRun, record: StepRecord, log: Log) -> None:
+def failover_step(
+    request: DrillRequest,
+    run: DrillRun,
+    record: StepRecord,
+    log: Log,
+    failover_tasks: bool = False,
+) -> None:
     """Non-destructive: the shadow group checkpointed now and committed on the target, nothing
     else. Destructive: the emergency failover's own steps for the drill group, in order
-    (:func:`mirrorflow.dr.failover.run_all`: preflight, fence-producers and catch-up skipped,
-    stop-mirror, final-sync, report), with a failover record and report of their own."""
+    (preflight, fence-producers and catch-up skipped, stop-mirror, final-sync, report), with a
+    failover record and report of their own: run here (``mirrorflow drill``, as ``mirrorflow
+    failover`` runs them) or, with ``failover_tasks`` (the drill DAG), already run by the DAG's
+    tasks of those steps, as the failover DAG runs them; either way this step collects what
+    they did, and fails when they failed."""
     _skip_when_dry(request)
+    if run.step("traffic").get("status") != "success":
+        raise MirrorflowError("the traffic step did not end: nothing to fail over")
     spec = request.spec()
-    trigger = run.event("failover triggered")
     if request.mode == "non-destructive":
+        trigger = run.event("failover triggered")
         from mirrorflow.replication.checkpoints import run_group_sync
 
         result = run_group_sync(spec, {request.group}, sync_offsets=True)
@@ -746,10 +770,26 @@ def failover_step(request: DrillRequest, run: DrillRun, record: StepRecord, log:
     else:
         inner = request.failover_request()
         failed: MirrorflowError | None = None
-        try:
-            failover.run_all(inner, log=log)
-        except MirrorflowError as exc:
-            failed = exc
+        if failover_tasks:
+            inner_run = failover.FailoverRun(inner)
+            started = inner_run.step("preflight").get("started")
+            if not started:
+                raise MirrorflowError(
+                    "the drill's emergency failover did not run (its tasks were not started)",
+                    "see the tasks emergency-failover.* of this run",
+                )
+            trigger = run.event("failover triggered", _epoch(started))
+            if inner_run.failed_steps():
+                failed = MirrorflowError(
+                    f"the emergency failover of the drill failed at {inner_run.failed_steps()[0]}",
+                    f"its report: {inner_run.directory / 'report.md'}",
+                )
+        else:
+            trigger = run.event("failover triggered")
+            try:
+                failover.run_all(inner, log=log)
+            except MirrorflowError as exc:
+                failed = exc
         inner_run = failover.FailoverRun(inner)
         final = inner_run.details("final-sync")
         cut = (final.get("rpo") or {}).get("positions_at_cut") or {}
@@ -779,6 +819,13 @@ def failover_step(request: DrillRequest, run: DrillRun, record: StepRecord, log:
         ", ".join(f"{k}@{v}" for k, v in offsets.items()) or "no offset committed"
     )
     log(record.summary)
+
+
+def _epoch(stamp: str) -> float:
+    """A run record's time (ISO 8601) as epoch seconds."""
+    from datetime import datetime
+
+    return datetime.fromisoformat(stamp).timestamp()
 
 
 def _step_timings(run: steps.Run) -> list[dict]:
