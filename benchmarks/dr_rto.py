@@ -461,6 +461,8 @@ def drill_run(scenario: Scenario, how: str, index: int) -> dict:
         result = trigger_and_wait(scenario.services(), scenario.dag_ids["drill"], conf)
     else:
         result = dag_test(scenario.dag_files["drill"], conf, env, out)
+    if not (scenario.state / "reports" / "drill").exists() or result["state"] != "success":
+        raise RuntimeError(f"{how} run {index}: {result} (see {out})")
     data = report(scenario.state, "drill", result["run_id"])
     figures = data.get("figures") or {}
     row = {
@@ -508,11 +510,17 @@ def main(argv: list[str] | None = None) -> int:
             scenario.start()
             for index in range(args.runs):
                 for how in args.what.split(","):
-                    row = (
-                        drill_run(scenario, how, index)
-                        if how.endswith("drill")
-                        else failover_run(scenario, how, index)
-                    )
+                    try:
+                        row = (
+                            drill_run(scenario, how, index)
+                            if how.endswith("drill")
+                            else failover_run(scenario, how, index)
+                        )
+                    except Exception as exc:  # counted as a failed run; the others go on
+                        row = {"how": how, "rto_s": None, "error": repr(exc)[:500]}
+                        log(f"{how} run {index} failed: {exc!r} (logs in {work})")
+                        with contextlib.suppress(Exception):
+                            scenario.restore()
                     row.update(delivery=delivery, run=index, load=os.getloadavg()[0])
                     results["runs"].append(row)
                     log(json.dumps(row))

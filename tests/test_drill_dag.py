@@ -37,8 +37,11 @@ FLOW = "primary->secondary"
 STEPS = ["preflight", "traffic", "failover", "verify", "restore", "report"]
 # A destructive drill's failover: the failover DAG's own tasks, in emergency mode.
 RUNBOOK = [
-    f"emergency-failover.{step}"
-    for step in ("preflight", "fence-producers", "catch-up", "stop-mirror", "final-sync", "report")
+    *(
+        f"emergency-failover.{step}"
+        for step in ("preflight", "fence-producers", "catch-up", "stop-mirror", "final-sync")
+    ),
+    "emergency-failover-report",
 ]
 
 

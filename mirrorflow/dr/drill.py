@@ -848,6 +848,19 @@ def verify(request: DrillRequest, run: DrillRun, record: StepRecord, log: Log) -
     if not sent or not over:
         raise MirrorflowError("the traffic or failover step did not run: nothing to verify")
     remote = pre["remote_topic"]
+    target = spec.target, spec.target_admin
+    # The group reads first, as an application restarted on the target would: what is
+    # counted below (nothing moves now: the flow is held or its canaries copied) comes after.
+    reader = _GroupReader(*target, request.group, safe_run_id(request.run_id), remote)
+    deadline = time.monotonic() + request.timeout_s
+    try:
+        while reader.first_read is None and time.monotonic() < deadline:
+            reader.poll(0.5)
+        ends = _end_offsets(*target, remote, DRILL_PARTITIONS)
+        while time.monotonic() < deadline and not _at_ends(reader, remote, ends):
+            reader.poll(0.5)
+    finally:
+        reader.close()
     acked: dict[str, list[int]] = sent["acked"]
     positions = {int(k.rsplit("-", 1)[1]): o for k, o in over["positions_at_cut"].items()}
     if request.mode == "destructive":  # the source is still down: what its last reads
@@ -856,17 +869,6 @@ def verify(request: DrillRequest, run: DrillRun, record: StepRecord, log: Log) -
     copied = {s for s, (p, o) in acked.items() if o < positions.get(p, 0)}
     read_on_source = set(sent["read_on_source"])
     expected = copied - read_on_source
-    target = spec.target, spec.target_admin
-    reader = _GroupReader(*target, request.group, safe_run_id(request.run_id), remote)
-    ends = _end_offsets(*target, remote, DRILL_PARTITIONS)
-    deadline = time.monotonic() + request.timeout_s
-    try:
-        while time.monotonic() < deadline:
-            reader.poll(0.5)
-            if reader.first_read is not None and _at_ends(reader, remote, ends):
-                break
-    finally:
-        reader.close()
     if reader.first_read is not None:
         run.event(f"first record read by {request.group} on {spec.target}", reader.first_read)
         run.change(
@@ -1107,11 +1109,14 @@ def report_context(run: DrillRun) -> dict:
     mode = data["request"]["mode"]
     failover_changes: list[dict] = []
     measured = restore.get("measured_rpo")
+    failover_steps = over.get("failover_steps") or []
     if over.get("failover_run_id"):
-        inner = failover.FailoverRun(run.request.failover_request()).data  # type: ignore[attr-defined]
+        inner_run = failover.FailoverRun(run.request.failover_request())  # type: ignore[attr-defined]
+        inner = inner_run.data
         failover_changes = list(inner.get("changes") or [])
         measured = measured or inner.get("measured_rpo")
-    steps_seconds = [s["seconds"] for s in over.get("failover_steps", []) if s["seconds"]]
+        failover_steps = _step_timings(inner_run)  # its report step too, wherever it ran
+    steps_seconds = [s["seconds"] for s in failover_steps if s["seconds"]]
     return {
         **run.report_header(step_details=False, ended=False),
         "mode": mode,
@@ -1125,7 +1130,7 @@ def report_context(run: DrillRun) -> dict:
         "figures": figures,
         "committed": over.get("committed") or {},
         "failover_report": over.get("failover_report"),
-        "failover_steps": over.get("failover_steps") or [],
+        "failover_steps": failover_steps,
         "failover_seconds": round(sum(steps_seconds), 3) if steps_seconds else None,
         "failover_changes": failover_changes,
         "measured_rpo": measured,
