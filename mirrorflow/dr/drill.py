@@ -71,6 +71,7 @@ from urllib.parse import urlsplit
 
 from mirrorflow import paths
 from mirrorflow.dr import failover, steps
+from mirrorflow.dr.offsets import key_partition, partition_key
 from mirrorflow.dr.steps import Log, Partition, StepRecord, StepSkipped, safe_run_id
 from mirrorflow.dr.steps import iso as _iso
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
@@ -351,7 +352,7 @@ def _real_group_offsets(
     for group in sorted(g.group_id for g in listed.valid):
         if spec.should_replicate_group(group) and not group.startswith(request.group_prefix):
             found = client.committed(group, partitions)
-            offsets[group] = {failover._key(tp): o for tp, (o, _m) in sorted(found.items())}
+            offsets[group] = {partition_key(tp): o for tp, (o, _m) in sorted(found.items())}
     return offsets
 
 
@@ -680,7 +681,7 @@ def _wait_positions(spec: MirrorSpec, wanted: dict[Partition, int], timeout: flo
         if all(positions.get(tp, 0) >= o for tp, o in wanted.items()):
             return time.time()
         if time.monotonic() > deadline:
-            behind = {failover._key(tp): o - positions.get(tp, 0) for tp, o in wanted.items()}
+            behind = {partition_key(tp): o - positions.get(tp, 0) for tp, o in wanted.items()}
             raise MirrorflowError(
                 f"{spec.flow} did not copy the drill's records within {timeout:.0f}s "
                 f"(behind: {behind})",
@@ -720,7 +721,7 @@ def failover_step(request: DrillRequest, run: DrillRun, record: StepRecord, log:
             log(line)
         written = result.report.written if result.report else {}
         committed = {
-            g: {failover._key(tp): o for tp, o in tps.items()} for g, tps in written.items()
+            g: {partition_key(tp): o for tp, o in tps.items()} for g, tps in written.items()
         }
         if result.checkpoints:
             run.change(
@@ -738,7 +739,7 @@ def failover_step(request: DrillRequest, run: DrillRun, record: StepRecord, log:
         details = {
             "committed": committed,
             "positions_at_cut": {
-                failover._key(tp): o
+                partition_key(tp): o
                 for tp, o in flow_positions(spec).items()
                 if tp[0] == DRILL_TOPIC
             },
@@ -762,7 +763,7 @@ def failover_step(request: DrillRequest, run: DrillRun, record: StepRecord, log:
             "failover_steps": _step_timings(inner_run),
             "held": bool(inner_run.details("stop-mirror").get("held")),
             "positions_at_cut": {
-                failover._key((t, int(p))): o
+                partition_key((t, int(p))): o
                 for t, parts in cut.items()
                 for p, o in parts.items()
                 if t == DRILL_TOPIC
@@ -802,7 +803,7 @@ def verify(request: DrillRequest, run: DrillRun, record: StepRecord, log: Log) -
         raise MirrorflowError("the traffic or failover step did not run: nothing to verify")
     remote = pre["remote_topic"]
     acked: dict[str, list[int]] = sent["acked"]
-    positions = {int(k.rsplit("-", 1)[1]): o for k, o in over["positions_at_cut"].items()}
+    positions = {key_partition(k)[1]: o for k, o in over["positions_at_cut"].items()}
     if request.mode == "destructive":  # the source is still down: what its last reads
         # before the cut brought (a batch in flight at the kill lands after it)
         positions = {p: o for (t, p), o in flow_positions(spec).items() if t == DRILL_TOPIC}

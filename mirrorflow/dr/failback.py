@@ -66,10 +66,7 @@ from dataclasses import dataclass
 from mirrorflow import paths
 from mirrorflow.dr import steps
 from mirrorflow.dr.failover import (
-    _flat,
     _groups,
-    _key,
-    _nested,
     _replicated_partitions,
     _source_bounds,
     create_acls,
@@ -88,6 +85,7 @@ from mirrorflow.dr.failover import (
     run_status,
     step_details,
 )
+from mirrorflow.dr.offsets import flat_offsets, nested_offsets, partition_key
 from mirrorflow.dr.steps import Log, Partition, StepRecord, StepSkipped, safe_run_id
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
 from mirrorflow.replication.checkpoints import GroupOffsetsClient
@@ -249,7 +247,7 @@ def preflight(request: FailbackRequest, run: FailbackRun, record: StepRecord, lo
                 f"a failback of {request.flow} needs {alias}, which is unreachable: {down}",
                 f"wait until {alias} is back, then trigger the failback again",
             )
-    cut = _flat(positions_at_cut(failover) or {})
+    cut = flat_offsets(positions_at_cut(failover) or {})
     if not jobs.held(request.flow_dir()):
         raise MirrorflowError(
             f"{request.flow} is not held paused: it was resumed after failover "
@@ -337,7 +335,7 @@ def preflight(request: FailbackRequest, run: FailbackRun, record: StepRecord, lo
         "failover_run_id": failover["run_id"],
         "policy": type(policy).__name__,
         "identity": identity,
-        "positions_at_cut": _nested(cut),
+        "positions_at_cut": nested_offsets(cut),
         "topics": topics,  # the flow's topics now, heartbeats left out
         "copies": copies,
         "written_on_target": written_on_target,
@@ -632,7 +630,7 @@ def reverse_copy(request: FailbackRequest, run: FailbackRun, record: StepRecord,
             run.change(
                 "positions",
                 f"wrote {spec.target}->{spec.source}'s positions to {topic} on {spec.source}: "
-                + ", ".join(f"{_key(tp)}@{o}" for tp, o in sorted(written.items())),
+                + ", ".join(f"{partition_key(tp)}@{o}" for tp, o in sorted(written.items())),
             )
     else:
         for c in copies:
@@ -655,7 +653,7 @@ def reverse_copy(request: FailbackRequest, run: FailbackRun, record: StepRecord,
     resume_at = {}
     if pre.get("identity"):
         topics = set(pre.get("topics", []))
-        cut = [tp for tp in _flat(pre.get("positions_at_cut", {})) if tp[0] in topics]
+        cut = [tp for tp in flat_offsets(pre.get("positions_at_cut", {})) if tp[0] in topics]
         resume_at = _end_offsets(source, sorted(cut)) if not request.dry_run else {}
     for c in copies:
         log(
@@ -667,8 +665,8 @@ def reverse_copy(request: FailbackRequest, run: FailbackRun, record: StepRecord,
         "copies": copies,
         "written_on_target": total,
         "copied": copied,
-        "source_ends_after": {_key(tp): o for tp, o in sorted(after.items())},
-        "resume_positions": _nested(resume_at),
+        "source_ends_after": {partition_key(tp): o for tp, o in sorted(after.items())},
+        "resume_positions": nested_offsets(resume_at),
     }
     record.summary = (
         f"{'would copy' if request.dry_run else 'copied'} "
@@ -746,7 +744,7 @@ def group_sync(request: FailbackRequest, run: FailbackRun, record: StepRecord, l
     source = ClusterAdmin(spec.source, spec.source_admin)
     forward = read_offset_map(spec)
     copies = {(c["topic"], c["partition"]): c for c in copy.get("copies", [])}
-    resumes = _flat(copy.get("resume_positions", {}))  # identity: S's ends after the copy
+    resumes = flat_offsets(copy.get("resume_positions", {}))  # identity: S's ends after the copy
     remote: dict[Partition, Partition] = {}  # T's copy of S's partition -> S's partition
     for topic, p in forward.partitions:
         remote[(spec.remote_topic(topic), p)] = (topic, p)
@@ -875,7 +873,7 @@ def resume(request: FailbackRequest, run: FailbackRun, record: StepRecord, log: 
     pre = run.details("preflight")
     copy = run.details("reverse-copy")
     before = flow_positions(spec)
-    moved = _flat(copy.get("resume_positions", {})) if pre.get("identity") else {}
+    moved = flat_offsets(copy.get("resume_positions", {})) if pre.get("identity") else {}
     moved = {tp: o for tp, o in moved.items() if o > before.get(tp, 0)}
     flow_dir = request.flow_dir()
     would = "would " if request.dry_run else ""
@@ -892,8 +890,10 @@ def resume(request: FailbackRequest, run: FailbackRun, record: StepRecord, log: 
             "positions",
             f"{would}{'move' if would else 'moved'} {request.flow}'s positions past the "
             "records set aside and copied back: "
-            + ", ".join(f"{_key(tp)} {before.get(tp, 0)}->{o}" for tp, o in sorted(moved.items())),
-            undo={"positions": _nested({tp: before.get(tp, 0) for tp in moved})},
+            + ", ".join(
+                f"{partition_key(tp)} {before.get(tp, 0)}->{o}" for tp, o in sorted(moved.items())
+            ),
+            undo={"positions": nested_offsets({tp: before.get(tp, 0) for tp in moved})},
         )
     hold = jobs.held(flow_dir)
     if not request.dry_run:
@@ -922,8 +922,8 @@ def resume(request: FailbackRequest, run: FailbackRun, record: StepRecord, log: 
             "set aside and those copied back)"
         )
     record.details = {
-        "positions_before": _nested(before),
-        "positions_moved": _nested(moved),
+        "positions_before": nested_offsets(before),
+        "positions_moved": nested_offsets(moved),
         "released": not request.dry_run,
     }
     record.summary = (

@@ -67,6 +67,7 @@ from pathlib import Path
 
 from mirrorflow import paths
 from mirrorflow.dr import steps
+from mirrorflow.dr.offsets import flat_offsets, nested_offsets, partition_key
 from mirrorflow.dr.steps import Log, Partition, StepRecord, StepSkipped
 from mirrorflow.dr.steps import iso as _iso
 from mirrorflow.dr.steps import now as _now
@@ -268,10 +269,6 @@ def _groups(spec: MirrorSpec, admin: ClusterAdmin, pattern: str) -> list[str]:
         for g in listed.valid
         if spec.should_replicate_group(g.group_id) and re.fullmatch(pattern, g.group_id)
     )
-
-
-def _key(tp: Partition) -> str:
-    return f"{tp[0]}-{tp[1]}"
 
 
 # -- the failover runs on record ---------------------------------------------------------------
@@ -718,7 +715,9 @@ def catch_up(
             break
         now = time.monotonic()
         if now > deadline:
-            listed = ", ".join(f"{_key(tp)} ({n})" for tp, n in sorted(behind.items())[:10])
+            listed = ", ".join(
+                f"{partition_key(tp)} ({n})" for tp, n in sorted(behind.items())[:10]
+            )
             raise MirrorflowError(
                 f"{request.flow} did not catch up within {request.catch_up_timeout_s:.0f}s: "
                 f"{sum(behind.values())} record(s) not copied yet, in {listed}",
@@ -732,7 +731,7 @@ def catch_up(
     waited = time.monotonic() - started
     record.details = {
         "waited_s": round(waited, 1),
-        "end_offsets": {_key(tp): end for tp, (_s, end) in sorted(bounds.items())},
+        "end_offsets": {partition_key(tp): end for tp, (_s, end) in sorted(bounds.items())},
     }
     record.summary = (
         f"{request.flow} caught up with {spec.source}'s end offsets of "
@@ -917,7 +916,7 @@ def _previous_offsets(
             found = client.committed(group, partitions)
         except MirrorflowError:
             continue
-        before[group] = {_key(tp): o for tp, (o, _m) in sorted(found.items())}
+        before[group] = {partition_key(tp): o for tp, (o, _m) in sorted(found.items())}
     return before
 
 
@@ -1055,7 +1054,9 @@ def _emergency_group_sync(
 
 
 def _committed(written: dict[str, dict[Partition, int]]) -> dict[str, dict[str, int]]:
-    return {g: {_key(tp): o for tp, o in sorted(tps.items())} for g, tps in written.items()}
+    return {
+        g: {partition_key(tp): o for tp, o in sorted(tps.items())} for g, tps in written.items()
+    }
 
 
 def _group_lines(targets: dict[str, list[dict]], target: str) -> list[str]:
@@ -1127,7 +1128,7 @@ def rpo_at_cut(spec: MirrorSpec, mode: str, request: FailoverRequest, cut_ms: in
     exact = mode == "planned"
     partitions = []
     for tp, n in sorted(behind.items()):
-        row: dict = {"partition": _key(tp), "behind": n}
+        row: dict = {"partition": partition_key(tp), "behind": n}
         if not exact:
             seen = (history.get(tp[0]) or {}).get(str(tp[1]))
             after, by = (
@@ -1169,13 +1170,13 @@ def rpo_at_cut(spec: MirrorSpec, mode: str, request: FailoverRequest, cut_ms: in
         "basis": basis,
         "observed_at": observed_at,
         "cut": _iso(cut_ms / 1000),
-        "per_partition": {_key(tp): n for tp, n in sorted(behind.items())},
+        "per_partition": {partition_key(tp): n for tp, n in sorted(behind.items())},
         "partitions": partitions,
         "oldest": oldest,
         "history": bool(history),
         # Where the flow stopped (the failback resumes from here and sets aside what the
         # source holds beyond it): source partition -> position.
-        "positions_at_cut": _nested(positions),
+        "positions_at_cut": nested_offsets(positions),
         "summary_short": short,
         "summary": summary,
     }
@@ -1205,7 +1206,7 @@ def measure_missing(spec: MirrorSpec, failover: dict, timeout_s: float = 120.0) 
     cut = failover_cut_ms(failover)
     positions = {
         tp: o
-        for tp, o in _flat(positions_at_cut(failover) or {}).items()
+        for tp, o in flat_offsets(positions_at_cut(failover) or {}).items()
         if spec.should_replicate(tp[0])
     }
     if cut is None or not positions:
@@ -1247,7 +1248,7 @@ def measure_missing(spec: MirrorSpec, failover: dict, timeout_s: float = 120.0) 
             if time.monotonic() > deadline:
                 raise MirrorflowError(
                     f"reading {spec.source} from the cut to its end took over {timeout_s:g}s "
-                    f"({', '.join(_key(tp) for tp in sorted(todo))} not done)",
+                    f"({', '.join(partition_key(tp) for tp in sorted(todo))} not done)",
                     f"check that {spec.source} answers, then measure again",
                 )
             for msg in consumer.consume(1000, 0.5):
@@ -1287,7 +1288,7 @@ def measure_missing(spec: MirrorSpec, failover: dict, timeout_s: float = 120.0) 
         oldest, newest = counted["oldest_ms"], counted["newest_ms"]
         rows.append(
             {
-                "partition": _key(tp),
+                "partition": partition_key(tp),
                 "from": positions[tp],
                 "to": ends.get(tp, positions[tp]),
                 "missing": counted["missing"],
@@ -1347,18 +1348,6 @@ def measure_and_record(
             f"failover {failover['run_id']}'s record and report got the measured RPO ({report})",
         )
     return measured
-
-
-def _flat(nested: dict[str, dict[str, int]]) -> dict[Partition, int]:
-    return {(t, int(p)): int(v) for t, parts in (nested or {}).items() for p, v in parts.items()}
-
-
-def _nested(offsets: dict[Partition, int]) -> dict[str, dict[str, int]]:
-    """Offsets as JSON: topic -> partition -> offset (as ``progress.json`` keeps them)."""
-    nested: dict[str, dict[str, int]] = {}
-    for (topic, partition), offset in sorted(offsets.items()):
-        nested.setdefault(topic, {})[str(partition)] = offset
-    return nested
 
 
 # -- rollback ----------------------------------------------------------------------------------
