@@ -71,6 +71,7 @@ from urllib.parse import urlsplit
 
 from mirrorflow import paths
 from mirrorflow.dr import failover, steps
+from mirrorflow.dr.clusters import reachable, replicated_partitions
 from mirrorflow.dr.offsets import key_partition, partition_key
 from mirrorflow.dr.steps import Log, Partition, StepRecord, StepSkipped, safe_run_id
 from mirrorflow.dr.steps import iso as _iso
@@ -246,7 +247,7 @@ def preflight(request: DrillRequest, run: DrillRun, record: StepRecord, log: Log
     run) and notes where the target's copy ends and the real groups' offsets there."""
     spec = request.spec()
     for alias, config in ((spec.target, spec.target_admin), (spec.source, spec.source_admin)):
-        down = failover.reachable(alias, config, 15.0)
+        down = reachable(alias, config, 15.0)
         if down:
             raise ClusterUnreachable(
                 f"a drill needs both clusters; {alias} is unreachable: {down}",
@@ -338,7 +339,7 @@ def _real_group_offsets(
     from mirrorflow.replication.checkpoints import GroupOffsetsClient
 
     source = ClusterAdmin(spec.source, spec.source_admin)
-    partitions = list(failover._replicated_partitions(spec, source))
+    partitions = list(replicated_partitions(spec, source))
     if admin.alias == spec.target:
         partitions = [(spec.remote_topic(t), p) for t, p in partitions]
     try:

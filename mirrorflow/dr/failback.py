@@ -65,10 +65,14 @@ from dataclasses import dataclass
 
 from mirrorflow import paths
 from mirrorflow.dr import steps
+from mirrorflow.dr.clusters import (
+    end_offsets,
+    log_bounds,
+    reachable,
+    replicated_groups,
+    replicated_partitions,
+)
 from mirrorflow.dr.failover import (
-    _groups,
-    _replicated_partitions,
-    _source_bounds,
     create_acls,
     delete_acls,
     deny_write_bindings,
@@ -77,7 +81,6 @@ from mirrorflow.dr.failover import (
     made_changes,
     measure_and_record,
     positions_at_cut,
-    reachable,
     read_fences,
     reports_dir,
     rollback_command,
@@ -200,10 +203,6 @@ def latest_failover(flow: str, run_id: str = "", held_by: str | None = None) -> 
     )
 
 
-def _end_offsets(admin: ClusterAdmin, partitions: list[Partition]) -> dict[Partition, int]:
-    return {tp: end for tp, (_s, end) in _source_bounds(None, admin, partitions).items()}  # type: ignore[arg-type]
-
-
 def _topic_partitions(admin: ClusterAdmin, topic: str) -> list[int]:
     found = admin.metadata().topics.get(topic)
     if found is None or found.error is not None:
@@ -272,7 +271,7 @@ def preflight(request: FailbackRequest, run: FailbackRun, record: StepRecord, lo
     # without the heartbeats: the target's own heartbeats are no data to bring back.
     topics = sorted(
         t
-        for t in {t for t, _p in _replicated_partitions(spec, source)} | {t for t, _ in cut}
+        for t in {t for t, _p in replicated_partitions(spec, source)} | {t for t, _ in cut}
         if spec.should_replicate(t) and not policy.is_heartbeats_topic(t)
     )
     # What T holds that S does not: default policy, T's own topic of the same name (written
@@ -284,8 +283,8 @@ def preflight(request: FailbackRequest, run: FailbackRun, record: StepRecord, lo
         partitions = _topic_partitions(target, topic)
         if not partitions:
             continue
-        ends = _end_offsets(target, [(topic, p) for p in partitions])
-        bounds = _source_bounds(spec, target, [(topic, p) for p in partitions])
+        ends = end_offsets(target, [(topic, p) for p in partitions])
+        bounds = log_bounds(target, [(topic, p) for p in partitions])
         for p in partitions:
             if identity:
                 last = forward_map.last_run((topic, p))
@@ -305,7 +304,7 @@ def preflight(request: FailbackRequest, run: FailbackRun, record: StepRecord, lo
     diverged = []
     if identity:
         held = {tp: position for tp, position in cut.items() if tp[0] in topics}
-        ends = _end_offsets(source, sorted(held))
+        ends = end_offsets(source, sorted(held))
         side = {t: f"{t}.{DIVERGED_SUFFIX}.{safe_run_id(request.run_id)}" for t, _ in held}
         for (topic, p), position in sorted(held.items()):
             if ends[(topic, p)] > position:
@@ -318,7 +317,7 @@ def preflight(request: FailbackRequest, run: FailbackRun, record: StepRecord, lo
                         "end": ends[(topic, p)],
                     }
                 )
-    groups = _groups(spec, target, request.group_pattern)
+    groups = replicated_groups(spec, target, request.group_pattern)
     written_on_target = sum(c["end"] - c["start"] for c in copies)
     # The failover's RPO, measured now that its source is back (once: kept in its record).
     measured = failover.get("measured_rpo")
@@ -595,7 +594,7 @@ def reverse_copy(request: FailbackRequest, run: FailbackRun, record: StepRecord,
     source = ClusterAdmin(spec.source, spec.source_admin)
     target = ClusterAdmin(spec.target, spec.target_admin)
     copies = [dict(c) for c in pre.get("copies", [])]
-    ends = _end_offsets(target, [(c["topic"], c["partition"]) for c in copies])
+    ends = end_offsets(target, [(c["topic"], c["partition"]) for c in copies])
     for c in copies:
         c["end"] = max(c["start"], ends[(c["topic"], c["partition"])])
     total = sum(c["end"] - c["start"] for c in copies)
@@ -648,13 +647,13 @@ def reverse_copy(request: FailbackRequest, run: FailbackRun, record: StepRecord,
     after = (
         {}
         if request.dry_run  # the topics may not exist yet
-        else _end_offsets(source, sorted({(c["to"], c["partition"]) for c in copies}))
+        else end_offsets(source, sorted({(c["to"], c["partition"]) for c in copies}))
     )
     resume_at = {}
     if pre.get("identity"):
         topics = set(pre.get("topics", []))
         cut = [tp for tp in flat_offsets(pre.get("positions_at_cut", {})) if tp[0] in topics]
-        resume_at = _end_offsets(source, sorted(cut)) if not request.dry_run else {}
+        resume_at = end_offsets(source, sorted(cut)) if not request.dry_run else {}
     for c in copies:
         log(
             f"{'would copy' if request.dry_run else 'copied'} {spec.target} "

@@ -67,6 +67,7 @@ from pathlib import Path
 
 from mirrorflow import paths
 from mirrorflow.dr import steps
+from mirrorflow.dr.clusters import log_bounds, reachable, replicated_groups, replicated_partitions
 from mirrorflow.dr.offsets import flat_offsets, nested_offsets, partition_key
 from mirrorflow.dr.steps import Log, Partition, StepRecord, StepSkipped
 from mirrorflow.dr.steps import iso as _iso
@@ -229,46 +230,6 @@ WORKFLOW = steps.Workflow(FailoverRun, FailoverRequest, STEPS, skip_reason=skip_
 def _skip_unless_applies(request: FailoverRequest, run: FailoverRun, step: str) -> None:
     if reason := skip_reason(request, run, step):
         raise StepSkipped(reason)
-
-
-def reachable(alias: str, config: dict[str, str], timeout_s: float) -> str | None:
-    """None when the cluster answers a metadata request within ``timeout_s``, else why not."""
-    admin = ClusterAdmin(alias, config)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            admin.client.list_topics(timeout=min(2.0, timeout_s))
-            return None
-        except Exception as exc:  # KafkaException: transport, timeout, authentication
-            admin.client.poll(0.1)
-            if admin.auth_error is not None:
-                return f"it refused {admin.principal}: {admin.auth_error.str()}"
-            if time.monotonic() > deadline:
-                return f"no answer within {timeout_s:g}s ({exc})"
-
-
-def _replicated_partitions(spec: MirrorSpec, admin: ClusterAdmin) -> dict[Partition, None]:
-    metadata = admin.metadata()
-    chosen = {}
-    for name, topic in sorted(metadata.topics.items()):
-        if topic.error is None and spec.should_replicate(name):
-            for partition in sorted(topic.partitions):
-                chosen[(name, partition)] = None
-    return chosen
-
-
-def _groups(spec: MirrorSpec, admin: ClusterAdmin, pattern: str) -> list[str]:
-    try:
-        listed = admin.client.list_consumer_groups(request_timeout=ADMIN_TIMEOUT_S).result()
-    except Exception as exc:
-        raise cluster_error(
-            admin, "listing consumer groups", exc, "DESCRIBE on the groups"
-        ) from None
-    return sorted(
-        g.group_id
-        for g in listed.valid
-        if spec.should_replicate_group(g.group_id) and re.fullmatch(pattern, g.group_id)
-    )
 
 
 # -- the failover runs on record ---------------------------------------------------------------
@@ -482,8 +443,8 @@ def preflight(request: FailoverRequest, run: FailoverRun, record: StepRecord, lo
     if source_down is None:
         try:
             source = ClusterAdmin(spec.source, spec.source_admin)
-            topics = sorted({t for t, _p in _replicated_partitions(spec, source)})
-            groups = _groups(spec, source, request.group_pattern)
+            topics = sorted({t for t, _p in replicated_partitions(spec, source)})
+            groups = replicated_groups(spec, source, request.group_pattern)
         except MirrorflowError as exc:
             if mode != "emergency":
                 raise
@@ -647,34 +608,6 @@ def _record_fences(request: FailoverRequest, acls: list[dict]) -> None:
     paths.write_private(fences_file(request.flow), json.dumps(known, indent=1) + "\n")
 
 
-def _source_bounds(
-    spec: MirrorSpec, admin: ClusterAdmin, partitions: Sequence[Partition], committed: bool = False
-) -> dict[Partition, tuple[int, int]]:
-    """(log start, end) offsets of the source partitions (``committed``: the end a
-    ``read_committed`` reader reaches, the last stable offset)."""
-    from confluent_kafka import IsolationLevel, TopicPartition
-    from confluent_kafka.admin import OffsetSpec
-
-    isolation = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
-    bounds: dict[Partition, list[int]] = {tp: [0, 0] for tp in partitions}
-    for which, offset_spec in ((0, OffsetSpec.earliest()), (1, OffsetSpec.latest())):
-        if not partitions:
-            break
-        try:
-            futures = admin.client.list_offsets(
-                {TopicPartition(t, p): offset_spec for t, p in partitions},
-                isolation_level=isolation,
-                request_timeout=ADMIN_TIMEOUT_S,
-            )
-            for tp, future in futures.items():
-                bounds[(tp.topic, tp.partition)][which] = future.result().offset
-        except Exception as exc:
-            raise cluster_error(
-                admin, "listing end offsets", exc, "DESCRIBE on the topics"
-            ) from None
-    return {tp: (b[0], b[1]) for tp, b in bounds.items()}
-
-
 def _behind(
     bounds: dict[Partition, tuple[int, int]], positions: dict[Partition, int]
 ) -> dict[Partition, int]:
@@ -700,8 +633,8 @@ def catch_up(
     deadline = started + request.catch_up_timeout_s
     last_said = 0.0
     while True:
-        partitions = list(_replicated_partitions(spec, source))
-        bounds = _source_bounds(spec, source, partitions)
+        partitions = list(replicated_partitions(spec, source))
+        bounds = log_bounds(source, partitions)
         try:
             positions = flow_positions(spec)
         except ClusterUnreachable as exc:  # its offsets topic just created, a leader moving
@@ -957,7 +890,7 @@ def _planned_group_sync(
     before = {}
     if not dry_run:
         source = ClusterAdmin(spec.source, spec.source_admin)
-        remote = [(spec.remote_topic(t), p) for t, p in _replicated_partitions(spec, source)]
+        remote = [(spec.remote_topic(t), p) for t, p in replicated_partitions(spec, source)]
         before = _previous_offsets(spec, dict.fromkeys(sorted(groups), remote))
     try:
         result = run_group_sync(spec, groups, sync_offsets=True, dry_run=dry_run)
@@ -1102,7 +1035,7 @@ def rpo_at_cut(spec: MirrorSpec, mode: str, request: FailoverRequest, cut_ms: in
     observed_ms: int | None = None
     if mode == "planned":
         source = ClusterAdmin(spec.source, spec.source_admin)
-        bounds = _source_bounds(spec, source, list(_replicated_partitions(spec, source)))
+        bounds = log_bounds(source, list(replicated_partitions(spec, source)))
         observed_at = _now()
         basis = f"{spec.source}'s end offsets at the cut"
     else:
@@ -1216,10 +1149,7 @@ def measure_missing(spec: MirrorSpec, failover: dict, timeout_s: float = 120.0) 
         )
     committed = spec.source_consumer.get("isolation.level") == "read_committed"
     admin = ClusterAdmin(spec.source, spec.source_admin)
-    ends = {
-        tp: end
-        for tp, (_s, end) in _source_bounds(spec, admin, sorted(positions), committed).items()
-    }
+    ends = {tp: end for tp, (_s, end) in log_bounds(admin, sorted(positions), committed).items()}
     config = {
         k: v
         for k, v in spec.source_consumer_client.items()
