@@ -73,20 +73,23 @@ from mirrorflow.dr.clusters import (
     replicated_partitions,
 )
 from mirrorflow.dr.failover import (
-    create_acls,
-    delete_acls,
-    deny_write_bindings,
-    fences_file,
     is_failover,
     made_changes,
     measure_and_record,
     positions_at_cut,
-    read_fences,
     reports_dir,
     rollback_command,
     run_records,
     run_status,
     step_details,
+)
+from mirrorflow.dr.fences import (
+    create_acls,
+    delete_acls,
+    deny_write_bindings,
+    fences_file,
+    read_fences,
+    write_fences,
 )
 from mirrorflow.dr.offsets import flat_offsets, nested_offsets, partition_key
 from mirrorflow.dr.steps import Log, Partition, StepRecord, StepSkipped, safe_run_id
@@ -852,7 +855,7 @@ def unfence(request: FailbackRequest, run: FailbackRun, record: StepRecord, log:
             removed(acl)
     else:
         delete_acls(ClusterAdmin(spec.source, spec.source_admin), acls, removed)
-        paths.write_private(path, "[]\n")
+        write_fences(request.flow, [])
         run.change("fences-file", f"emptied {path}: the fences it listed are removed")
     record.details = {
         "acls": [{"principal": p, "topic": t} for p, t in acls],

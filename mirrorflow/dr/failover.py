@@ -65,9 +65,17 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from mirrorflow import paths
 from mirrorflow.dr import steps
 from mirrorflow.dr.clusters import log_bounds, reachable, replicated_groups, replicated_partitions
+from mirrorflow.dr.fences import (
+    create_acls,
+    delete_acls,
+    deny_write_bindings,
+    fences_file,
+    read_fences,
+    record_fences,
+    write_fences,
+)
 from mirrorflow.dr.offsets import flat_offsets, nested_offsets, partition_key
 from mirrorflow.dr.steps import Log, Partition, StepRecord, StepSkipped
 from mirrorflow.dr.steps import iso as _iso
@@ -76,7 +84,7 @@ from mirrorflow.dr.steps import safe_run_id as safe_run_id  # as it was named he
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
 from mirrorflow.replication.checkpoints import flow_positions
 from mirrorflow.replication.spec import MirrorSpec
-from mirrorflow.replication.topics import ADMIN_TIMEOUT_S, ClusterAdmin, cluster_error
+from mirrorflow.replication.topics import ClusterAdmin, cluster_error
 from mirrorflow.runtime import jobs
 
 FAILOVER_MODES = ("planned", "emergency", "auto")
@@ -145,12 +153,6 @@ class FailoverRequest(steps.GroupsRequest):
 def reports_dir() -> Path:
     """Where failover runs keep their record and report: ``$MIRRORFLOW_STATE/reports/failover``."""
     return steps.reports_dir("failover")
-
-
-def fences_file(flow: str) -> Path:
-    """The ACLs failovers of ``flow`` created to fence producers (what a failback removes)."""
-    source, target = jobs.split_flow(flow)
-    return paths.state_dir() / "failover" / f"{source}-{target}" / "fences.json"
 
 
 def hold_reason(run_id: str) -> str:
@@ -505,7 +507,7 @@ def fence_producers(
     elif bindings:
 
         def created(acl: dict) -> None:
-            _record_fences(request, [acl])
+            record_fences(request.flow, request.run_id, [acl])
             run.change(
                 "fence-acl",
                 f"denied WRITE on topic {acl['topic']} of {spec.source} to {acl['principal']} "
@@ -524,88 +526,6 @@ def fence_producers(
     if not request.dry_run:
         record.summary += f"; recorded in {fences_file(request.flow)} for the failback"
     log(record.summary)
-
-
-def deny_write_bindings(acls: Sequence[tuple[str, str]], as_filter: bool = False) -> list:
-    """ACL bindings denying WRITE, one per ``(principal, topic)`` (a literal topic name), from
-    any host (``as_filter``: the filters that match exactly those, to delete them)."""
-    from confluent_kafka.admin import (
-        AclBinding,
-        AclBindingFilter,
-        AclOperation,
-        AclPermissionType,
-        ResourcePatternType,
-        ResourceType,
-    )
-
-    make = AclBindingFilter if as_filter else AclBinding
-    return [
-        make(
-            ResourceType.TOPIC,
-            topic,
-            ResourcePatternType.LITERAL,
-            principal,
-            "*",
-            AclOperation.WRITE,
-            AclPermissionType.DENY,
-        )
-        for principal, topic in acls
-    ]
-
-
-def create_acls(
-    admin: ClusterAdmin, bindings: list, created: Callable[[object], None] | None = None
-) -> None:
-    """Create the DENY WRITE ``bindings`` on ``admin``'s cluster, calling ``created`` with each
-    one the cluster created (as it answers, before a later refusal fails, naming it)."""
-    try:
-        futures = admin.client.create_acls(bindings, request_timeout=ADMIN_TIMEOUT_S)
-        for binding, future in futures.items():
-            future.result()
-            if created is not None:
-                created(binding)
-    except Exception as exc:
-        raise cluster_error(
-            admin, "creating DENY WRITE ACLs", exc, "ALTER on the cluster"
-        ) from None
-
-
-def delete_acls(
-    admin: ClusterAdmin,
-    acls: Sequence[tuple[str, str]],
-    deleted: Callable[[tuple[str, str]], None] | None = None,
-) -> None:
-    """Delete exactly the DENY WRITE ACLs ``(principal, topic)`` on ``admin``'s cluster, calling
-    ``deleted`` with each one as the cluster answers (before a later refusal fails)."""
-    if not acls:
-        return
-    filters = deny_write_bindings(acls, as_filter=True)
-    try:
-        futures = admin.client.delete_acls(filters, request_timeout=ADMIN_TIMEOUT_S)
-        for acl_filter, future in futures.items():
-            future.result()
-            if deleted is not None:
-                deleted(acls[filters.index(acl_filter)])
-    except Exception as exc:
-        raise cluster_error(
-            admin, "removing DENY WRITE ACLs", exc, "ALTER on the cluster"
-        ) from None
-
-
-def read_fences(flow: str) -> list[dict]:
-    """The fences failovers of ``flow`` recorded (``fences.json``), each with its run id."""
-    try:
-        known = json.loads(fences_file(flow).read_text())
-    except (OSError, ValueError):
-        return []
-    return known if isinstance(known, list) else []
-
-
-def _record_fences(request: FailoverRequest, acls: list[dict]) -> None:
-    known = read_fences(request.flow)
-    stamp = _now()
-    known += [{**acl, "run_id": request.run_id, "created": stamp} for acl in acls]
-    paths.write_private(fences_file(request.flow), json.dumps(known, indent=1) + "\n")
 
 
 def _behind(
@@ -1384,7 +1304,7 @@ def release_failover(
     if any(f.get("run_id") == name for f in fences):
         if not dry_run:
             left = [f for f in fences if f.get("run_id") != name]
-            paths.write_private(fences_file(flow), json.dumps(left, indent=1) + "\n")
+            write_fences(flow, left)
         run.change(
             "fences-file",
             f"{'would remove' if dry_run else 'removed'} failover {name}'s entries from "
