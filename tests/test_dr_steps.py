@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from mirrorflow.dr import failover, steps
+from mirrorflow.dr.records import hold_reason
 from mirrorflow.errors import MirrorflowError
 from mirrorflow.runtime import jobs
 
@@ -265,11 +266,11 @@ def test_a_rollback_releases_exactly_its_runs_hold_and_marks_it(tmp_path, monkey
     flow_dir = held.flow_dir()
     run = failover.FailoverRun(held)
     with pytest.raises(MirrorflowError), run.recording("stop-mirror"):
-        jobs.hold(flow_dir, failover.hold_reason("fo-1"))
+        jobs.hold(flow_dir, hold_reason("fo-1"))
         run.change(
             "hold",
             "held",
-            undo={"reason": failover.hold_reason("fo-1"), "paused_created": True},
+            undo={"reason": hold_reason("fo-1"), "paused_created": True},
         )
         raise MirrorflowError("the mirror job did not pause it")
     failover.report(held, log=lambda _line: None)
@@ -341,17 +342,17 @@ def test_a_rollback_puts_back_the_hold_its_failover_had_replaced(tmp_path, monke
     flows = str(tmp_path / "flows")
     first = failover.FailoverRequest(**{**FIXED, "run_id": "fo-a"}, state_dir=flows)
     flow_dir = first.flow_dir()
-    jobs.hold(flow_dir, failover.hold_reason("fo-a"))  # a failover that succeeded holds it
+    jobs.hold(flow_dir, hold_reason("fo-a"))  # a failover that succeeded holds it
     again = failover.FailoverRun(failover.FailoverRequest(**{**FIXED, "run_id": "fo-b"}))
     with pytest.raises(MirrorflowError), again.recording("stop-mirror"):
-        jobs.hold(flow_dir, failover.hold_reason("fo-b"))
+        jobs.hold(flow_dir, hold_reason("fo-b"))
         again.change(
             "hold",
             "held",
             undo={
-                "reason": failover.hold_reason("fo-b"),
+                "reason": hold_reason("fo-b"),
                 "paused_created": False,
-                "replaced": failover.hold_reason("fo-a"),
+                "replaced": hold_reason("fo-a"),
             },
         )
         raise MirrorflowError("the mirror job did not pause it")

@@ -73,6 +73,7 @@ from mirrorflow import paths
 from mirrorflow.dr import failover, steps
 from mirrorflow.dr.clusters import reachable, replicated_partitions
 from mirrorflow.dr.offsets import key_partition, partition_key
+from mirrorflow.dr.records import positions_at_cut
 from mirrorflow.dr.steps import Log, Partition, StepRecord, StepSkipped, safe_run_id
 from mirrorflow.dr.steps import iso as _iso
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
@@ -973,7 +974,7 @@ def restore(request: DrillRequest, run: DrillRun, record: StepRecord, log: Log) 
             details["kept"] = kept
         details["released"] = released
         log(f"{request.flow}: {'; '.join(released) or 'nothing'} released, the flow resumes")
-        if failover.positions_at_cut(inner) is not None:
+        if positions_at_cut(inner) is not None:
             try:  # the source is back: the RPO of the drill's failover, counted there
                 details["measured_rpo"] = failover.measure_and_record(spec, inner, run, False, log)
             except MirrorflowError as exc:

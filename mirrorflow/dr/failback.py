@@ -72,17 +72,7 @@ from mirrorflow.dr.clusters import (
     replicated_groups,
     replicated_partitions,
 )
-from mirrorflow.dr.failover import (
-    is_failover,
-    made_changes,
-    measure_and_record,
-    positions_at_cut,
-    reports_dir,
-    rollback_command,
-    run_records,
-    run_status,
-    step_details,
-)
+from mirrorflow.dr.failover import measure_and_record, reports_dir, rollback_command
 from mirrorflow.dr.fences import (
     create_acls,
     delete_acls,
@@ -92,6 +82,14 @@ from mirrorflow.dr.fences import (
     write_fences,
 )
 from mirrorflow.dr.offsets import flat_offsets, nested_offsets, partition_key
+from mirrorflow.dr.records import (
+    is_failover,
+    made_changes,
+    positions_at_cut,
+    run_records,
+    run_status,
+    step_details,
+)
 from mirrorflow.dr.steps import Log, Partition, StepRecord, StepSkipped, safe_run_id
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
 from mirrorflow.replication.checkpoints import GroupOffsetsClient

@@ -54,7 +54,6 @@ them holds a secret.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import shlex
@@ -77,6 +76,16 @@ from mirrorflow.dr.fences import (
     write_fences,
 )
 from mirrorflow.dr.offsets import flat_offsets, nested_offsets, partition_key
+from mirrorflow.dr.records import (
+    FAILOVER_MODES,
+    failed_back,
+    hold_reason,
+    is_failover,
+    made_changes,
+    positions_at_cut,
+    run_records,
+    run_status,
+)
 from mirrorflow.dr.steps import Log, Partition, StepRecord, StepSkipped
 from mirrorflow.dr.steps import iso as _iso
 from mirrorflow.dr.steps import now as _now
@@ -87,7 +96,6 @@ from mirrorflow.replication.spec import MirrorSpec
 from mirrorflow.replication.topics import ClusterAdmin, cluster_error
 from mirrorflow.runtime import jobs
 
-FAILOVER_MODES = ("planned", "emergency", "auto")
 MODES = (*FAILOVER_MODES, "rollback", "measure-rpo")
 STEPS = (
     "preflight",
@@ -153,11 +161,6 @@ class FailoverRequest(steps.GroupsRequest):
 def reports_dir() -> Path:
     """Where failover runs keep their record and report: ``$MIRRORFLOW_STATE/reports/failover``."""
     return steps.reports_dir("failover")
-
-
-def hold_reason(run_id: str) -> str:
-    """The reason a failover run writes in the flow's hold file (how a rollback knows it)."""
-    return f"failover {run_id}"
 
 
 def rollback_command(flow: str, flow_files: Sequence[str], run_id: str) -> str:
@@ -235,75 +238,6 @@ def _skip_unless_applies(request: FailoverRequest, run: FailoverRun, step: str) 
 
 
 # -- the failover runs on record ---------------------------------------------------------------
-
-
-def run_records(kind: str, flow: str) -> list[dict]:
-    """The run records (``run.json``) of ``kind``'s runs of ``flow``, oldest first."""
-    folder = steps.reports_dir(kind)
-    found = []
-    for path in sorted(folder.glob("*/run.json")) if folder.is_dir() else []:
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(data, dict) and data.get("flow") == flow and data.get("run_id"):
-            found.append(data)
-    return sorted(found, key=lambda d: str(d.get("started") or ""))
-
-
-def is_failover(data: dict) -> bool:
-    """Whether a failover run record is a failover's (not a rollback's or a measurement's)."""
-    return (data.get("request") or {}).get("mode", "auto") in FAILOVER_MODES
-
-
-def run_status(data: dict) -> str:
-    """``success`` or ``failed at <step>``, as the run's report says."""
-    failed = [s["step"] for s in data.get("steps", []) if s.get("status") == "failed"]
-    return f"failed at {failed[0]}" if failed else "success"
-
-
-def step_details(data: dict, name: str) -> dict:
-    """What step ``name`` of a run record last recorded (empty: it did not run)."""
-    found = [s for s in data.get("steps", []) if s.get("step") == name]
-    return (found[-1].get("details") or {}) if found else {}
-
-
-def positions_at_cut(data: dict) -> dict[str, dict[str, int]] | None:
-    """Where a failover run left the flow (its final-sync's RPO), None if it did not get there."""
-    return (step_details(data, "final-sync").get("rpo") or {}).get("positions_at_cut")
-
-
-def made_changes(data: dict) -> list[dict]:
-    """What a run changed (its ledger, dry-run entries left out). Records written before the
-    ledger: the hold and the fences its steps' details name."""
-    if "changes" in data:
-        return [c for c in data["changes"] if not c.get("dry_run")]
-    if (data.get("request") or {}).get("dry_run"):
-        return []
-    legacy = []
-    if step_details(data, "stop-mirror").get("held"):
-        reason = hold_reason(data["run_id"])
-        legacy.append({"kind": "hold", "undo": {"reason": reason, "paused_created": True}})
-    fence = step_details(data, "fence-producers")
-    if fence.get("applied"):
-        legacy += [
-            {"kind": "fence-acl", "undo": {"principal": a["principal"], "topic": a["topic"]}}
-            for a in fence.get("acls", [])
-        ]
-    return legacy
-
-
-def failed_back(data: dict, failbacks: Sequence[dict]) -> tuple[str, str] | None:
-    """The failback (run id, status) that undid failover ``data`` or began to (it changed
-    something, not a dry run), None if none did."""
-    for back in reversed(failbacks):
-        if (back.get("request") or {}).get("dry_run"):
-            continue
-        if step_details(back, "preflight").get("failover_run_id") != data["run_id"]:
-            continue
-        if made_changes(back) or run_status(back) == "success":
-            return back["run_id"], run_status(back)
-    return None
 
 
 def choose_rollback(
