@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from mirrorflow.dr import failover, steps
+from mirrorflow.dr import failover, rpo, steps
 from mirrorflow.dr.records import hold_reason
 from mirrorflow.errors import MirrorflowError
 from mirrorflow.runtime import jobs
@@ -167,14 +167,14 @@ def test_a_change_is_on_disk_when_made_and_reported_when_the_step_then_fails(tmp
 def test_the_oldest_uncopied_record_was_written_between_two_observations():
     history = [[1000, 5], [2000, 8], [3000, 8], [4000, 12]]
     # At position 8 the record at offset 8 did not exist at 3000 (end 8), did at 4000.
-    assert failover.oldest_uncopied_written(history, 8) == (3000, 4000)
-    assert failover.oldest_uncopied_written(history, 5) == (1000, 2000)
-    assert failover.oldest_uncopied_written(history, 6) == (1000, 2000)
+    assert rpo.oldest_uncopied_written(history, 8) == (3000, 4000)
+    assert rpo.oldest_uncopied_written(history, 5) == (1000, 2000)
+    assert rpo.oldest_uncopied_written(history, 6) == (1000, 2000)
     # The first entry past the position: written before it, after an unknown time.
-    assert failover.oldest_uncopied_written(history, 2) == (None, 1000)
+    assert rpo.oldest_uncopied_written(history, 2) == (None, 1000)
     # Never seen past the position: nothing uncopied known.
-    assert failover.oldest_uncopied_written(history, 12) == (4000, None)
-    assert failover.oldest_uncopied_written([], 3) == (None, None)
+    assert rpo.oldest_uncopied_written(history, 12) == (4000, None)
+    assert rpo.oldest_uncopied_written([], 3) == (None, None)
 
 
 def test_stop_mirror_reads_the_jobs_time_to_the_millisecond_and_old_whole_seconds():

@@ -15,7 +15,7 @@ Steps (:data:`STEPS`):
     changed something, not a dry run, not rolled back; its ``positions_at_cut``): one that failed
     is refused in one line naming the rollback (or: run the failover again); both clusters
     answer; ``S->T`` still held; the failover's RPO measured on ``S`` unless it was
-    (:func:`mirrorflow.dr.failover.measure_missing`); the replication policy; what
+    (:func:`mirrorflow.dr.rpo.measure_missing`); the replication policy; what
     to copy back: per partition of each replicated topic, the range of ``T``'s topic written
     during the failover (default policy: ``T``'s own ``orders``, copied to ``T.orders`` on ``S``
     as MirrorMaker 2's active/active names it; identity: ``orders`` past the forward flow's last
