@@ -1,20 +1,23 @@
 """The DR workflows' shared step plumbing (mirrorflow.dr.steps) and the failover's pure logic:
 each workflow's steps are registered under its DAG's task ids, a DAG run's Params become its
-request, a run of every step skips, fails and always-runs as the DAG's trigger rules do, a run
-that failed at its first step still gets its report, the ledger is on disk the moment a change is
-made (a step that then fails still reports it), the bounds on the oldest uncopied record's age,
-the stop-mirror's reading of progress.json's time, and a rollback's choice of run, refusals and
-release of exactly that run's hold. The steps against real clusters and a real Airflow are in
+request (defaulted as the request itself and the command default them), a run of every step
+skips, fails and always-runs as the DAG's trigger rules do, a run that failed at its first step
+still gets its report, the ledger is on disk the moment a change is made (a step that then fails
+still reports it), the bounds on the oldest uncopied record's age, the stop-mirror's reading of
+progress.json's time, and a rollback's choice of run, refusals and release of exactly that run's
+hold. The steps against real clusters and a real Airflow are in
 tests/test_{failover,failback,drill}_dag.py."""
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from mirrorflow.cli import build_parser
 from mirrorflow.dr import failover, rpo, steps
 from mirrorflow.dr.records import hold_reason
 from mirrorflow.errors import MirrorflowError
@@ -51,6 +54,27 @@ def test_a_dag_runs_params_become_its_request():
     assert (drill.mode, drill.rate, drill.canaries) == ("non-destructive", 50, 100)
     with pytest.raises(MirrorflowError, match="group pattern '\\(' is not a regular expression"):
         steps.workflow("failback").request_class.from_params({"group_pattern": "("}, **FIXED)
+
+
+@pytest.mark.parametrize("kind", ["failover", "failback"])
+def test_a_request_defaults_each_option_as_its_params_and_its_command_do(kind):
+    """A request built without an option, one from a DAG run's empty Params and one from the
+    command without the option agree (the failover's mode once defaulted to auto in the request,
+    to planned in the Params and the command); the failover DAG's Param says planned too."""
+    request_class = steps.workflow(kind).request_class
+    built = request_class(**FIXED)
+    from_params = request_class.from_params({}, **FIXED)
+    args = build_parser().parse_args([kind, "x.properties", "--flow", FIXED["flow"]])
+    for name, (_param, convert, default) in request_class.PARAMS.items():
+        from_cli = getattr(args, name)
+        from_cli = tuple(from_cli) if isinstance(from_cli, list) else from_cli
+        assert getattr(built, name) == getattr(from_params, name) == convert(default), name
+        assert from_cli == getattr(built, name), name
+    if kind == "failover":
+        dag = (Path(__file__).parent.parent / "templates" / "failover_dag.py.j2").read_text()
+        param = re.search(r'"mode": Param\(\s*"([^"]+)"', dag)
+        assert param is not None
+        assert built.mode == from_params.mode == args.mode == param.group(1) == "planned"
 
 
 @dataclass(frozen=True)

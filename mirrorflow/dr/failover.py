@@ -123,7 +123,7 @@ class FailoverRequest(steps.GroupsRequest):
     ``failover_run_id``: in modes ``rollback`` and ``measure-rpo``, the failover run they act
     on (empty: see :func:`choose_rollback`, :func:`choose_measured`)."""
 
-    mode: str = "auto"
+    mode: str = "planned"  # as the CLI (--mode), the DAG's Param and PARAMS default it
     catch_up_timeout_s: float = 300.0
     stop_timeout_s: float = 30.0
     reachability_timeout_s: float = 15.0
