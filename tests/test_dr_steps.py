@@ -1,21 +1,25 @@
 """The DR workflows' shared step plumbing (mirrorflow.dr.steps) and the failover's pure logic:
 each workflow's steps are registered under its DAG's task ids, a DAG run's Params become its
-request, a run of every step skips, fails and always-runs as the DAG's trigger rules do, a run
-that failed at its first step still gets its report, the ledger is on disk the moment a change is
-made (a step that then fails still reports it), the bounds on the oldest uncopied record's age,
-the stop-mirror's reading of progress.json's time, and a rollback's choice of run, refusals and
-release of exactly that run's hold. The steps against real clusters and a real Airflow are in
+request (defaulted as the request itself and the command default them), a run of every step
+skips, fails and always-runs as the DAG's trigger rules do, a run that failed at its first step
+still gets its report, the ledger is on disk the moment a change is made (a step that then fails
+still reports it), the bounds on the oldest uncopied record's age, the stop-mirror's reading of
+progress.json's time, and a rollback's choice of run, refusals and release of exactly that run's
+hold. The steps against real clusters and a real Airflow are in
 tests/test_{failover,failback,drill}_dag.py."""
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from mirrorflow.dr import failover, steps
+from mirrorflow.cli import build_parser
+from mirrorflow.dr import failover, rpo, steps
+from mirrorflow.dr.records import hold_reason
 from mirrorflow.errors import MirrorflowError
 from mirrorflow.runtime import jobs
 
@@ -50,6 +54,27 @@ def test_a_dag_runs_params_become_its_request():
     assert (drill.mode, drill.rate, drill.canaries) == ("non-destructive", 50, 100)
     with pytest.raises(MirrorflowError, match="group pattern '\\(' is not a regular expression"):
         steps.workflow("failback").request_class.from_params({"group_pattern": "("}, **FIXED)
+
+
+@pytest.mark.parametrize("kind", ["failover", "failback"])
+def test_a_request_defaults_each_option_as_its_params_and_its_command_do(kind):
+    """A request built without an option, one from a DAG run's empty Params and one from the
+    command without the option agree (the failover's mode once defaulted to auto in the request,
+    to planned in the Params and the command); the failover DAG's Param says planned too."""
+    request_class = steps.workflow(kind).request_class
+    built = request_class(**FIXED)
+    from_params = request_class.from_params({}, **FIXED)
+    args = build_parser().parse_args([kind, "x.properties", "--flow", FIXED["flow"]])
+    for name, (_param, convert, default) in request_class.PARAMS.items():
+        from_cli = getattr(args, name)
+        from_cli = tuple(from_cli) if isinstance(from_cli, list) else from_cli
+        assert getattr(built, name) == getattr(from_params, name) == convert(default), name
+        assert from_cli == getattr(built, name), name
+    if kind == "failover":
+        dag = (Path(__file__).parent.parent / "templates" / "failover_dag.py.j2").read_text()
+        param = re.search(r'"mode": Param\(\s*"([^"]+)"', dag)
+        assert param is not None
+        assert built.mode == from_params.mode == args.mode == param.group(1) == "planned"
 
 
 @dataclass(frozen=True)
@@ -166,14 +191,14 @@ def test_a_change_is_on_disk_when_made_and_reported_when_the_step_then_fails(tmp
 def test_the_oldest_uncopied_record_was_written_between_two_observations():
     history = [[1000, 5], [2000, 8], [3000, 8], [4000, 12]]
     # At position 8 the record at offset 8 did not exist at 3000 (end 8), did at 4000.
-    assert failover.oldest_uncopied_written(history, 8) == (3000, 4000)
-    assert failover.oldest_uncopied_written(history, 5) == (1000, 2000)
-    assert failover.oldest_uncopied_written(history, 6) == (1000, 2000)
+    assert rpo.oldest_uncopied_written(history, 8) == (3000, 4000)
+    assert rpo.oldest_uncopied_written(history, 5) == (1000, 2000)
+    assert rpo.oldest_uncopied_written(history, 6) == (1000, 2000)
     # The first entry past the position: written before it, after an unknown time.
-    assert failover.oldest_uncopied_written(history, 2) == (None, 1000)
+    assert rpo.oldest_uncopied_written(history, 2) == (None, 1000)
     # Never seen past the position: nothing uncopied known.
-    assert failover.oldest_uncopied_written(history, 12) == (4000, None)
-    assert failover.oldest_uncopied_written([], 3) == (None, None)
+    assert rpo.oldest_uncopied_written(history, 12) == (4000, None)
+    assert rpo.oldest_uncopied_written([], 3) == (None, None)
 
 
 def test_stop_mirror_reads_the_jobs_time_to_the_millisecond_and_old_whole_seconds():
@@ -265,11 +290,11 @@ def test_a_rollback_releases_exactly_its_runs_hold_and_marks_it(tmp_path, monkey
     flow_dir = held.flow_dir()
     run = failover.FailoverRun(held)
     with pytest.raises(MirrorflowError), run.recording("stop-mirror"):
-        jobs.hold(flow_dir, failover.hold_reason("fo-1"))
+        jobs.hold(flow_dir, hold_reason("fo-1"))
         run.change(
             "hold",
             "held",
-            undo={"reason": failover.hold_reason("fo-1"), "paused_created": True},
+            undo={"reason": hold_reason("fo-1"), "paused_created": True},
         )
         raise MirrorflowError("the mirror job did not pause it")
     failover.report(held, log=lambda _line: None)
@@ -341,17 +366,17 @@ def test_a_rollback_puts_back_the_hold_its_failover_had_replaced(tmp_path, monke
     flows = str(tmp_path / "flows")
     first = failover.FailoverRequest(**{**FIXED, "run_id": "fo-a"}, state_dir=flows)
     flow_dir = first.flow_dir()
-    jobs.hold(flow_dir, failover.hold_reason("fo-a"))  # a failover that succeeded holds it
+    jobs.hold(flow_dir, hold_reason("fo-a"))  # a failover that succeeded holds it
     again = failover.FailoverRun(failover.FailoverRequest(**{**FIXED, "run_id": "fo-b"}))
     with pytest.raises(MirrorflowError), again.recording("stop-mirror"):
-        jobs.hold(flow_dir, failover.hold_reason("fo-b"))
+        jobs.hold(flow_dir, hold_reason("fo-b"))
         again.change(
             "hold",
             "held",
             undo={
-                "reason": failover.hold_reason("fo-b"),
+                "reason": hold_reason("fo-b"),
                 "paused_created": False,
-                "replaced": failover.hold_reason("fo-a"),
+                "replaced": hold_reason("fo-a"),
             },
         )
         raise MirrorflowError("the mirror job did not pause it")

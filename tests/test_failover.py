@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mirrorflow.dr import failover
+from mirrorflow.dr import failover, rpo
 from mirrorflow.dr.report import write_report
 from mirrorflow.errors import MirrorflowError
 
@@ -51,7 +51,7 @@ def test_principals_are_named_as_kafka_names_them_and_run_ids_become_directory_n
 def test_records_behind_are_the_end_minus_the_position_or_the_log_start_without_one():
     bounds = {("t", 0): (0, 61), ("t", 1): (0, 60), ("t", 2): (40, 50), ("t", 3): (7, 7)}
     positions = {("t", 0): 50, ("t", 1): 60}
-    assert failover._behind(bounds, positions) == {("t", 0): 11, ("t", 2): 10}
+    assert rpo.records_behind(bounds, positions) == {("t", 0): 11, ("t", 2): 10}
 
 
 def test_each_step_is_recorded_however_it_ends(tmp_path, monkeypatch):

@@ -71,6 +71,9 @@ from urllib.parse import urlsplit
 
 from mirrorflow import paths
 from mirrorflow.dr import failover, steps
+from mirrorflow.dr.clusters import reachable, replicated_partitions
+from mirrorflow.dr.offsets import key_partition, partition_key
+from mirrorflow.dr.records import positions_at_cut
 from mirrorflow.dr.steps import Log, Partition, StepRecord, StepSkipped, safe_run_id
 from mirrorflow.dr.steps import iso as _iso
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
@@ -245,7 +248,7 @@ def preflight(request: DrillRequest, run: DrillRun, record: StepRecord, log: Log
     run) and notes where the target's copy ends and the real groups' offsets there."""
     spec = request.spec()
     for alias, config in ((spec.target, spec.target_admin), (spec.source, spec.source_admin)):
-        down = failover.reachable(alias, config, 15.0)
+        down = reachable(alias, config, 15.0)
         if down:
             raise ClusterUnreachable(
                 f"a drill needs both clusters; {alias} is unreachable: {down}",
@@ -337,7 +340,7 @@ def _real_group_offsets(
     from mirrorflow.replication.checkpoints import GroupOffsetsClient
 
     source = ClusterAdmin(spec.source, spec.source_admin)
-    partitions = list(failover._replicated_partitions(spec, source))
+    partitions = list(replicated_partitions(spec, source))
     if admin.alias == spec.target:
         partitions = [(spec.remote_topic(t), p) for t, p in partitions]
     try:
@@ -351,7 +354,7 @@ def _real_group_offsets(
     for group in sorted(g.group_id for g in listed.valid):
         if spec.should_replicate_group(group) and not group.startswith(request.group_prefix):
             found = client.committed(group, partitions)
-            offsets[group] = {failover._key(tp): o for tp, (o, _m) in sorted(found.items())}
+            offsets[group] = {partition_key(tp): o for tp, (o, _m) in sorted(found.items())}
     return offsets
 
 
@@ -680,7 +683,7 @@ def _wait_positions(spec: MirrorSpec, wanted: dict[Partition, int], timeout: flo
         if all(positions.get(tp, 0) >= o for tp, o in wanted.items()):
             return time.time()
         if time.monotonic() > deadline:
-            behind = {failover._key(tp): o - positions.get(tp, 0) for tp, o in wanted.items()}
+            behind = {partition_key(tp): o - positions.get(tp, 0) for tp, o in wanted.items()}
             raise MirrorflowError(
                 f"{spec.flow} did not copy the drill's records within {timeout:.0f}s "
                 f"(behind: {behind})",
@@ -744,7 +747,7 @@ def failover_step(
             log(line)
         written = result.report.written if result.report else {}
         committed = {
-            g: {failover._key(tp): o for tp, o in tps.items()} for g, tps in written.items()
+            g: {partition_key(tp): o for tp, o in tps.items()} for g, tps in written.items()
         }
         if result.checkpoints:
             run.change(
@@ -762,7 +765,7 @@ def failover_step(
         details = {
             "committed": committed,
             "positions_at_cut": {
-                failover._key(tp): o
+                partition_key(tp): o
                 for tp, o in flow_positions(spec).items()
                 if tp[0] == DRILL_TOPIC
             },
@@ -802,7 +805,7 @@ def failover_step(
             "failover_steps": _step_timings(inner_run),
             "held": bool(inner_run.details("stop-mirror").get("held")),
             "positions_at_cut": {
-                failover._key((t, int(p))): o
+                partition_key((t, int(p))): o
                 for t, parts in cut.items()
                 for p, o in parts.items()
                 if t == DRILL_TOPIC
@@ -862,7 +865,7 @@ def verify(request: DrillRequest, run: DrillRun, record: StepRecord, log: Log) -
     finally:
         reader.close()
     acked: dict[str, list[int]] = sent["acked"]
-    positions = {int(k.rsplit("-", 1)[1]): o for k, o in over["positions_at_cut"].items()}
+    positions = {key_partition(k)[1]: o for k, o in over["positions_at_cut"].items()}
     if request.mode == "destructive":  # the source is still down: what its last reads
         # before the cut brought (a batch in flight at the kill lands after it)
         positions = {p: o for (t, p), o in flow_positions(spec).items() if t == DRILL_TOPIC}
@@ -1020,7 +1023,7 @@ def restore(request: DrillRequest, run: DrillRun, record: StepRecord, log: Log) 
             details["kept"] = kept
         details["released"] = released
         log(f"{request.flow}: {'; '.join(released) or 'nothing'} released, the flow resumes")
-        if failover.positions_at_cut(inner) is not None:
+        if positions_at_cut(inner) is not None:
             try:  # the source is back: the RPO of the drill's failover, counted there
                 details["measured_rpo"] = failover.measure_and_record(spec, inner, run, False, log)
             except MirrorflowError as exc:

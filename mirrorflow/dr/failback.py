@@ -15,7 +15,7 @@ Steps (:data:`STEPS`):
     changed something, not a dry run, not rolled back; its ``positions_at_cut``): one that failed
     is refused in one line naming the rollback (or: run the failover again); both clusters
     answer; ``S->T`` still held; the failover's RPO measured on ``S`` unless it was
-    (:func:`mirrorflow.dr.failover.measure_missing`); the replication policy; what
+    (:func:`mirrorflow.dr.rpo.measure_missing`); the replication policy; what
     to copy back: per partition of each replicated topic, the range of ``T``'s topic written
     during the failover (default policy: ``T``'s own ``orders``, copied to ``T.orders`` on ``S``
     as MirrorMaker 2's active/active names it; identity: ``orders`` past the forward flow's last
@@ -65,25 +65,27 @@ from dataclasses import dataclass
 
 from mirrorflow import paths
 from mirrorflow.dr import steps
-from mirrorflow.dr.failover import (
-    _flat,
-    _groups,
-    _key,
-    _nested,
-    _replicated_partitions,
-    _source_bounds,
+from mirrorflow.dr.clusters import (
+    end_offsets,
+    log_bounds,
+    reachable,
+    replicated_groups,
+    replicated_partitions,
+)
+from mirrorflow.dr.failover import measure_and_record, reports_dir, rollback_command
+from mirrorflow.dr.fences import (
     create_acls,
     delete_acls,
     deny_write_bindings,
     fences_file,
+    read_fences,
+    write_fences,
+)
+from mirrorflow.dr.offsets import flat_offsets, nested_offsets, partition_key
+from mirrorflow.dr.records import (
     is_failover,
     made_changes,
-    measure_and_record,
     positions_at_cut,
-    reachable,
-    read_fences,
-    reports_dir,
-    rollback_command,
     run_records,
     run_status,
     step_details,
@@ -202,10 +204,6 @@ def latest_failover(flow: str, run_id: str = "", held_by: str | None = None) -> 
     )
 
 
-def _end_offsets(admin: ClusterAdmin, partitions: list[Partition]) -> dict[Partition, int]:
-    return {tp: end for tp, (_s, end) in _source_bounds(None, admin, partitions).items()}  # type: ignore[arg-type]
-
-
 def _topic_partitions(admin: ClusterAdmin, topic: str) -> list[int]:
     found = admin.metadata().topics.get(topic)
     if found is None or found.error is not None:
@@ -249,7 +247,7 @@ def preflight(request: FailbackRequest, run: FailbackRun, record: StepRecord, lo
                 f"a failback of {request.flow} needs {alias}, which is unreachable: {down}",
                 f"wait until {alias} is back, then trigger the failback again",
             )
-    cut = _flat(positions_at_cut(failover) or {})
+    cut = flat_offsets(positions_at_cut(failover) or {})
     if not jobs.held(request.flow_dir()):
         raise MirrorflowError(
             f"{request.flow} is not held paused: it was resumed after failover "
@@ -274,7 +272,7 @@ def preflight(request: FailbackRequest, run: FailbackRun, record: StepRecord, lo
     # without the heartbeats: the target's own heartbeats are no data to bring back.
     topics = sorted(
         t
-        for t in {t for t, _p in _replicated_partitions(spec, source)} | {t for t, _ in cut}
+        for t in {t for t, _p in replicated_partitions(spec, source)} | {t for t, _ in cut}
         if spec.should_replicate(t) and not policy.is_heartbeats_topic(t)
     )
     # What T holds that S does not: default policy, T's own topic of the same name (written
@@ -286,8 +284,8 @@ def preflight(request: FailbackRequest, run: FailbackRun, record: StepRecord, lo
         partitions = _topic_partitions(target, topic)
         if not partitions:
             continue
-        ends = _end_offsets(target, [(topic, p) for p in partitions])
-        bounds = _source_bounds(spec, target, [(topic, p) for p in partitions])
+        ends = end_offsets(target, [(topic, p) for p in partitions])
+        bounds = log_bounds(target, [(topic, p) for p in partitions])
         for p in partitions:
             if identity:
                 last = forward_map.last_run((topic, p))
@@ -307,7 +305,7 @@ def preflight(request: FailbackRequest, run: FailbackRun, record: StepRecord, lo
     diverged = []
     if identity:
         held = {tp: position for tp, position in cut.items() if tp[0] in topics}
-        ends = _end_offsets(source, sorted(held))
+        ends = end_offsets(source, sorted(held))
         side = {t: f"{t}.{DIVERGED_SUFFIX}.{safe_run_id(request.run_id)}" for t, _ in held}
         for (topic, p), position in sorted(held.items()):
             if ends[(topic, p)] > position:
@@ -320,7 +318,7 @@ def preflight(request: FailbackRequest, run: FailbackRun, record: StepRecord, lo
                         "end": ends[(topic, p)],
                     }
                 )
-    groups = _groups(spec, target, request.group_pattern)
+    groups = replicated_groups(spec, target, request.group_pattern)
     written_on_target = sum(c["end"] - c["start"] for c in copies)
     # The failover's RPO, measured now that its source is back (once: kept in its record).
     measured = failover.get("measured_rpo")
@@ -337,7 +335,7 @@ def preflight(request: FailbackRequest, run: FailbackRun, record: StepRecord, lo
         "failover_run_id": failover["run_id"],
         "policy": type(policy).__name__,
         "identity": identity,
-        "positions_at_cut": _nested(cut),
+        "positions_at_cut": nested_offsets(cut),
         "topics": topics,  # the flow's topics now, heartbeats left out
         "copies": copies,
         "written_on_target": written_on_target,
@@ -597,7 +595,7 @@ def reverse_copy(request: FailbackRequest, run: FailbackRun, record: StepRecord,
     source = ClusterAdmin(spec.source, spec.source_admin)
     target = ClusterAdmin(spec.target, spec.target_admin)
     copies = [dict(c) for c in pre.get("copies", [])]
-    ends = _end_offsets(target, [(c["topic"], c["partition"]) for c in copies])
+    ends = end_offsets(target, [(c["topic"], c["partition"]) for c in copies])
     for c in copies:
         c["end"] = max(c["start"], ends[(c["topic"], c["partition"])])
     total = sum(c["end"] - c["start"] for c in copies)
@@ -632,7 +630,7 @@ def reverse_copy(request: FailbackRequest, run: FailbackRun, record: StepRecord,
             run.change(
                 "positions",
                 f"wrote {spec.target}->{spec.source}'s positions to {topic} on {spec.source}: "
-                + ", ".join(f"{_key(tp)}@{o}" for tp, o in sorted(written.items())),
+                + ", ".join(f"{partition_key(tp)}@{o}" for tp, o in sorted(written.items())),
             )
     else:
         for c in copies:
@@ -650,13 +648,13 @@ def reverse_copy(request: FailbackRequest, run: FailbackRun, record: StepRecord,
     after = (
         {}
         if request.dry_run  # the topics may not exist yet
-        else _end_offsets(source, sorted({(c["to"], c["partition"]) for c in copies}))
+        else end_offsets(source, sorted({(c["to"], c["partition"]) for c in copies}))
     )
     resume_at = {}
     if pre.get("identity"):
         topics = set(pre.get("topics", []))
-        cut = [tp for tp in _flat(pre.get("positions_at_cut", {})) if tp[0] in topics]
-        resume_at = _end_offsets(source, sorted(cut)) if not request.dry_run else {}
+        cut = [tp for tp in flat_offsets(pre.get("positions_at_cut", {})) if tp[0] in topics]
+        resume_at = end_offsets(source, sorted(cut)) if not request.dry_run else {}
     for c in copies:
         log(
             f"{'would copy' if request.dry_run else 'copied'} {spec.target} "
@@ -667,8 +665,8 @@ def reverse_copy(request: FailbackRequest, run: FailbackRun, record: StepRecord,
         "copies": copies,
         "written_on_target": total,
         "copied": copied,
-        "source_ends_after": {_key(tp): o for tp, o in sorted(after.items())},
-        "resume_positions": _nested(resume_at),
+        "source_ends_after": {partition_key(tp): o for tp, o in sorted(after.items())},
+        "resume_positions": nested_offsets(resume_at),
     }
     record.summary = (
         f"{'would copy' if request.dry_run else 'copied'} "
@@ -746,7 +744,7 @@ def group_sync(request: FailbackRequest, run: FailbackRun, record: StepRecord, l
     source = ClusterAdmin(spec.source, spec.source_admin)
     forward = read_offset_map(spec)
     copies = {(c["topic"], c["partition"]): c for c in copy.get("copies", [])}
-    resumes = _flat(copy.get("resume_positions", {}))  # identity: S's ends after the copy
+    resumes = flat_offsets(copy.get("resume_positions", {}))  # identity: S's ends after the copy
     remote: dict[Partition, Partition] = {}  # T's copy of S's partition -> S's partition
     for topic, p in forward.partitions:
         remote[(spec.remote_topic(topic), p)] = (topic, p)
@@ -855,7 +853,7 @@ def unfence(request: FailbackRequest, run: FailbackRun, record: StepRecord, log:
             removed(acl)
     else:
         delete_acls(ClusterAdmin(spec.source, spec.source_admin), acls, removed)
-        paths.write_private(path, "[]\n")
+        write_fences(request.flow, [])
         run.change("fences-file", f"emptied {path}: the fences it listed are removed")
     record.details = {
         "acls": [{"principal": p, "topic": t} for p, t in acls],
@@ -875,7 +873,7 @@ def resume(request: FailbackRequest, run: FailbackRun, record: StepRecord, log: 
     pre = run.details("preflight")
     copy = run.details("reverse-copy")
     before = flow_positions(spec)
-    moved = _flat(copy.get("resume_positions", {})) if pre.get("identity") else {}
+    moved = flat_offsets(copy.get("resume_positions", {})) if pre.get("identity") else {}
     moved = {tp: o for tp, o in moved.items() if o > before.get(tp, 0)}
     flow_dir = request.flow_dir()
     would = "would " if request.dry_run else ""
@@ -892,8 +890,10 @@ def resume(request: FailbackRequest, run: FailbackRun, record: StepRecord, log: 
             "positions",
             f"{would}{'move' if would else 'moved'} {request.flow}'s positions past the "
             "records set aside and copied back: "
-            + ", ".join(f"{_key(tp)} {before.get(tp, 0)}->{o}" for tp, o in sorted(moved.items())),
-            undo={"positions": _nested({tp: before.get(tp, 0) for tp in moved})},
+            + ", ".join(
+                f"{partition_key(tp)} {before.get(tp, 0)}->{o}" for tp, o in sorted(moved.items())
+            ),
+            undo={"positions": nested_offsets({tp: before.get(tp, 0) for tp in moved})},
         )
     hold = jobs.held(flow_dir)
     if not request.dry_run:
@@ -922,8 +922,8 @@ def resume(request: FailbackRequest, run: FailbackRun, record: StepRecord, log: 
             "set aside and those copied back)"
         )
     record.details = {
-        "positions_before": _nested(before),
-        "positions_moved": _nested(moved),
+        "positions_before": nested_offsets(before),
+        "positions_moved": nested_offsets(moved),
         "released": not request.dry_run,
     }
     record.summary = (

@@ -27,10 +27,11 @@ Steps (:data:`STEPS`), for a run of :class:`FailoverRequest`:
     Planned: topic configs and ACLs synced (where the flow syncs them), the groups checkpointed
     now with exact translation and their offsets committed into the target's groups (those with
     no members there). Emergency: the latest checkpoints stored on the target are committed.
-    Then the RPO (:func:`rpo_at_cut`): records on the source not copied, per partition.
-    Planned: the source's end offsets now minus the positions (0 after a catch-up with fenced
-    producers). Emergency: at least the end offsets the job last observed minus the positions,
-    with bounds on when the oldest of them was written (:func:`oldest_uncopied_written`).
+    Then the RPO (:func:`mirrorflow.dr.rpo.rpo_at_cut`): records on the source not copied, per
+    partition. Planned: the source's end offsets now minus the positions (0 after a catch-up
+    with fenced producers). Emergency: at least the end offsets the job last observed minus the
+    positions, with bounds on when the oldest of them was written
+    (:func:`mirrorflow.dr.rpo.oldest_uncopied_written`).
 ``rollback`` (mode ``rollback``)
     Releases exactly what one failover run held (:func:`choose_rollback`): its hold and
     ``paused`` file when that run created them, the fence ACLs it created (``fences.json``
@@ -38,8 +39,8 @@ Steps (:data:`STEPS`), for a run of :class:`FailoverRequest`:
     back. Committed group offsets stay.
 ``measure-rpo`` (mode ``measure-rpo``)
     Once the source is back, reads it from the failover's ``positions_at_cut`` to its end and
-    counts the records written up to the cut (:func:`measure_missing`); the failover's record
-    and report get the figures (``measured_rpo``).
+    counts the records written up to the cut (:func:`mirrorflow.dr.rpo.measure_missing`); the
+    failover's record and report get the figures (``measured_rpo``).
 ``report``
     Per group, where to read now: the remote topics under the flow's replication policy (e.g.
     ``primary.orders``, never ``orders``) and offsets; the ledger; the report in Markdown and
@@ -54,7 +55,6 @@ them holds a secret.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import shlex
@@ -62,22 +62,41 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
-from mirrorflow import paths
 from mirrorflow.dr import steps
-from mirrorflow.dr.steps import Log, Partition, StepRecord, StepSkipped
+from mirrorflow.dr.clusters import log_bounds, reachable, replicated_groups, replicated_partitions
+from mirrorflow.dr.fences import (
+    create_acls,
+    delete_acls,
+    deny_write_bindings,
+    fences_file,
+    read_fences,
+    record_fences,
+    write_fences,
+)
+from mirrorflow.dr.offsets import partition_key
+from mirrorflow.dr.records import (
+    FAILOVER_MODES,
+    failed_back,
+    hold_reason,
+    is_failover,
+    made_changes,
+    positions_at_cut,
+    run_records,
+    run_status,
+)
+from mirrorflow.dr.rpo import failover_cut_ms, measure_missing, records_behind, rpo_at_cut
+from mirrorflow.dr.steps import Log, Partition, StepRecord, StepSkipped, stamp_ms
 from mirrorflow.dr.steps import iso as _iso
 from mirrorflow.dr.steps import now as _now
 from mirrorflow.dr.steps import safe_run_id as safe_run_id  # as it was named here
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
 from mirrorflow.replication.checkpoints import flow_positions
 from mirrorflow.replication.spec import MirrorSpec
-from mirrorflow.replication.topics import ADMIN_TIMEOUT_S, ClusterAdmin, cluster_error
+from mirrorflow.replication.topics import ClusterAdmin
 from mirrorflow.runtime import jobs
 
-FAILOVER_MODES = ("planned", "emergency", "auto")
 MODES = (*FAILOVER_MODES, "rollback", "measure-rpo")
 STEPS = (
     "preflight",
@@ -104,7 +123,7 @@ class FailoverRequest(steps.GroupsRequest):
     ``failover_run_id``: in modes ``rollback`` and ``measure-rpo``, the failover run they act
     on (empty: see :func:`choose_rollback`, :func:`choose_measured`)."""
 
-    mode: str = "auto"
+    mode: str = "planned"  # as the CLI (--mode), the DAG's Param and PARAMS default it
     catch_up_timeout_s: float = 300.0
     stop_timeout_s: float = 30.0
     reachability_timeout_s: float = 15.0
@@ -143,17 +162,6 @@ class FailoverRequest(steps.GroupsRequest):
 def reports_dir() -> Path:
     """Where failover runs keep their record and report: ``$MIRRORFLOW_STATE/reports/failover``."""
     return steps.reports_dir("failover")
-
-
-def fences_file(flow: str) -> Path:
-    """The ACLs failovers of ``flow`` created to fence producers (what a failback removes)."""
-    source, target = jobs.split_flow(flow)
-    return paths.state_dir() / "failover" / f"{source}-{target}" / "fences.json"
-
-
-def hold_reason(run_id: str) -> str:
-    """The reason a failover run writes in the flow's hold file (how a rollback knows it)."""
-    return f"failover {run_id}"
 
 
 def rollback_command(flow: str, flow_files: Sequence[str], run_id: str) -> str:
@@ -230,120 +238,7 @@ def _skip_unless_applies(request: FailoverRequest, run: FailoverRun, step: str) 
         raise StepSkipped(reason)
 
 
-def reachable(alias: str, config: dict[str, str], timeout_s: float) -> str | None:
-    """None when the cluster answers a metadata request within ``timeout_s``, else why not."""
-    admin = ClusterAdmin(alias, config)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            admin.client.list_topics(timeout=min(2.0, timeout_s))
-            return None
-        except Exception as exc:  # KafkaException: transport, timeout, authentication
-            admin.client.poll(0.1)
-            if admin.auth_error is not None:
-                return f"it refused {admin.principal}: {admin.auth_error.str()}"
-            if time.monotonic() > deadline:
-                return f"no answer within {timeout_s:g}s ({exc})"
-
-
-def _replicated_partitions(spec: MirrorSpec, admin: ClusterAdmin) -> dict[Partition, None]:
-    metadata = admin.metadata()
-    chosen = {}
-    for name, topic in sorted(metadata.topics.items()):
-        if topic.error is None and spec.should_replicate(name):
-            for partition in sorted(topic.partitions):
-                chosen[(name, partition)] = None
-    return chosen
-
-
-def _groups(spec: MirrorSpec, admin: ClusterAdmin, pattern: str) -> list[str]:
-    try:
-        listed = admin.client.list_consumer_groups(request_timeout=ADMIN_TIMEOUT_S).result()
-    except Exception as exc:
-        raise cluster_error(
-            admin, "listing consumer groups", exc, "DESCRIBE on the groups"
-        ) from None
-    return sorted(
-        g.group_id
-        for g in listed.valid
-        if spec.should_replicate_group(g.group_id) and re.fullmatch(pattern, g.group_id)
-    )
-
-
-def _key(tp: Partition) -> str:
-    return f"{tp[0]}-{tp[1]}"
-
-
 # -- the failover runs on record ---------------------------------------------------------------
-
-
-def run_records(kind: str, flow: str) -> list[dict]:
-    """The run records (``run.json``) of ``kind``'s runs of ``flow``, oldest first."""
-    folder = steps.reports_dir(kind)
-    found = []
-    for path in sorted(folder.glob("*/run.json")) if folder.is_dir() else []:
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(data, dict) and data.get("flow") == flow and data.get("run_id"):
-            found.append(data)
-    return sorted(found, key=lambda d: str(d.get("started") or ""))
-
-
-def is_failover(data: dict) -> bool:
-    """Whether a failover run record is a failover's (not a rollback's or a measurement's)."""
-    return (data.get("request") or {}).get("mode", "auto") in FAILOVER_MODES
-
-
-def run_status(data: dict) -> str:
-    """``success`` or ``failed at <step>``, as the run's report says."""
-    failed = [s["step"] for s in data.get("steps", []) if s.get("status") == "failed"]
-    return f"failed at {failed[0]}" if failed else "success"
-
-
-def step_details(data: dict, name: str) -> dict:
-    """What step ``name`` of a run record last recorded (empty: it did not run)."""
-    found = [s for s in data.get("steps", []) if s.get("step") == name]
-    return (found[-1].get("details") or {}) if found else {}
-
-
-def positions_at_cut(data: dict) -> dict[str, dict[str, int]] | None:
-    """Where a failover run left the flow (its final-sync's RPO), None if it did not get there."""
-    return (step_details(data, "final-sync").get("rpo") or {}).get("positions_at_cut")
-
-
-def made_changes(data: dict) -> list[dict]:
-    """What a run changed (its ledger, dry-run entries left out). Records written before the
-    ledger: the hold and the fences its steps' details name."""
-    if "changes" in data:
-        return [c for c in data["changes"] if not c.get("dry_run")]
-    if (data.get("request") or {}).get("dry_run"):
-        return []
-    legacy = []
-    if step_details(data, "stop-mirror").get("held"):
-        reason = hold_reason(data["run_id"])
-        legacy.append({"kind": "hold", "undo": {"reason": reason, "paused_created": True}})
-    fence = step_details(data, "fence-producers")
-    if fence.get("applied"):
-        legacy += [
-            {"kind": "fence-acl", "undo": {"principal": a["principal"], "topic": a["topic"]}}
-            for a in fence.get("acls", [])
-        ]
-    return legacy
-
-
-def failed_back(data: dict, failbacks: Sequence[dict]) -> tuple[str, str] | None:
-    """The failback (run id, status) that undid failover ``data`` or began to (it changed
-    something, not a dry run), None if none did."""
-    for back in reversed(failbacks):
-        if (back.get("request") or {}).get("dry_run"):
-            continue
-        if step_details(back, "preflight").get("failover_run_id") != data["run_id"]:
-            continue
-        if made_changes(back) or run_status(back) == "success":
-            return back["run_id"], run_status(back)
-    return None
 
 
 def choose_rollback(
@@ -485,8 +380,8 @@ def preflight(request: FailoverRequest, run: FailoverRun, record: StepRecord, lo
     if source_down is None:
         try:
             source = ClusterAdmin(spec.source, spec.source_admin)
-            topics = sorted({t for t, _p in _replicated_partitions(spec, source)})
-            groups = _groups(spec, source, request.group_pattern)
+            topics = sorted({t for t, _p in replicated_partitions(spec, source)})
+            groups = replicated_groups(spec, source, request.group_pattern)
         except MirrorflowError as exc:
             if mode != "emergency":
                 raise
@@ -547,7 +442,7 @@ def fence_producers(
     elif bindings:
 
         def created(acl: dict) -> None:
-            _record_fences(request, [acl])
+            record_fences(request.flow, request.run_id, [acl])
             run.change(
                 "fence-acl",
                 f"denied WRITE on topic {acl['topic']} of {spec.source} to {acl['principal']} "
@@ -568,129 +463,6 @@ def fence_producers(
     log(record.summary)
 
 
-def deny_write_bindings(acls: Sequence[tuple[str, str]], as_filter: bool = False) -> list:
-    """ACL bindings denying WRITE, one per ``(principal, topic)`` (a literal topic name), from
-    any host (``as_filter``: the filters that match exactly those, to delete them)."""
-    from confluent_kafka.admin import (
-        AclBinding,
-        AclBindingFilter,
-        AclOperation,
-        AclPermissionType,
-        ResourcePatternType,
-        ResourceType,
-    )
-
-    make = AclBindingFilter if as_filter else AclBinding
-    return [
-        make(
-            ResourceType.TOPIC,
-            topic,
-            ResourcePatternType.LITERAL,
-            principal,
-            "*",
-            AclOperation.WRITE,
-            AclPermissionType.DENY,
-        )
-        for principal, topic in acls
-    ]
-
-
-def create_acls(
-    admin: ClusterAdmin, bindings: list, created: Callable[[object], None] | None = None
-) -> None:
-    """Create the DENY WRITE ``bindings`` on ``admin``'s cluster, calling ``created`` with each
-    one the cluster created (as it answers, before a later refusal fails, naming it)."""
-    try:
-        futures = admin.client.create_acls(bindings, request_timeout=ADMIN_TIMEOUT_S)
-        for binding, future in futures.items():
-            future.result()
-            if created is not None:
-                created(binding)
-    except Exception as exc:
-        raise cluster_error(
-            admin, "creating DENY WRITE ACLs", exc, "ALTER on the cluster"
-        ) from None
-
-
-def delete_acls(
-    admin: ClusterAdmin,
-    acls: Sequence[tuple[str, str]],
-    deleted: Callable[[tuple[str, str]], None] | None = None,
-) -> None:
-    """Delete exactly the DENY WRITE ACLs ``(principal, topic)`` on ``admin``'s cluster, calling
-    ``deleted`` with each one as the cluster answers (before a later refusal fails)."""
-    if not acls:
-        return
-    filters = deny_write_bindings(acls, as_filter=True)
-    try:
-        futures = admin.client.delete_acls(filters, request_timeout=ADMIN_TIMEOUT_S)
-        for acl_filter, future in futures.items():
-            future.result()
-            if deleted is not None:
-                deleted(acls[filters.index(acl_filter)])
-    except Exception as exc:
-        raise cluster_error(
-            admin, "removing DENY WRITE ACLs", exc, "ALTER on the cluster"
-        ) from None
-
-
-def read_fences(flow: str) -> list[dict]:
-    """The fences failovers of ``flow`` recorded (``fences.json``), each with its run id."""
-    try:
-        known = json.loads(fences_file(flow).read_text())
-    except (OSError, ValueError):
-        return []
-    return known if isinstance(known, list) else []
-
-
-def _record_fences(request: FailoverRequest, acls: list[dict]) -> None:
-    known = read_fences(request.flow)
-    stamp = _now()
-    known += [{**acl, "run_id": request.run_id, "created": stamp} for acl in acls]
-    paths.write_private(fences_file(request.flow), json.dumps(known, indent=1) + "\n")
-
-
-def _source_bounds(
-    spec: MirrorSpec, admin: ClusterAdmin, partitions: Sequence[Partition], committed: bool = False
-) -> dict[Partition, tuple[int, int]]:
-    """(log start, end) offsets of the source partitions (``committed``: the end a
-    ``read_committed`` reader reaches, the last stable offset)."""
-    from confluent_kafka import IsolationLevel, TopicPartition
-    from confluent_kafka.admin import OffsetSpec
-
-    isolation = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
-    bounds: dict[Partition, list[int]] = {tp: [0, 0] for tp in partitions}
-    for which, offset_spec in ((0, OffsetSpec.earliest()), (1, OffsetSpec.latest())):
-        if not partitions:
-            break
-        try:
-            futures = admin.client.list_offsets(
-                {TopicPartition(t, p): offset_spec for t, p in partitions},
-                isolation_level=isolation,
-                request_timeout=ADMIN_TIMEOUT_S,
-            )
-            for tp, future in futures.items():
-                bounds[(tp.topic, tp.partition)][which] = future.result().offset
-        except Exception as exc:
-            raise cluster_error(
-                admin, "listing end offsets", exc, "DESCRIBE on the topics"
-            ) from None
-    return {tp: (b[0], b[1]) for tp, b in bounds.items()}
-
-
-def _behind(
-    bounds: dict[Partition, tuple[int, int]], positions: dict[Partition, int]
-) -> dict[Partition, int]:
-    """Records per partition the flow has not copied: its end minus its position (from the log
-    start when it has none)."""
-    behind = {}
-    for tp, (start, end) in bounds.items():
-        gap = end - max(positions.get(tp, start), start)
-        if gap > 0:
-            behind[tp] = gap
-    return behind
-
-
 @WORKFLOW.step("catch-up")
 def catch_up(
     request: FailoverRequest, run: FailoverRun, record: StepRecord, log: Log, poll_s: float = 2.0
@@ -703,8 +475,8 @@ def catch_up(
     deadline = started + request.catch_up_timeout_s
     last_said = 0.0
     while True:
-        partitions = list(_replicated_partitions(spec, source))
-        bounds = _source_bounds(spec, source, partitions)
+        partitions = list(replicated_partitions(spec, source))
+        bounds = log_bounds(source, partitions)
         try:
             positions = flow_positions(spec)
         except ClusterUnreachable as exc:  # its offsets topic just created, a leader moving
@@ -713,12 +485,14 @@ def catch_up(
             log(f"{request.flow}'s positions not readable yet ({exc.message}); waiting")
             time.sleep(poll_s)
             continue
-        behind = _behind(bounds, positions)
+        behind = records_behind(bounds, positions)
         if not behind:
             break
         now = time.monotonic()
         if now > deadline:
-            listed = ", ".join(f"{_key(tp)} ({n})" for tp, n in sorted(behind.items())[:10])
+            listed = ", ".join(
+                f"{partition_key(tp)} ({n})" for tp, n in sorted(behind.items())[:10]
+            )
             raise MirrorflowError(
                 f"{request.flow} did not catch up within {request.catch_up_timeout_s:.0f}s: "
                 f"{sum(behind.values())} record(s) not copied yet, in {listed}",
@@ -732,7 +506,7 @@ def catch_up(
     waited = time.monotonic() - started
     record.details = {
         "waited_s": round(waited, 1),
-        "end_offsets": {_key(tp): end for tp, (_s, end) in sorted(bounds.items())},
+        "end_offsets": {partition_key(tp): end for tp, (_s, end) in sorted(bounds.items())},
     }
     record.summary = (
         f"{request.flow} caught up with {spec.source}'s end offsets of "
@@ -745,23 +519,11 @@ def written_since(stamp: str | None, epoch_s: float) -> bool:
     """Whether ``progress.json`` written at ``stamp`` (its ``updated``) was written at or after
     ``epoch_s``: to the millisecond for a stamp with a fraction of a second; an older job's
     whole-second stamp (truncated) counts from that second on."""
-    moment = _stamp_ms(stamp)
+    moment = stamp_ms(stamp)
     if moment is None:
         return False
     at_ms, precision_ms = moment
     return at_ms >= (math.floor(epoch_s * 1000) // precision_ms) * precision_ms
-
-
-def _stamp_ms(stamp: str | None) -> tuple[int, int] | None:
-    """An ISO 8601 time as (epoch milliseconds, its precision in ms: 1000 for whole seconds,
-    else 1), None when it is none."""
-    try:
-        moment = datetime.fromisoformat(str(stamp))
-    except ValueError:
-        return None
-    clock = str(stamp).split("T", 1)[-1]
-    precision = 1 if "." in clock or "," in clock else 1000
-    return math.floor(moment.timestamp() * 1000), precision
 
 
 @WORKFLOW.step("stop-mirror")
@@ -862,7 +624,7 @@ def final_sync(request: FailoverRequest, run: FailoverRun, record: StepRecord, l
         sync = _emergency_group_sync(spec, run, groups, dry, log)
     details.update(sync)
     cut = failover_cut_ms(run.data) or math.floor(time.time() * 1000)
-    details["rpo"] = rpo = rpo_at_cut(spec, run.mode, request, cut)
+    details["rpo"] = rpo = rpo_at_cut(spec, run.mode, request.flow_dir(), cut)
     for line in _group_lines(details["targets"], spec.target):
         log(line)
     log(rpo["summary"])
@@ -917,7 +679,7 @@ def _previous_offsets(
             found = client.committed(group, partitions)
         except MirrorflowError:
             continue
-        before[group] = {_key(tp): o for tp, (o, _m) in sorted(found.items())}
+        before[group] = {partition_key(tp): o for tp, (o, _m) in sorted(found.items())}
     return before
 
 
@@ -958,7 +720,7 @@ def _planned_group_sync(
     before = {}
     if not dry_run:
         source = ClusterAdmin(spec.source, spec.source_admin)
-        remote = [(spec.remote_topic(t), p) for t, p in _replicated_partitions(spec, source)]
+        remote = [(spec.remote_topic(t), p) for t, p in replicated_partitions(spec, source)]
         before = _previous_offsets(spec, dict.fromkeys(sorted(groups), remote))
     try:
         result = run_group_sync(spec, groups, sync_offsets=True, dry_run=dry_run)
@@ -1055,7 +817,9 @@ def _emergency_group_sync(
 
 
 def _committed(written: dict[str, dict[Partition, int]]) -> dict[str, dict[str, int]]:
-    return {g: {_key(tp): o for tp, o in sorted(tps.items())} for g, tps in written.items()}
+    return {
+        g: {partition_key(tp): o for tp, o in sorted(tps.items())} for g, tps in written.items()
+    }
 
 
 def _group_lines(targets: dict[str, list[dict]], target: str) -> list[str]:
@@ -1072,258 +836,6 @@ def _group_lines(targets: dict[str, list[dict]], target: str) -> list[str]:
 # -- the RPO -------------------------------------------------------------------------------------
 
 
-def oldest_uncopied_written(
-    history: Sequence[Sequence[int]], position: int
-) -> tuple[int | None, int | None]:
-    """When the oldest record not copied of a partition at ``position`` (the record at offset
-    ``position``) was written, from the job's history of the partition's end offsets
-    (``[[epoch ms, end offset], …]``, ascending in time): after the last time its end was at
-    or before ``position`` (None: no such observation) and no later than the first time it was
-    past it (None: never seen past it). Epoch milliseconds."""
-    after = max((int(t) for t, end in history if end <= position), default=None)
-    by = min((int(t) for t, end in history if end > position), default=None)
-    return after, by
-
-
-def _seconds(ms: int | None) -> float | None:
-    return None if ms is None else round(ms / 1000, 3)
-
-
-def rpo_at_cut(spec: MirrorSpec, mode: str, request: FailoverRequest, cut_ms: int) -> dict:
-    """Records on the source that the target does not have at the cut, per partition (see the
-    module). Emergency: at least those the job last saw, with bounds on the age at the cut of
-    the oldest of them per partition (from ``progress.json``'s ``source_end_history`` when the
-    job writes it, else from when it last listed the ends)."""
-    # The offsets topic keeps the positions of every flow from the source to the target, and
-    # of topics a flow no longer replicates: the flow's own are those its filter takes.
-    positions = {tp: o for tp, o in flow_positions(spec).items() if spec.should_replicate(tp[0])}
-    history: dict = {}
-    observed_ms: int | None = None
-    if mode == "planned":
-        source = ClusterAdmin(spec.source, spec.source_admin)
-        bounds = _source_bounds(spec, source, list(_replicated_partitions(spec, source)))
-        observed_at = _now()
-        basis = f"{spec.source}'s end offsets at the cut"
-    else:
-        progress = jobs.read_progress(request.flow_dir())
-        ends = progress.get("source_end_offsets") or {}
-        bounds = {
-            (topic, int(p)): (0, int(end))
-            for topic, parts in ends.items()
-            for p, end in parts.items()
-        }
-        history = progress.get("source_end_history") or {}
-        observed_at = progress.get("source_end_offsets_at")
-        stamp = _stamp_ms(observed_at)
-        # The listing happened within the stamp's precision after it (a truncated stamp).
-        observed_ms = None if stamp is None else stamp[0] + (stamp[1] if stamp[1] > 1 else 0)
-        basis = (
-            f"the end offsets the mirror job last observed on {spec.source} ({observed_at})"
-            if ends
-            else f"nothing: the mirror job recorded no end offsets of {spec.source}"
-        )
-    behind = _behind(bounds, positions)
-    records = sum(behind.values())
-    exact = mode == "planned"
-    partitions = []
-    for tp, n in sorted(behind.items()):
-        row: dict = {"partition": _key(tp), "behind": n}
-        if not exact:
-            seen = (history.get(tp[0]) or {}).get(str(tp[1]))
-            after, by = (
-                oldest_uncopied_written(seen, positions.get(tp, 0)) if seen else (None, None)
-            )
-            by = by if by is not None else observed_ms
-            row.update(
-                written_after=None if after is None else _iso(after / 1000),
-                written_by=None if by is None else _iso(by / 1000),
-                age_at_least_s=None if by is None else _seconds(cut_ms - by),
-                age_at_most_s=None if after is None else _seconds(cut_ms - after),
-                basis="history" if seen else "last observation",
-            )
-        partitions.append(row)
-    at_least = [r["age_at_least_s"] for r in partitions if r.get("age_at_least_s") is not None]
-    at_most = [r.get("age_at_most_s") for r in partitions]
-    oldest = {
-        "age_at_least_s": max(at_least) if at_least else None,
-        "age_at_most_s": max(at_most) if at_most and None not in at_most else None,
-    }
-    short = f"{records} record(s)" if exact else f"at least {records} record(s)"
-    summary = (
-        f"RPO: {short} on {spec.source} not on {spec.target}, from {basis} minus the "
-        "flow's positions" + ("" if exact else "; records written after that are not known")
-    )
-    if not exact and records and oldest["age_at_least_s"] is not None:
-        summary += (
-            f"; the oldest of them was {oldest['age_at_least_s']:.3f}s old at the cut or older"
-            + (
-                f" (at most {oldest['age_at_most_s']:.3f}s)"
-                if oldest["age_at_most_s"] is not None
-                else ""
-            )
-        )
-    return {
-        "records": records,
-        "exact": exact,
-        "at_least": not exact,
-        "basis": basis,
-        "observed_at": observed_at,
-        "cut": _iso(cut_ms / 1000),
-        "per_partition": {_key(tp): n for tp, n in sorted(behind.items())},
-        "partitions": partitions,
-        "oldest": oldest,
-        "history": bool(history),
-        # Where the flow stopped (the failback resumes from here and sets aside what the
-        # source holds beyond it): source partition -> position.
-        "positions_at_cut": _nested(positions),
-        "summary_short": short,
-        "summary": summary,
-    }
-
-
-def failover_cut_ms(data: dict) -> int | None:
-    """The cut of a failover run (epoch ms): when its stop-mirror completed."""
-    recorded = (data.get("cut") or {}).get("epoch_ms")
-    if recorded is not None:
-        return int(recorded)
-    stop = [s for s in data.get("steps", []) if s.get("step") == "stop-mirror" and s.get("ended")]
-    stamp = _stamp_ms(stop[-1]["ended"]) if stop else None
-    return None if stamp is None else stamp[0]
-
-
-def measure_missing(spec: MirrorSpec, failover: dict, timeout_s: float = 120.0) -> dict:
-    """The RPO of failover run ``failover`` measured on its source, once that is back: per
-    partition, the records from the position at the cut to the end now whose timestamp is at
-    or before the cut (the records the target did not get), with the oldest's and newest's
-    timestamps and the oldest's age at the cut; those written after the cut are counted apart.
-    Reads with a consumer that is assigned its partitions, never joins nor commits its group
-    (READ on the topics is all it needs); ``read_committed`` when the flow reads so."""
-    from confluent_kafka import KafkaError, TopicPartition
-
-    from mirrorflow.replication import clients
-
-    cut = failover_cut_ms(failover)
-    positions = {
-        tp: o
-        for tp, o in _flat(positions_at_cut(failover) or {}).items()
-        if spec.should_replicate(tp[0])
-    }
-    if cut is None or not positions:
-        raise MirrorflowError(
-            f"failover {failover.get('run_id')} recorded no cut to measure from",
-            "measure the RPO of a failover that got past its final-sync",
-        )
-    committed = spec.source_consumer.get("isolation.level") == "read_committed"
-    admin = ClusterAdmin(spec.source, spec.source_admin)
-    ends = {
-        tp: end
-        for tp, (_s, end) in _source_bounds(spec, admin, sorted(positions), committed).items()
-    }
-    config = {
-        k: v
-        for k, v in spec.source_consumer_client.items()
-        if k not in ("group.id", "auto.offset.reset")
-    }
-    consumer = clients.consumer(
-        spec.source,
-        {
-            **config,
-            "group.id": f"mirrorflow-rpo-{spec.flow}",  # never joined nor committed
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "auto.offset.reset": "earliest",  # a position retention removed: from the start
-            "isolation.level": "read_committed" if committed else "read_uncommitted",
-        },
-    )
-    found: dict[Partition, dict] = {
-        tp: {"missing": 0, "after_cut": 0, "oldest_ms": None, "newest_ms": None} for tp in positions
-    }
-    todo = {tp for tp, start in positions.items() if ends.get(tp, 0) > start}
-    deadline = time.monotonic() + timeout_s
-    try:
-        if todo:
-            consumer.assign([TopicPartition(t, p, positions[(t, p)]) for t, p in sorted(todo)])
-        while todo:
-            if time.monotonic() > deadline:
-                raise MirrorflowError(
-                    f"reading {spec.source} from the cut to its end took over {timeout_s:g}s "
-                    f"({', '.join(_key(tp) for tp in sorted(todo))} not done)",
-                    f"check that {spec.source} answers, then measure again",
-                )
-            for msg in consumer.consume(1000, 0.5):
-                error = msg.error()
-                if error is not None:
-                    if error.code() in (
-                        KafkaError._PARTITION_EOF,
-                        KafkaError.GROUP_AUTHORIZATION_FAILED,  # the group is never used
-                    ):
-                        continue
-                    raise cluster_error(
-                        admin, f"reading {msg.topic()}", Exception(error), "READ on the topic"
-                    )
-                tp = (msg.topic(), msg.partition())
-                if msg.offset() >= ends[tp]:
-                    continue
-                stamp = msg.timestamp()[1]
-                counted = found[tp]
-                if stamp > cut:
-                    counted["after_cut"] += 1
-                    continue
-                counted["missing"] += 1
-                if counted["oldest_ms"] is None or stamp < counted["oldest_ms"]:
-                    counted["oldest_ms"] = stamp
-                if counted["newest_ms"] is None or stamp > counted["newest_ms"]:
-                    counted["newest_ms"] = stamp
-            # positions, not offsets read: transaction markers and aborted records count too
-            for at in consumer.position([TopicPartition(t, p) for t, p in sorted(todo)]):
-                if at.offset >= ends[(at.topic, at.partition)]:
-                    todo.discard((at.topic, at.partition))
-    finally:
-        consumer.close()
-    rows = []  # the partitions with records past the cut (the others: nothing to count)
-    for tp, counted in sorted(found.items()):
-        if ends.get(tp, 0) <= positions[tp]:
-            continue
-        oldest, newest = counted["oldest_ms"], counted["newest_ms"]
-        rows.append(
-            {
-                "partition": _key(tp),
-                "from": positions[tp],
-                "to": ends.get(tp, positions[tp]),
-                "missing": counted["missing"],
-                "after_cut": counted["after_cut"],
-                "oldest": None if oldest is None else _iso(oldest / 1000),
-                "newest": None if newest is None else _iso(newest / 1000),
-                "oldest_age_at_cut_s": _seconds(None if oldest is None else cut - oldest),
-            }
-        )
-    missing = sum(r["missing"] for r in rows)
-    stamps = [found[tp]["oldest_ms"] for tp in found if found[tp]["oldest_ms"] is not None]
-    newest = [found[tp]["newest_ms"] for tp in found if found[tp]["newest_ms"] is not None]
-    oldest_ms = min(stamps) if stamps else None
-    return {
-        "records": missing,
-        "after_cut": sum(r["after_cut"] for r in rows),
-        "cut": _iso(cut / 1000),
-        "measured_at": _now(),
-        "read_committed": committed,
-        "oldest": None if oldest_ms is None else _iso(oldest_ms / 1000),
-        "newest": None if not newest else _iso(max(newest) / 1000),
-        "oldest_age_at_cut_s": _seconds(None if oldest_ms is None else cut - oldest_ms),
-        "partitions": rows,
-        "summary": (
-            f"measured RPO: {missing} record(s) written on {spec.source} up to the cut "
-            f"({_iso(cut / 1000)}) never reached {spec.target}"
-            + (
-                f", the oldest {_seconds(cut - oldest_ms):.3f}s before the cut"
-                if oldest_ms is not None
-                else ""
-            )
-            + f"; {sum(r['after_cut'] for r in rows)} written after the cut"
-        ),
-    }
-
-
 def record_measured(failover: dict, measured: dict, by: str) -> Path:
     """Amend failover run ``failover``'s record with its measured RPO and render its report
     again; the report's path."""
@@ -1336,8 +848,8 @@ def record_measured(failover: dict, measured: dict, by: str) -> Path:
 def measure_and_record(
     spec: MirrorSpec, failover: dict, run: steps.Run, dry_run: bool, log: Log
 ) -> dict:
-    """Measure failover ``failover``'s RPO (:func:`measure_missing`) and, unless ``dry_run``,
-    amend its record and report (in ``run``'s ledger). The figures."""
+    """Measure failover ``failover``'s RPO (:func:`mirrorflow.dr.rpo.measure_missing`) and,
+    unless ``dry_run``, amend its record and report (in ``run``'s ledger). The figures."""
     measured = measure_missing(spec, failover)
     log(measured["summary"])
     if not dry_run:
@@ -1347,18 +859,6 @@ def measure_and_record(
             f"failover {failover['run_id']}'s record and report got the measured RPO ({report})",
         )
     return measured
-
-
-def _flat(nested: dict[str, dict[str, int]]) -> dict[Partition, int]:
-    return {(t, int(p)): int(v) for t, parts in (nested or {}).items() for p, v in parts.items()}
-
-
-def _nested(offsets: dict[Partition, int]) -> dict[str, dict[str, int]]:
-    """Offsets as JSON: topic -> partition -> offset (as ``progress.json`` keeps them)."""
-    nested: dict[str, dict[str, int]] = {}
-    for (topic, partition), offset in sorted(offsets.items()):
-        nested.setdefault(topic, {})[str(partition)] = offset
-    return nested
 
 
 # -- rollback ----------------------------------------------------------------------------------
@@ -1465,7 +965,7 @@ def release_failover(
     if any(f.get("run_id") == name for f in fences):
         if not dry_run:
             left = [f for f in fences if f.get("run_id") != name]
-            paths.write_private(fences_file(flow), json.dumps(left, indent=1) + "\n")
+            write_fences(flow, left)
         run.change(
             "fences-file",
             f"{'would remove' if dry_run else 'removed'} failover {name}'s entries from "

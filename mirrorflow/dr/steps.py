@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
+import math
 import re
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -59,6 +60,18 @@ def now() -> str:
 def iso(epoch: float) -> str:
     """Epoch seconds as run records keep times."""
     return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds")
+
+
+def stamp_ms(stamp: str | None) -> tuple[int, int] | None:
+    """An ISO 8601 time as (epoch milliseconds, its precision in ms: 1000 for whole seconds,
+    else 1), None when it is none."""
+    try:
+        moment = datetime.fromisoformat(str(stamp))
+    except ValueError:
+        return None
+    clock = str(stamp).split("T", 1)[-1]
+    precision = 1 if "." in clock or "," in clock else 1000
+    return math.floor(moment.timestamp() * 1000), precision
 
 
 def seconds_between(started: str | None, ended: str | None) -> float | None:
