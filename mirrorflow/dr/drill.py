@@ -781,7 +781,8 @@ def failover_step(
                     "the drill's emergency failover did not run (its tasks were not started)",
                     "see the tasks emergency-failover.* of this run",
                 )
-            trigger = run.event("failover triggered", _epoch(started))
+            at_ms = steps.stamp_ms(started)
+            trigger = run.event("failover triggered", at_ms[0] / 1000 if at_ms else None)
             if inner_run.failed_steps():
                 failed = MirrorflowError(
                     f"the emergency failover of the drill failed at {inner_run.failed_steps()[0]}",
@@ -822,13 +823,6 @@ def failover_step(
         ", ".join(f"{k}@{v}" for k, v in offsets.items()) or "no offset committed"
     )
     log(record.summary)
-
-
-def _epoch(stamp: str) -> float:
-    """A run record's time (ISO 8601) as epoch seconds."""
-    from datetime import datetime
-
-    return datetime.fromisoformat(stamp).timestamp()
 
 
 def _step_timings(run: steps.Run) -> list[dict]:

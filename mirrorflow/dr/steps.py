@@ -434,8 +434,8 @@ class Workflow:
     :param always: the steps that run however the steps before them ended (as their DAG
         tasks' trigger rule ``all_done``): the report, a drill's restore
     :param skip_reason: ``(request, run, step)``: why a step does not apply to the run (None:
-        it does), the rule its steps skip by; with it the DAG skips, once ``preflight`` is done,
-        the tasks of the steps that will not apply (:meth:`skip_ahead`)
+        it does), the rule its steps skip by; with it the DAG skips, when a step is done, the
+        tasks of the steps right after it that will not apply (:meth:`skip_ahead`)
     """
 
     def __init__(
