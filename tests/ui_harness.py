@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from mirrorflow.devtools.local_airflow import UI_USER, LocalAirflow
+from mirrorflow.devtools.sandbox import free_port_block
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -55,9 +56,10 @@ def running_airflow(
 ) -> Iterator[LocalAirflow]:
     """Airflow's ``services`` (the api-server with the plugin; a dag-processor if asked) from
     a new home under ``base`` (SQLite, simple auth manager, 0600 password file), on a free
-    port; stopped at the end."""
+    port (searched from this process's own start, so parallel test workers do not race for
+    8080); stopped at the end."""
     airflow = kind(base / "airflow", base / "state", say=lambda line: None)
-    airflow.choose_port(None)
+    airflow.choose_port(free_port_block(1))
     airflow.migrate()
     airflow.dags_folder.mkdir(parents=True, exist_ok=True)
     try:
