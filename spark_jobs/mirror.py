@@ -3,7 +3,7 @@
     spark-submit [--master local[*]|spark://host:7077] spark_jobs/mirror.py \\
         --config mm2.properties --flow primary->secondary [--flow ...] [--once] [--stop-file PATH]
         [--max-records-per-batch N] [--local-batch-max-records N] [--metrics-port PORT]
-        [--retry-timeout SECONDS]
+        [--retry-timeout SECONDS] [--continuous]
 
 One application runs every flow it is given, as MirrorMaker 2 runs a site's flows in one process
 (:mod:`mirrorflow.runtime.application`). Credentials stay in the flow definition (or the secret
@@ -75,6 +75,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "JVM, without a Spark job; 0: always a Spark job (default 1000)",
     )
     parser.add_argument(
+        "--continuous",
+        action="store_true",
+        help="caught up, copy continuously in the driver's JVM instead of batch after batch "
+        "(at least once; see the README, 'Continuous copying')",
+    )
+    parser.add_argument(
         "--metrics-port",
         type=int,
         default=None,
@@ -127,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                 spec.max_records_per_batch = args.max_records_per_batch
             if args.local_batch_max_records is not None:
                 spec.local_batch_max_records = args.local_batch_max_records
+            spec.continuous = args.continuous
             if args.retry_timeout is not None:
                 spec.retry_timeout_s = args.retry_timeout
             specs.append(spec)

@@ -177,6 +177,7 @@ def mirror_command(
         max_records_per_batch=option("--max-records-per-batch"),
         local_batch_max_records=option("--local-batch-max-records"),
         metrics_port=option("--metrics-port"),
+        continuous="--continuous" in extra,
     )
 
 

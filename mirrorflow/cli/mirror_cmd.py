@@ -44,6 +44,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         "without a Spark job; 0: never (default 1000)",
     )
     parser.add_argument(
+        "--continuous",
+        action="store_true",
+        help="caught up, copy continuously in the driver's JVM instead of batch after batch "
+        "(at least once; see the README, 'Continuous copying')",
+    )
+    parser.add_argument(
         "--metrics-port",
         type=int,
         default=None,
@@ -88,6 +94,7 @@ def _mirror(args: argparse.Namespace) -> int:
         starting_offsets=args.starting_offsets,
         max_records_per_batch=args.max_records_per_batch,
         local_batch_max_records=args.local_batch_max_records,
+        continuous=args.continuous,
         metrics_port=args.metrics_port,
         retry_timeout=args.retry_timeout,
     )

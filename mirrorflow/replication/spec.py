@@ -70,6 +70,9 @@ class MirrorSpec:
     # An at-least-once batch of at most this many records is copied in the driver's JVM, without
     # a Spark job (0: every batch is a Spark job); ``--local-batch-max-records``.
     local_batch_max_records: int = LOCAL_BATCH_MAX_RECORDS
+    # Caught up, an at-least-once flow copies continuously in the driver's JVM instead of batch
+    # after batch (``--continuous``; exactly-once flows copy in batches).
+    continuous: bool = False
     # Positions live in Connect's offsets topic on the target, as MirrorMaker 2's. Exactly-once
     # (``<target>.exactly.once.source.support = enabled``) commits them with the copies.
     exactly_once: bool = False

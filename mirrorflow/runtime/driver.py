@@ -53,7 +53,6 @@ import logging
 import os
 import re
 import socket
-import struct
 import threading
 import time
 import zipfile
@@ -89,6 +88,7 @@ from mirrorflow.replication.topics import (
 )
 from mirrorflow.runtime import eos_writer as mirror_writer
 from mirrorflow.runtime import jobs, jvm, trend
+from mirrorflow.runtime.copier import CopierResult, CopyStream
 from mirrorflow.runtime.metrics import Copied, Stats
 from mirrorflow.runtime.spark_session import kafka_options
 
@@ -119,6 +119,9 @@ SOURCE_STALL_S = 10.0
 # up after this long (its requests too), tried once, unless the flow's consumer sets
 # default.api.timeout.ms (60 s by Kafka's default).
 SOURCE_PLAN_TIMEOUT_S = 5.0
+# A continuous flow (``--continuous``) takes what its stream acknowledged, writes it (offset map,
+# then positions) and updates its figures this often.
+STREAM_COMMIT_S = 1.0
 END_HISTORY_MAX = 64  # observed ends kept per partition (the age of the oldest uncopied record)
 _SHIPPED = False  # the mirrorflow package went to the executors (once per application)
 
@@ -584,6 +587,12 @@ class MirrorJob:
                     caught_up = not once and not self._capped
                 elif once:
                     break
+                elif self.spec.continuous and not self.spec.exactly_once:
+                    caught_up = False  # the stream ended: plan before copying more
+                    try:
+                        self._stream()
+                    except BatchCancelled:
+                        break
                 else:
                     caught_up = False
                     if self.state != "IDLE":
@@ -688,6 +697,112 @@ class MirrorJob:
                 or time.monotonic() - since > IDLE_REPLAN_S
             ):
                 return
+
+    def _stream(self) -> None:
+        """Caught up (``--continuous``): copy continuously in the driver's JVM
+        (:class:`~mirrorflow.runtime.copier.CopyStream`) until a stop or pause, a change of the
+        flow's topics, or a failed task; every :data:`STREAM_COMMIT_S`, what the stream
+        acknowledged is written as a batch's would be (the offset map, then the positions).
+        Its tasks wait for records themselves: no doorbell, no listing of the ends."""
+        assert self.scheduler is not None
+        mapping = self.mapping
+        partitions = [tp for tp in self._partitions() if tp in self.positions]
+        batch = self._begin_batch(partitions)
+        error: str | None = None
+        try:
+            if self._copier is None:
+                self._copier = getattr(self.spark.sparkContext._jvm, jvm.COPIER_CLASS)
+            stream = CopyStream(
+                self._copier,
+                batch,
+                partitions,
+                [self.positions[tp] for tp in partitions],
+                self._copier_settings(mapping),
+            )
+            log.info(
+                "%s: caught up; copying continuously from %d partitions",
+                self.spec.flow,
+                len(partitions),
+            )
+            try:
+                while not self._stop_requested.wait(STREAM_COMMIT_S):
+                    try:
+                        harvested = stream.harvest()
+                    except Exception as exc:  # py4j's error: a task failed (see end())
+                        error = str(exc)
+                        break
+                    self._commit_stream(harvested, partitions, mapping)
+                    if (
+                        self.stopping()
+                        or self.mapping is not mapping
+                        or self.scheduler.error is not None
+                        or self._tasks_unanswered() is not None
+                    ):
+                        break
+            finally:
+                harvested, failed = stream.end()
+                error = failed or error
+                self._commit_stream(harvested, partitions, mapping)
+        finally:
+            self._end_batch(batch)
+        if error is not None:
+            raise batch_error(self.spec, error)
+        if self._cancelled.is_set():
+            raise BatchCancelled
+
+    def _commit_stream(
+        self, harvested: CopierResult, partitions: list[Partition], mapping: dict[str, str]
+    ) -> None:
+        """Write what a stream acknowledged since its last harvest: its runs to the offset map,
+        then the positions it reached; its figures to the metrics and ``progress.json``."""
+        assert self.writer is not None
+        now = time.time()
+        self._store_runs(harvested.runs)
+        moved = {
+            tp: reached
+            for tp, reached in zip(partitions, harvested.reached, strict=True)
+            if reached > self.positions.get(tp, reached)
+        }
+        if moved:
+            self.writer.write(moved)
+            self.positions.update(moved)
+        self.copied[0] += harvested.records
+        self.copied[1] += harvested.bytes
+        ends = {
+            tp: max(end, self.positions[tp])
+            for tp, end in zip(partitions, harvested.ends_seen, strict=True)
+            if end >= 0
+        }
+        if ends:
+            self._planned_ends.update(ends)
+            self._plan_at = now
+            self._observe_ends(ends, int(now * 1000))
+        caught_up = harvested.caught_up_ms
+        # Every partition's task found nothing new with its copies acknowledged: when the last
+        # of them did, everything then on the source was copied.
+        idle = (
+            bool(caught_up)
+            and min(caught_up) >= 0
+            and all(self.positions[tp] >= end for tp, end in ends.items())
+        )
+        if idle:
+            self._caught_up_at = max(self._caught_up_at or 0.0, min(caught_up) / 1000)
+        if harvested.records:
+            self._copied_at = time.monotonic()
+            self._last_batch_at = now
+            self._last_batch_s = STREAM_COMMIT_S
+            if self.metrics is not None:
+                self.metrics.batch(harvested.copied, self.positions, ends, mapping, now)
+            if self.state != "RUNNING":
+                self.record_state("RUNNING")
+            return
+        if self.metrics is not None:
+            if idle and self._caught_up_at is not None:
+                self.metrics.caught_up(self.positions, mapping, self._caught_up_at)
+            else:
+                self.metrics.lag(self.positions, ends, mapping, now)
+        if idle and self.state != "IDLE":  # else copies are still unacknowledged: not idle
+            self.record_state("IDLE")
 
     def _sleep_unless_stopped(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
@@ -1184,27 +1299,9 @@ class MirrorJob:
                     context.setJobDescription(None)
         except Exception as exc:  # py4j's error: its text holds the copier's message
             raise batch_error(self.spec, exc) from None
-        data = bytes(encoded)  # MirrorCopier.Copied.encode: big-endian longs
-        records, size, count = struct.unpack_from(">qqq", data)
-        copied: dict[Partition, Copied] = {}
-        reached, stalled = [], []
-        for index, (nbytes, *stats, until, stall) in enumerate(
-            struct.iter_unpack(">11q", data[24 : 24 + 88 * count])
-        ):
-            tp = ranges[index][0]
-            figures = Copied(0, nbytes, Stats.of(*stats[:4]), Stats.of(*stats[4:]))
-            copied[tp] = copied[tp].merge(figures) if tp in copied else figures
-            reached.append(until)
-            if stall:
-                stalled.append((tp, until))
-        self._stalled = stalled
-        runs: dict[Partition, list[Run]] = {}
-        for index, up, down, n in struct.iter_unpack(">qqqq", memoryview(data)[24 + 88 * count :]):
-            runs.setdefault(ranges[index][0], []).append(Run(up, down, n))
-        for tp, partition_runs in runs.items():
-            figures = copied.setdefault(tp, Copied())
-            figures.records += sum(run.count for run in partition_runs)
-        return records, size, runs, copied, reached
+        result = CopierResult.decode(bytes(encoded), [tp for tp, _start, _until in ranges])
+        self._stalled = result.stalled
+        return result.records, result.bytes, result.runs, result.copied, result.reached
 
     def _store_runs(self, runs: dict[Partition, list[Run]]) -> None:
         """Add a batch's runs of copies to the offset map and store them on the target before

@@ -89,7 +89,118 @@ public final class MirrorCopier {
    */
   private static final Set<String> STALLED = ConcurrentHashMap.newKeySet();
 
+  /** The end of a stream's ranges: they copy until their batch is cancelled. */
+  static final long OPEN = Long.MAX_VALUE;
+
+  /** The running streams, by batch. */
+  private static final Map<String, Stream> STREAMS = new ConcurrentHashMap<>();
+
   private MirrorCopier() {}
+
+  /**
+   * Starts copying {@code ranges} ({@code topic\tpartition\tfrom}) continuously in this JVM
+   * (the driver's), one task per range on its own thread, each the very task of {@link #copy}
+   * with no end: it reads, copies and writes offset syncs as records arrive, until {@link
+   * #endStream}. Its batch is {@code settings}' {@code batch}. The driver takes what is
+   * acknowledged with {@link #harvest}, as often as it commits positions.
+   */
+  public static void stream(List<String> ranges, Map<String, String> settings) {
+    String batch = settings.get("batch");
+    CopyRange task = new CopyRange(new HashMap<>(settings));
+    Stream stream = new Stream();
+    for (String range : ranges) {
+      String[] fields = range.split("\t");
+      Copied copied = new Copied();
+      String open = fields[0] + "\t" + fields[1] + "\t" + fields[2] + "\t" + OPEN;
+      stream.from.add(Long.parseLong(fields[2]));
+      stream.progress.add(copied);
+      stream.tasks.add(LOCAL_TASKS.submit(() -> task.call(open, copied)));
+    }
+    STREAMS.put(batch, stream);
+  }
+
+  /**
+   * What the stream of {@code batch} copied since the last harvest, encoded as {@link #copy}'s
+   * results: per range the records, bytes, ages and latencies acknowledged, the offset below
+   * which every copy is acknowledged ({@link Copied#next}: the position to write), when it was
+   * last caught up and the end its consumer saw, and the runs of copies below that offset.
+   * Throws the error of a range that failed (then call {@link #endStream}).
+   */
+  public static byte[] harvest(String batch) throws Exception {
+    Stream stream = STREAMS.get(batch);
+    if (stream == null) {
+      throw new IllegalStateException("no stream " + batch);
+    }
+    for (Future<Copied> task : stream.tasks) {
+      if (task.isDone()) {
+        try {
+          task.get();
+        } catch (ExecutionException e) {
+          throw e.getCause() instanceof Exception cause ? cause : e;
+        }
+      }
+    }
+    return Copied.encode(stream.drain());
+  }
+
+  /**
+   * Ends the stream of {@code batch}: each range stops reading at its next poll, waits for the
+   * acknowledgement of every copy it sent, and ends. Returns what was acknowledged since the
+   * last harvest (as {@link #harvest}); then {@link #streamError} tells whether a range failed.
+   */
+  public static byte[] endStream(String batch) throws InterruptedException {
+    Stream stream = STREAMS.get(batch);
+    if (stream == null) {
+      return Copied.encode(List.of());
+    }
+    cancel(batch);
+    for (Future<Copied> task : stream.tasks) {
+      try {
+        task.get();
+      } catch (ExecutionException e) {
+        stream.error.compareAndSet(null, e.getCause());
+      }
+    }
+    return Copied.encode(stream.drain());
+  }
+
+  /**
+   * After {@link #endStream}: the error of the first range of {@code batch} that failed (its
+   * class and message, then its causes', one per line), or null; the stream is forgotten.
+   */
+  public static String streamError(String batch) {
+    Stream stream = STREAMS.remove(batch);
+    forget(batch);
+    if (stream == null || stream.error.get() == null) {
+      return null;
+    }
+    StringBuilder text = new StringBuilder();
+    for (Throwable cause = stream.error.get(); cause != null; cause = cause.getCause()) {
+      text.append(cause.getClass().getName()).append(": ").append(cause.getMessage()).append('\n');
+      if (cause.getCause() == cause) {
+        break;
+      }
+    }
+    return text.toString();
+  }
+
+  /** A stream's ranges: where each was last drained from, its progress and its task. */
+  private static final class Stream {
+    final List<Long> from = new ArrayList<>();
+    final List<Copied> progress = new ArrayList<>();
+    final List<Future<Copied>> tasks = new ArrayList<>();
+    final AtomicReference<Throwable> error = new AtomicReference<>();
+
+    synchronized List<Copied> drain() {
+      List<Copied> drained = new ArrayList<>();
+      for (int i = 0; i < progress.size(); i++) {
+        Copied copied = progress.get(i).drain(from.get(i));
+        from.set(i, copied.next);
+        drained.add(copied);
+      }
+      return drained;
+    }
+  }
 
   /**
    * Ends batch {@code batch} early: each of its ranges running in this JVM stops reading, waits
@@ -180,6 +291,20 @@ public final class MirrorCopier {
     long next = -1;
     /** The source gave no record of the range for {@code poll.timeout.ms}: the range ended. */
     boolean stalled;
+    /**
+     * A stream's: when (epoch ms) a poll last found nothing new while every copy sent was
+     * acknowledged (the partition was caught up then), -1 never; and the end of the partition
+     * its consumer last saw (-1 unknown). State, not figures: {@link #drain} keeps them.
+     */
+    volatile long caughtUpAt = -1;
+    volatile long endSeen = -1;
+    /** A stream's frontier: the offset after the last copy sent, the copies not acknowledged. */
+    volatile long sentNext = -1;
+    final java.util.concurrent.atomic.AtomicLong inFlight = new java.util.concurrent.atomic.AtomicLong();
+    /** The offset after the last acknowledged copy (-1: none yet); records and bytes acknowledged. */
+    private long ackedNext = -1;
+    private long ackedRecords;
+    private long ackedBytes;
     /** Record age at read (now - record timestamp, ms): min, max, sum, count. */
     private final long[] age = {Long.MAX_VALUE, 0, 0, 0};
     /** Replication latency at acknowledgement (now - record timestamp, ms): min, max, sum, count. */
@@ -207,10 +332,13 @@ public final class MirrorCopier {
      * its record's timestamp (MirrorMaker 2's replication-latency-ms; {@link #NO_TIMESTAMP}: the
      * record has none).
      */
-    synchronized void acknowledged(long upstream, long downstream, long latencyMs) {
+    synchronized void acknowledged(long upstream, long downstream, long latencyMs, long size) {
       if (latencyMs != NO_TIMESTAMP) {
         add(latency, latencyMs);
       }
+      ackedNext = upstream + 1;
+      ackedRecords++;
+      ackedBytes += size;
       if (runCount > 0 && upstream == runUp + runCount && downstream == runDown + runCount) {
         runCount++;
         return;
@@ -229,11 +357,52 @@ public final class MirrorCopier {
     }
 
     /**
+     * A running stream's figures since the last drain, taken out of this one: the records,
+     * bytes, record ages and latencies acknowledged, and the runs of copies below the offset
+     * every copy under which is acknowledged ({@link #next} of the result; {@code from} if
+     * nothing is). Runs past it stay for the next drain, so the driver never stores a run of
+     * the offset map above the position it writes.
+     */
+    Copied drain(long from) {
+      long sent = sentNext; // read before the copies in flight: see the class's notes
+      long pending = inFlight.get();
+      Copied out = new Copied();
+      synchronized (this) {
+        long next = pending == 0 && sent >= 0 ? sent : ackedNext;
+        out.next = Math.max(from, next);
+        closeRun();
+        List<long[]> kept = new ArrayList<>();
+        for (long[] run : runs) {
+          long below = Math.min(run[2], Math.max(0, out.next - run[0]));
+          if (below > 0) {
+            out.runs.add(new long[] {run[0], run[1], below});
+          }
+          if (below < run[2]) {
+            kept.add(new long[] {run[0] + below, run[1] + below, run[2] - below});
+          }
+        }
+        runs.clear();
+        runs.addAll(kept);
+        out.records = ackedRecords;
+        out.bytes = ackedBytes;
+        ackedRecords = 0;
+        ackedBytes = 0;
+        System.arraycopy(age, 0, out.age, 0, age.length);
+        System.arraycopy(latency, 0, out.latency, 0, latency.length);
+        age[0] = latency[0] = Long.MAX_VALUE;
+        age[1] = age[2] = age[3] = latency[1] = latency[2] = latency[3] = 0;
+      }
+      out.caughtUpAt = caughtUpAt;
+      out.endSeen = endSeen;
+      return out;
+    }
+
+    /**
      * The results of ranges 0..n-1 as big-endian longs: total records, total bytes, n; then for
      * every range its bytes, record age min, max, sum, count, replication latency min, max, sum,
-     * count (ms; min is Long.MAX_VALUE when count is 0), the offset it reached ({@link #next})
-     * and 1 if it {@link #stalled}, else 0; then for every run {range index, first source offset,
-     * first target offset, count}.
+     * count (ms; min is Long.MAX_VALUE when count is 0), the offset it reached ({@link #next}),
+     * 1 if it {@link #stalled} else 0, {@link #caughtUpAt} and {@link #endSeen}; then for every
+     * run {range index, first source offset, first target offset, count}.
      */
     static byte[] encode(List<Copied> results) {
       int runs = 0;
@@ -244,7 +413,7 @@ public final class MirrorCopier {
         }
       }
       java.nio.ByteBuffer out =
-          java.nio.ByteBuffer.allocate(24 + 88 * results.size() + 32 * runs);
+          java.nio.ByteBuffer.allocate(24 + 104 * results.size() + 32 * runs);
       out.putLong(0).putLong(0).putLong(results.size());
       long records = 0;
       long bytes = 0;
@@ -259,6 +428,7 @@ public final class MirrorCopier {
           }
         }
         out.putLong(copied.next).putLong(copied.stalled ? 1 : 0);
+        out.putLong(copied.caughtUpAt).putLong(copied.endSeen);
       }
       for (int index = 0; index < results.size(); index++) {
         Copied copied = results.get(index);
@@ -317,21 +487,28 @@ public final class MirrorCopier {
 
     @Override
     public Copied call(String range) throws Exception {
+      return call(range, new Copied());
+    }
+
+    /**
+     * Copies {@code range} into {@code copied} (a stream's, which {@link Copied#drain} reads
+     * while it runs). A range whose end is {@link #OPEN} runs until its batch is cancelled.
+     */
+    Copied call(String range, Copied copied) throws Exception {
       String[] fields = range.split("\t");
       TopicPartition tp = new TopicPartition(fields[0], Integer.parseInt(fields[1]));
       long from = Long.parseLong(fields[2]);
       long until = Long.parseLong(fields[3]);
       String remote = settings.get("topic." + tp.topic());
       if (remote == null) {
-        Copied none = new Copied(); // matched the subscription's pattern but not the flow's filters
-        none.next = until;
-        return none;
+        copied.next = until; // matched the subscription's pattern but not the flow's filters
+        return copied;
       }
       Map<String, Object> consumerConfig = consumerConfig();
       PartitionReader reader = KafkaClients.borrow(consumerConfig, tp);
       boolean healthy = false;
       try {
-        Copied copied = copy(reader, tp, from, until, remote);
+        copy(reader, tp, from, until, remote, copied);
         healthy = true;
         return copied;
       } finally {
@@ -343,8 +520,10 @@ public final class MirrorCopier {
       }
     }
 
-    private Copied copy(PartitionReader reader, TopicPartition tp, long from, long until, String remote)
+    private void copy(
+        PartitionReader reader, TopicPartition tp, long from, long until, String remote, Copied copied)
         throws Exception {
+      boolean open = until == OPEN;
       long limit = Long.parseLong(settings.get("limit." + remote));
       long overhead = Long.parseLong(settings.getOrDefault("record.overhead", "0"));
       long pollTimeoutMs = Long.parseLong(settings.getOrDefault("poll.timeout.ms", "120000"));
@@ -352,9 +531,9 @@ public final class MirrorCopier {
       KafkaProducer<byte[], byte[]> producer = KafkaClients.producer(producerConfig);
       OffsetSyncWriter syncs = syncWriter();
       AtomicReference<Exception> failure = new AtomicReference<>();
-      Copied copied = new Copied();
       reader.seek(from);
       long next = from;
+      copied.sentNext = from;
       long records = 0;
       long bytes = 0;
       long lastProgress = System.currentTimeMillis();
@@ -388,6 +567,17 @@ public final class MirrorCopier {
           continue;
         }
         if (polled.isEmpty()) {
+          if (open) {
+            // Nothing new: the offsets up to the consumer's position hold no record for us
+            // (transaction markers, aborted or compacted records).
+            next = Math.max(next, reader.position());
+            copied.sentNext = next;
+            copied.endSeen = reader.endSeen();
+            if (copied.inFlight.get() == 0) {
+              copied.caughtUpAt = System.currentTimeMillis();
+            }
+            continue;
+          }
           if (reader.position() >= until) {
             next = until; // the rest of the range holds no records for us (markers, aborts)
             break;
@@ -425,6 +615,7 @@ public final class MirrorCopier {
           if (timestamp >= 0) {
             copied.read(readAt - timestamp);
           }
+          copied.inFlight.incrementAndGet();
           try {
             producer.send(
                 new ProducerRecord<>(
@@ -442,19 +633,26 @@ public final class MirrorCopier {
                         metadata.offset(),
                         timestamp >= 0
                             ? System.currentTimeMillis() - timestamp
-                            : Copied.NO_TIMESTAMP);
+                            : Copied.NO_TIMESTAMP,
+                        size);
                     if (syncs != null) {
                       syncs.acknowledged(tp, upstream, metadata.offset());
                     }
                   }
+                  copied.inFlight.decrementAndGet();
                 });
           } catch (KafkaException refusedOrFailed) { // a producer in a failed state throws here
+            copied.inFlight.decrementAndGet();
             failure.compareAndSet(null, refusedOrFailed);
             break;
           }
           records++;
           bytes += size;
           next = upstream + 1;
+        }
+        if (open) {
+          copied.sentNext = next;
+          copied.endSeen = reader.endSeen();
         }
       }
       if (next >= until) {
@@ -484,7 +682,6 @@ public final class MirrorCopier {
       copied.records = records;
       copied.bytes = bytes;
       copied.next = Math.min(next, until);
-      return copied;
     }
 
     /**

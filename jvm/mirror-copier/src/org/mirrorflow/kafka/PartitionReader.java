@@ -61,6 +61,12 @@ final class PartitionReader {
     return consumer.position(tp);
   }
 
+  /** The partition's end as this consumer last saw it (its position plus its lag), or -1. */
+  long endSeen() {
+    java.util.OptionalLong lag = consumer.currentLag(tp);
+    return lag.isPresent() ? consumer.position(tp) + lag.getAsLong() : -1;
+  }
+
   long earliest() {
     return consumer.beginningOffsets(List.of(tp)).get(tp);
   }

@@ -1,0 +1,132 @@
+"""Continuous copying (``--continuous``) on real clusters: once caught up, a flow copies in a
+stream in the driver's JVM; a pause ends the stream, a SIGKILL mid-stream loses nothing, a stop
+writes the last positions, and what it wrote (positions, offset map, offset syncs) says exactly
+where each copy is."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from mirrorflow.replication.offset_map import decode_key, decode_value, map_topic
+from mirrorflow.runtime import launch
+from tests.conftest import create_topics
+from tests.mirror_harness import (
+    distinct,
+    flow_file,
+    offset_syncs,
+    produce,
+    produce_fresh,
+    progress,
+    read_topic,
+    start_mirror,
+    stop_job,
+    topic_names,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.kafka, pytest.mark.spark]
+
+FLOW = "primary->secondary"
+
+
+def test_a_continuous_flow_copies_a_steady_stream_and_a_sigkill_mid_stream_loses_nothing(
+    sandbox, topic_name, tmp_path
+):
+    primary, secondary = sandbox["primary"], sandbox["secondary"]
+    topic = topic_name("steady")
+    remote = f"primary.{topic}"
+    create_topics(primary, topic, partitions=2)
+    produce(primary, topic, 2, 2_000)  # a backlog: batches copy it, then the stream starts
+    config = flow_file(tmp_path, sandbox, topic)
+    state, log = tmp_path / "state", tmp_path / "mirror.log"
+
+    def complete() -> bool:
+        if remote not in topic_names(secondary):
+            return False
+        target = read_topic(secondary, remote)
+        return all(
+            distinct(target.get(p, [])) >= distinct(records)
+            for p, records in read_topic(primary, topic).items()
+        )
+
+    stop_file = launch.stop_file_for(state, [FLOW])
+    options = ("--continuous", "--stop-file", str(stop_file))
+    job = start_mirror(config, FLOW, state, log, *options)
+    try:
+        wait_for(complete, 120, "the backlog's copies")
+        wait_for(lambda: "copying continuously" in log.read_text(), 30, "the stream to start")
+        # Paused, the stream ends: nothing more is copied until the flow resumes.
+        paused = state / "primary-secondary" / "paused"
+        paused.touch()
+        wait_for(lambda: progress(state).get("state") == "PAUSED", 60, "the pause")
+        copies = sum(map(len, read_topic(secondary, remote).values()))
+        produce_fresh(primary, topic, 2, 100, start=2_000)
+        time.sleep(3)
+        assert sum(map(len, read_topic(secondary, remote).values())) == copies
+        paused.unlink()
+        wait_for(complete, 60, "the resumed flow's copies")
+        # A steady stream of 12,000 records over 12 s; the driver is killed in the middle of it.
+        load = threading.Thread(
+            target=produce_fresh, args=(primary, topic, 2, 12_000, 2_100, 12.0), daemon=True
+        )
+        load.start()
+        time.sleep(6)
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait(30)
+        job = start_mirror(config, FLOW, state, log, *options)
+        load.join(60)
+        wait_for(complete, 120, "every record, including those produced while the job was down")
+        # Caught up again, a single record reaches the target through the restarted job's stream.
+        wait_for(
+            lambda: log.read_text().count("copying continuously") >= 2,
+            30,
+            "the restarted job's stream",
+        )
+        produce_fresh(primary, topic, 2, 1, start=14_100)
+        wait_for(complete, 60, "the record copied by the stream")
+        stop_file.touch()  # the stream ends, its last copies' positions written
+        assert job.wait(60) == 0, log.read_text()[-3000:]
+    finally:
+        stop_job(job)
+
+    source, target = read_topic(primary, topic), read_topic(secondary, remote)
+    ends = {p: records[-1][0] + 1 for p, records in source.items()}
+    # The positions written at the stop are the source's ends: nothing left, nothing beyond.
+    assert progress(state)["source_positions"][topic] == {str(p): e for p, e in ends.items()}
+    by_offset = {
+        side: {p: {r[0]: r[1:] for r in records} for p, records in topic_records.items()}
+        for side, topic_records in (("source", source), ("target", target))
+    }
+    # Every run of the offset map pairs each source record with its copy, run after run.
+    runs = [
+        (decode_key(key), value)
+        for records in read_topic(secondary, map_topic("primary")).values()
+        for _o, key, value, _h, _t in records
+        if value is not None
+    ]
+    mapped = 0
+    for ((map_topic_name, partition), downstream), value in runs:
+        if map_topic_name != topic:
+            continue
+        run = decode_value(downstream, value)
+        for i in range(run.count):
+            assert (
+                by_offset["target"][partition][run.downstream + i]
+                == by_offset["source"][partition][run.upstream + i]
+            ), (partition, run, i)
+        mapped += run.count
+    assert mapped >= 14_101, mapped
+    # And so does every offset sync.
+    syncs = [s for s in offset_syncs(primary, "mm2-offset-syncs.secondary.internal")]
+    assert any(s.topic == topic for s in syncs)
+    for sync in syncs:
+        if sync.topic == topic:
+            assert (
+                by_offset["target"][sync.partition][sync.downstream_offset]
+                == by_offset["source"][sync.partition][sync.upstream_offset]
+            ), sync
