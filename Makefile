@@ -1,5 +1,5 @@
 # The two commands a new user needs (README): `make demo` and `make test`.
-.PHONY: demo test lint format bootstrap
+.PHONY: demo test lint format bootstrap docs
 # The cached environment is shared by every checkout with the same lock: this checkout's code
 # comes first on the path, whichever checkout last installed itself there.
 export PYTHONPATH := $(CURDIR)
@@ -18,3 +18,7 @@ format:
 
 bootstrap:
 	@scripts/bootstrap.sh
+
+# The docs (README.md, docs/, benchmarks/README.md) as HTML, warnings as errors, as tests/test_docs.py builds them.
+docs:
+	@venv=$$(scripts/bootstrap.sh) && $$venv/bin/python -m sphinx -b html -W --keep-going -q -d .mirrorflow/docs/doctrees . .mirrorflow/docs/html && echo ".mirrorflow/docs/html/docs/index.html"

@@ -34,9 +34,9 @@ Flows:
 
 * **Task `sync`**: the remote topics' configs and partition counts, and the
   topic ACLs, plus the prefixed topic ACLs and consumer-group ACLs a failover needs, by
-  MirrorMaker 2's rules (`mirrorflow sync`, see README). Each run logs every change and returns
-  the report (XCom); a run that changes nothing says so. A refused change fails the run, naming
-  cluster, principal and resource.
+  MirrorMaker 2's rules (`mirrorflow sync`, see docs/operations.md). Each run logs every change
+  and returns the report (XCom); a run that changes nothing says so. A refused change fails the
+  run, naming cluster, principal and resource.
 * **Task `groups`**: checkpoints the flows' consumer groups now, translated
   exactly with the flow's offset map, into `<source>.checkpoints.internal` on secondary
   and commits them into secondary's idle groups, never into a group

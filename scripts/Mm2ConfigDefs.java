@@ -1,11 +1,13 @@
 /*
  * Dumps the configuration definitions MirrorMaker 2 validates against (names, types, defaults) as
  * JSON, from the Kafka jars that jvm/mirrormaker/pom.xml pins. mirrorflow reads the result
- * (mirrorflow/data/mm2_config_defs.json) to know MM2's defaults and every key MM2 accepts.
+ * (mirrorflow/mm2/data/mm2_config_defs.json, through mirrorflow/mm2/configdefs.py) to know MM2's
+ * defaults and every key MM2 accepts.
  *
- * Regenerate after changing the Kafka version:
- *   java -cp "$(python -c 'from mirrorflow import jvm; print(jvm.classpath("mirrormaker"))')" \
- *       scripts/Mm2ConfigDefs.java > mirrorflow/data/mm2_config_defs.json
+ * Regenerate after changing the Kafka version, from the checkout's root with the environment
+ * activated (source "$(scripts/bootstrap.sh)/bin/activate"):
+ *   java -cp "$(python -c 'from mirrorflow.runtime import jvm; print(jvm.classpath("mirrormaker"))')" \
+ *       scripts/Mm2ConfigDefs.java > mirrorflow/mm2/data/mm2_config_defs.json
  */
 
 import com.fasterxml.jackson.databind.ObjectMapper;

@@ -54,8 +54,8 @@ sandbox_mod.DIE_WITH_CALLER = True  # a crashed test run leaves no broker behind
 
 SANDBOX_CLUSTERS = ("primary", "secondary", "tertiary")
 
-# Long variants of a claim the default suite already proves in another mode (README, *Tests*):
-# marked ``slow``, run with MIRRORFLOW_SLOW_TESTS=1, ``-m slow`` or by naming the test.
+# Long variants of a claim the default suite already proves in another mode (docs/development.md,
+# *Tests*): marked ``slow``, run with MIRRORFLOW_SLOW_TESTS=1, ``-m slow`` or by naming the test.
 SLOW_SWITCH = "MIRRORFLOW_SLOW_TESTS"
 
 

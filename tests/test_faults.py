@@ -2,7 +2,8 @@
 10 Mbit/s link that is cut for 20 s mid-copy, the job SIGKILLed, the source broker restarted.
 
 At-least-once loses nothing, exactly-once repeats nothing (read_committed), every offset sync
-is exact. Needs root and ``ip netns`` (skipped otherwise); see README, *Faults and soak*.
+is exact. Needs root and ``ip netns`` (skipped otherwise); see docs/development.md, *Faults and
+soak*.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ def east(tmp_path_factory: pytest.TempPathFactory):
 @pytest.mark.parametrize(
     "mode",
     # exactly-once makes the stronger claim (it repeats nothing): the default suite runs it;
-    # at-least-once takes as long again and runs with MIRRORFLOW_SLOW_TESTS=1 (README, *Tests*).
+    # at-least-once takes as long again and runs with MIRRORFLOW_SLOW_TESTS=1 (docs/development.md,
+    # *Tests*).
     [pytest.param("at-least-once", marks=pytest.mark.slow), "exactly-once"],
 )
 def test_a_cut_link_a_sigkill_and_a_broker_restart_lose_nothing(

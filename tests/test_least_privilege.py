@@ -1,6 +1,6 @@
-"""Least privilege: a whole flow runs as a principal holding exactly the ACLs README's table
-"Least privilege" lists, and a missing one fails in one line naming cluster, principal,
-operation and resource.
+"""Least privilege: a whole flow runs as a principal holding exactly the ACLs the table "Least
+privilege" lists (docs/security.md), and a missing one fails in one line naming cluster,
+principal, operation and resource.
 
 The principal is a SCRAM user of its own (``mirror-<random>``) on both sandbox clusters, and the
 flow's cluster aliases are new too (``src<random>``, ``dst<random>``), so its internal topics are
@@ -65,7 +65,8 @@ Op = AclOperation
 
 @dataclass(frozen=True)
 class Grant:
-    """One row of README's table: ALLOW ``operations`` on a resource of the source or target."""
+    """One row of the "Least privilege" table (docs/security.md): ALLOW ``operations`` on a
+    resource of the source or target."""
 
     feature: str
     side: str  # "source" or "target"
@@ -76,8 +77,8 @@ class Grant:
 
 
 def least_privilege(source: str, target: str, topics: str, groups: str) -> list[Grant]:
-    """README's "Least privilege" table for a flow ``source->target`` of the topics whose names
-    start with ``topics`` and the groups whose names start with ``groups``."""
+    """The "Least privilege" table (docs/security.md) for a flow ``source->target`` of the
+    topics whose names start with ``topics`` and the groups whose names start with ``groups``."""
     remote = f"{source}.{topics}"
     return [
         Grant("copy", "source", TOPIC, topics, PREFIXED, (Op.READ, Op.DESCRIBE_CONFIGS)),

@@ -3,7 +3,7 @@ jitter, random loss, rate, cuts (``mirrorflow/devtools/linkemu.py`` behind
 ``mirrorflow/devtools/datacenters.py``). An echo server runs inside the datacenter's namespace;
 probes go from here over the link. Bounds are statistical (several standard deviations) but
 fail for a link that does not delay, drops at the wrong rate or does not limit its rate.
-Needs root and ``/dev/net/tun`` (skipped otherwise); see README, *Faults and soak*.
+Needs root and ``/dev/net/tun`` (skipped otherwise); see docs/development.md, *Faults and soak*.
 """
 
 from __future__ import annotations

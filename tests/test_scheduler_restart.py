@@ -5,7 +5,7 @@ lives on), each time started again.
 
 Nothing is lost and, exactly-once, nothing is repeated; no two jobs of the flow ever run at once;
 the restarted scheduler resets the dead scheduler's task and the flow resumes from its positions.
-See README, *Faults and soak*.
+See docs/development.md, *Faults and soak*.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ FLOW = "primary->secondary"
 # `scheduler_health_check_threshold` (30 s by default), when it looks for orphaned tasks (at its
 # start, then every `orphaned_tasks_check_interval`: 300 s by default). With LocalExecutor it
 # cannot adopt them, so it resets them and they run again. These bound a flow's outage after a
-# scheduler crash; README says so. Shortened here.
+# scheduler crash; docs/development.md says so. Shortened here.
 ORPHAN_CHECK_S = 15
 
 

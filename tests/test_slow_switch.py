@@ -1,5 +1,5 @@
 """The default suite leaves the ``slow`` tests out, and each documented switch brings them back
-(README, *Tests*): ``MIRRORFLOW_SLOW_TESTS=1``, ``-m slow``, or the test's node id."""
+(docs/development.md, *Tests*): ``MIRRORFLOW_SLOW_TESTS=1``, ``-m slow``, or the test's node id."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Replication policies: how remote topics are named and recognised, as MirrorMaker 2 does it.
 
 A port of ``org.apache.kafka.connect.mirror.ReplicationPolicy`` and its two implementations from
-the MirrorMaker 2 release mirrorflow pins (see ``mirrorflow/data/mm2_config_defs.json``):
+the MirrorMaker 2 release mirrorflow pins (see ``mirrorflow/mm2/data/mm2_config_defs.json``):
 
 * :class:`DefaultReplicationPolicy` names a remote topic ``<source><separator><topic>`` and finds
   the source of a topic with Java's ``String.split`` semantics (trailing empty parts dropped, a

@@ -27,7 +27,7 @@ from mirrorflow.replication.topics import ADMIN_TIMEOUT_S, ClusterAdmin, cluster
 
 Partition = tuple[str, int]
 
-MEASURE_EVERY_S = 10.0  # how often a job measures its flows' lag (README, *Replication health*)
+MEASURE_EVERY_S = 10.0  # how often a job measures its flows' lag (docs/metrics-and-ui.md)
 TIMESTAMP_WAIT_S = 5.0  # at most this long to read the records at the positions
 
 

@@ -50,7 +50,7 @@ log = logging.getLogger("mirrorflow.mirror")
 
 CONTROL_INTERVAL_S = 0.5
 PAUSE_GRACE_S = 2.0  # a paused flow's batch in progress may end on its own this long
-PAUSE_BOUND_S = 10.0  # documented: a pause or a hold stops the flow within this (README)
+PAUSE_BOUND_S = 10.0  # documented: a pause or a hold stops the flow within this (docs/concepts.md)
 
 
 class FlowThread:

@@ -115,7 +115,7 @@ class SparkSecurity:
     properties_file: Path | None = None
     ui: UiAddress | None = None
     exposes: list[str] = field(default_factory=list)
-    """What listens where, one line each, for ``mirrorflow explain`` and the README."""
+    """What listens where, one line each, for ``mirrorflow explain`` and docs/security.md."""
 
 
 def for_master(master: str, environ: Mapping[str, str] | None = None) -> SparkSecurity:
