@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from mirrorflow import paths
 from mirrorflow.config import properties
 from mirrorflow.errors import MirrorflowError
 from mirrorflow.mm2 import configdefs
@@ -250,10 +251,8 @@ def hand_over(values: Mapping[tuple[str, str, str], str]) -> dict[str, str]:
     if not values:
         return {}
     directory = Path(tempfile.mkdtemp(prefix=_HANDOFF_PREFIX))  # mode 0700
-    path = directory / "values.json"
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-        json.dump([[*reference, value] for reference, value in values.items()], handle)
+    entries = [[*reference, value] for reference, value in values.items()]
+    path = paths.write_private(directory / "values.json", json.dumps(entries))
     return {HANDOFF_ENV: str(path)}
 
 

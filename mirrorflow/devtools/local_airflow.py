@@ -134,7 +134,7 @@ class LocalAirflow:
         paths.private_dir(self.home)
         self._say(f"initialising Airflow (SQLite, LocalExecutor) in {self.home}")
         log = self.home / "db-migrate.log"
-        with _private_log(log, "wb") as out:
+        with paths.open_private(log, "wb") as out:
             result = subprocess.run(
                 [self._airflow(), "db", "migrate"],
                 stdout=out,
@@ -146,7 +146,7 @@ class LocalAirflow:
             raise MirrorflowError("airflow db migrate failed", f"see {log}")
         for name in ("airflow.cfg", "airflow.db"):  # Airflow's keys, its connections
             with contextlib.suppress(FileNotFoundError):
-                os.chmod(self.home / name, 0o600)
+                paths.make_private(self.home / name)
 
     def ensure_password(self) -> None:
         """The UI user's password, made once in a 0600 file (kept across restarts)."""
@@ -183,7 +183,7 @@ class LocalAirflow:
         for name in names:
             if name in running:
                 continue
-            with _private_log(logs / f"{name}.log", "ab") as out:
+            with paths.open_private(logs / f"{name}.log", "ab") as out:
                 process = subprocess.Popen(
                     [self._airflow(), name, *SERVICE_OPTIONS.get(name, ())],
                     stdout=out,
@@ -301,14 +301,6 @@ class Api:
 
     def pause(self, dag_id: str) -> None:
         self._call("PATCH", f"/api/v2/dags/{dag_id}", json.dumps({"is_paused": True}).encode())
-
-
-def _private_log(path: Path, mode: str):
-    """``path`` opened for writing, readable by its owner only (0600) whatever the umask."""
-    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if "a" in mode else os.O_TRUNC)
-    fd = os.open(path, flags, 0o600)
-    os.fchmod(fd, 0o600)
-    return os.fdopen(fd, mode)
 
 
 def _start_time(pid: int) -> int | None:
