@@ -31,7 +31,7 @@ from pathlib import Path
 from mirrorflow.devtools import certificates
 from mirrorflow.errors import MirrorflowError
 from mirrorflow.paths import private_dir, write_private
-from mirrorflow.runtime import guard, jvm
+from mirrorflow.runtime import guard, jvm, processes
 
 DIE_WITH_CALLER = False
 """Brokers started (from the main thread) while this is true die with the process that started
@@ -567,14 +567,7 @@ def last_error(log_file: Path) -> str:
 
 def _is_our_broker(pid: int, properties_file: Path) -> bool:
     """True if ``pid`` is alive and is the broker started with this properties file."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    if stat.rsplit(")", 1)[-1].split()[0] == "Z":
-        return False
-    return str(properties_file).encode() in cmdline
+    return processes.alive(pid) and str(properties_file) in processes.command_line(pid)
 
 
 def _terminate(cluster: Cluster, grace: float = 30.0) -> None:
