@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from mirrorflow.devtools import faults, local_airflow
@@ -72,6 +73,13 @@ def test_a_process_is_alive_until_it_ends_even_unreaped(started):
     assert processes.created(process.pid) is None
     for nobody in (0, -1):
         assert not processes.alive(nobody)
+
+
+def test_wait_for_exit_reaps_a_child_only_when_asked(started):
+    process = start(started, "-c", SLEEPER, "60")
+    os.kill(process.pid, signal.SIGTERM)
+    assert processes.wait_for_exit(process.pid, 10, interval=0.05, reap=True)
+    assert eventually(lambda: not psutil.pid_exists(process.pid))  # no zombie left
 
 
 def test_wait_for_exit_times_out_on_a_running_process(started):

@@ -282,11 +282,7 @@ def kill(directory: Path, names: Iterable[str]) -> dict[str, float]:
             killed[name] = time.time()
             with contextlib.suppress(ProcessLookupError):
                 os.kill(cluster.pid, signal.SIGKILL)
-            deadline = time.monotonic() + 30
-            while cluster.is_running() and time.monotonic() < deadline:
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(cluster.pid, os.WNOHANG)
-                time.sleep(0.05)
+            processes.wait_for_exit(cluster.pid, 30, interval=0.05, reap=True)
         cluster.pid = None
     sandbox.save()
     return killed
@@ -574,11 +570,7 @@ def _terminate(cluster: Cluster, grace: float = 30.0) -> None:
     assert cluster.pid is not None
     with contextlib.suppress(ProcessLookupError):
         os.kill(cluster.pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while cluster.is_running() and time.monotonic() < deadline:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(cluster.pid, os.WNOHANG)
-        time.sleep(0.2)
+    processes.wait_for_exit(cluster.pid, grace, interval=0.2, reap=True)
     if cluster.is_running():
         with contextlib.suppress(ProcessLookupError):
             os.kill(cluster.pid, signal.SIGKILL)

@@ -29,11 +29,15 @@ def alive(pid: int) -> bool:
         return False
 
 
-def wait_for_exit(pid: int, timeout: float, interval: float = 0.25) -> bool:
+def wait_for_exit(pid: int, timeout: float, interval: float = 0.25, reap: bool = False) -> bool:
     """Wait up to ``timeout`` seconds for ``pid`` to end (see :func:`alive`); True if it did.
-    Nothing is reaped."""
+    ``reap``: collect its exit as well, should it be this process's child (only for one that no
+    ``subprocess.Popen`` will ask for its exit status)."""
     deadline = time.monotonic() + timeout
     while True:
+        if reap:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
         if not alive(pid):
             return True
         if time.monotonic() >= deadline:
