@@ -14,8 +14,13 @@ mirrorflow runs from a checkout (``make``, the tests, the demo) or installed fro
 * **The cache** of heavy downloads (Maven artifacts, the Python environment) lives outside any
   checkout, so fresh clones reuse it.
 
-Every file that holds a secret (a password, a shared key) is written with :func:`write_private`:
-mode 0600 inside a directory of mode 0700 (:func:`private_dir`), whatever the umask.
+Every file that holds a secret (a password, a shared key) is mode 0600 inside a directory of mode
+0700 (:func:`private_dir`), whatever the umask, and is so from its creation on. One way each:
+
+* :func:`write_private`: a whole file written at once (replaced atomically);
+* :func:`open_private`: a file written as it goes (a log a process writes or appends to);
+* :func:`make_private`: a file another program wrote (keytool's stores, Airflow's database)
+  in a private directory, where nobody else could reach it meanwhile, narrowed to 0600.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import hashlib
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import IO, Any
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 PROJECT_ROOT = PACKAGE_DIR.parent
@@ -89,25 +95,56 @@ def private_dir(path: Path) -> Path:
     return path
 
 
-def write_private(path: Path, text: str) -> Path:
-    """Write ``text`` to ``path`` readable by its owner only: mode 0600, in a 0700 directory,
-    whatever the umask. The file is replaced atomically, so a reader never sees half of it and
-    an earlier file's wider mode does not survive."""
+def write_private(path: Path, content: str | bytes) -> Path:
+    """Write ``content`` (text, or bytes as they are) to ``path`` readable by its owner only:
+    mode 0600, in a 0700 directory, whatever the umask. The file is replaced atomically, so a
+    reader never sees half of it and an earlier file's wider mode does not survive."""
     path = Path(path)
     private_dir(path.parent)
-    return write_atomically(path, text, 0o600)
+    return write_atomically(path, content, 0o600)
 
 
-def write_atomically(path: Path, text: str, mode: int) -> Path:
-    """Replace ``path`` with ``text`` at once (a reader never sees half of it), the file of
-    ``mode`` whatever the umask and whatever mode an earlier file had."""
+def open_private(path: Path, mode: str = "w") -> IO[Any]:
+    """``path`` opened for writing as it goes (``mode``: ``"w"``, ``"a"``, ``"wb"`` or ``"ab"``:
+    truncated or appended to), readable by its owner only: mode 0600 from its creation, in a
+    0700 directory, whatever the umask; an existing file's wider mode is narrowed before anything
+    is written. For a log a process writes (its standard output); a file written at once goes
+    through :func:`write_private`."""
+    if mode not in ("w", "a", "wb", "ab"):
+        raise ValueError(f"open_private opens for writing or appending, not {mode!r}")
+    path = Path(path)
+    private_dir(path.parent)
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if "a" in mode else os.O_TRUNC)
+    out = os.fdopen(os.open(path, flags, 0o600), mode)
+    try:
+        # O_CREAT's mode is masked by the umask, and ignored if the file existed.
+        os.fchmod(out.fileno(), 0o600)
+    except BaseException:
+        out.close()
+        raise
+    return out
+
+
+def make_private(path: Path) -> Path:
+    """``path``, a file another program wrote (keytool, Airflow), narrowed to mode 0600. Only for
+    files inside a :func:`private_dir`, where nobody else could open them before; a file mirrorflow
+    writes itself goes through :func:`write_private` or :func:`open_private`."""
+    path = Path(path)
+    os.chmod(path, 0o600)
+    return path
+
+
+def write_atomically(path: Path, content: str | bytes, mode: int) -> Path:
+    """Replace ``path`` with ``content`` (text, or bytes as they are) at once (a reader never
+    sees half of it), the file of ``mode`` whatever the umask and whatever mode an earlier file
+    had."""
     path = Path(path)
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
     try:
-        os.fchmod(fd, mode)  # O_CREAT's mode is masked by the umask, and ignored if it existed
-        with os.fdopen(fd, "w") as out:
-            out.write(text)
+        with os.fdopen(fd, "wb" if isinstance(content, bytes) else "w") as out:
+            os.fchmod(fd, mode)  # O_CREAT's mode is masked by the umask, ignored if it existed
+            out.write(content)
         os.replace(partial, path)
     except BaseException:
         partial.unlink(missing_ok=True)

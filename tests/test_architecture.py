@@ -47,3 +47,17 @@ def test_every_kafka_client_is_made_by_the_clients_module():
                 if called in ("Consumer", "Producer", "AdminClient"):
                     made_elsewhere.append(f"{name}:{node.lineno}: {called}(")
     assert made_elsewhere == []
+
+
+def test_no_code_changes_the_working_directory():
+    """The working directory is the whole process's (an Airflow worker's other tasks, the UI's
+    other requests): a relative path is resolved against a directory named for it instead
+    (``base_dir`` of :func:`mirrorflow.config.topology.load_topology`)."""
+    changed = []
+    for path in sorted((ROOT / "mirrorflow").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute | ast.Name) and "chdir" in (
+                node.attr if isinstance(node, ast.Attribute) else node.id
+            ):
+                changed.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert changed == []

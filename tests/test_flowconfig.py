@@ -394,6 +394,56 @@ def test_file_provider_respects_allowed_paths(tmp_path):
         topology.cluster("A").client_config("admin")
 
 
+def test_relative_references_and_stores_resolve_under_the_base_dir_the_cwd_left_alone(
+    tmp_path, monkeypatch
+):
+    """An Airflow task reads relative paths from the project root (``base_dir``), as its mirror
+    job does, wherever the task's process runs and without changing its working directory."""
+    root = tmp_path / "project"
+    (root / "secrets" / "dir").mkdir(parents=True)
+    (root / "secrets" / "a.properties").write_text("mechanism = PLAIN\n")
+    (root / "secrets" / "dir" / "bootstrap").write_text("a:9093")
+    flows = root / "flows"  # the flow file's own directory is not where they are read from
+    flows.mkdir()
+    flow_file = flows / "mm2.properties"
+    flow_file.write_text(
+        textwrap.dedent(BASE) + "config.providers = file, directory\n"
+        "config.providers.file.class = org.apache.kafka.common.config.provider.FileConfigProvider\n"
+        "config.providers.file.param.allowed.paths = secrets\n"
+        "config.providers.directory.class = "
+        "org.apache.kafka.common.config.provider.DirectoryConfigProvider\n"
+        "A.sasl.mechanism = ${file:secrets/a.properties:mechanism}\n"
+        "A.admin.bootstrap.servers = ${directory:secrets/dir:bootstrap}\n"
+        "A.ssl.truststore.location = stores/truststore.jks\n"
+        "A.ssl.keystore.location = /etc/kafka/keystore.jks\n"
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    admin = load_topology([flow_file], base_dir=root).cluster("A").client_config("admin")
+    assert Path.cwd() == elsewhere
+    assert admin["sasl.mechanism"] == "PLAIN"
+    assert admin["bootstrap.servers"] == "a:9093"
+    assert admin["ssl.truststore.location"] == str(root / "stores" / "truststore.jks")
+    assert admin["ssl.keystore.location"] == "/etc/kafka/keystore.jks"
+    # Without a base dir, from the working directory, as MirrorMaker 2 reads them.
+    with pytest.raises(MirrorflowError, match=r"cannot read secrets/a\.properties"):
+        load_topology([flow_file]).cluster("A").client_config("admin")
+    monkeypatch.chdir(root)
+    admin = load_topology([flow_file]).cluster("A").client_config("admin")
+    assert admin["sasl.mechanism"] == "PLAIN"
+    assert admin["ssl.truststore.location"] == "stores/truststore.jks"
+    # allowed.paths is read from the base dir too: a relative one there does not allow this.
+    monkeypatch.chdir(elsewhere)
+    (elsewhere / "secrets").mkdir()
+    (elsewhere / "secrets" / "a.properties").write_text("mechanism = SCRAM-SHA-512\n")
+    flow_file.write_text(flow_file.read_text().replace(
+        "${file:secrets/a.properties:", f"${{file:{elsewhere}/secrets/a.properties:"
+    ))  # fmt: skip
+    with pytest.raises(MirrorflowError, match="may not read"):
+        load_topology([flow_file], base_dir=root).cluster("A").client_config("admin")
+
+
 def test_yaml_and_properties_forms_give_the_same_topology():
     from_properties = load_topology([EXAMPLES / "active-passive.properties"])
     from_yaml = load_topology([EXAMPLES / "active-passive.yaml"])

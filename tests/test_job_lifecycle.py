@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mirrorflow.runtime import jobs, launch
+from mirrorflow.runtime import jobs, launch, processes
 from tests.conftest import create_topics
 from tests.mirror_harness import (
     ROOT,
@@ -34,35 +34,8 @@ CLI = (sys.executable, "-m", "mirrorflow.cli", "mirror")
 
 
 def descendants(pid: int) -> dict[int, str]:
-    """Every process below ``pid`` (children, grandchildren…): pid -> its command, from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(parent, []).append(int(entry.name))
-    found, todo = {}, list(children.get(pid, []))
-    while todo:
-        child = todo.pop()
-        try:
-            argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        found[child] = " ".join(a.decode(errors="replace") for a in argv[:3])
-        todo += children.get(child, [])
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
+    """Every process below ``pid`` (children, grandchildren…): pid -> its command."""
+    return {p: " ".join(processes.command_line(p)[:3]) for p in processes.descendants(pid)}
 
 
 def mirror_cli(config: Path, state: Path, log: Path, *flows: str, extra=()) -> subprocess.Popen:
@@ -121,7 +94,7 @@ def test_killing_the_launchers_process_group_leaves_no_process_of_the_job_runnin
         job.wait(30)
         killed = time.monotonic()
         wait_for(
-            lambda: not [pid for pid in tree if alive(pid)],
+            lambda: not [pid for pid in tree if processes.alive(pid)],
             20,
             "every process of the job to end with its launcher",
             interval=0.2,
@@ -135,7 +108,7 @@ def test_killing_the_launchers_process_group_leaves_no_process_of_the_job_runnin
     finally:
         kill_group(job)
         for pid in tree:  # what outlived its launcher, should this test fail
-            if alive(pid):
+            if processes.alive(pid):
                 os.kill(pid, signal.SIGKILL)
     # The flow is free again: a new job of it starts (and would resume from its positions).
     jobs.check_leases(state, ["primary->secondary"])
@@ -205,7 +178,7 @@ def test_a_flow_runs_in_one_job_at_a_time_however_the_second_is_started(
             operator.execute({})
         assert "\n" not in str(failed.value)
         holder = str(failed.value).split("(pid ", 1)[1].split(",")[0]
-        assert holder.isdigit() and alive(int(holder))
+        assert holder.isdigit() and processes.alive(int(holder))
         assert "mirror.py" in descendants(site.pid).get(int(holder), ""), "not the site's driver"
         # The site job went on all along.
         before = progress(state).get("batches", 0)
@@ -287,13 +260,18 @@ def test_a_test_run_that_crashes_leaves_no_sandbox_broker_behind(tmp_path):
     )
     broker = int(run.stdout.readline())
     try:
-        assert alive(broker)
+        assert processes.alive(broker)
         run.stdin.write("\n")
         run.stdin.flush()
         assert run.wait(30) == -signal.SIGSEGV
-        wait_for(lambda: not alive(broker), 10, "the broker to die with its crashed caller", 0.2)
+        wait_for(
+            lambda: not processes.alive(broker),
+            10,
+            "the broker to die with its crashed caller",
+            0.2,
+        )
     finally:
-        if alive(broker):
+        if processes.alive(broker):
             os.kill(broker, signal.SIGKILL)
 
 

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from mirrorflow.devtools.sandbox import free_port_block
@@ -176,12 +177,4 @@ def test_the_mirror_job_runs_unchanged_on_a_spark_standalone_cluster(
 
 def _command_lines() -> set[str]:
     """Every process's command line."""
-    lines = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                raw = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            lines.add(raw.replace(b"\0", b" ").decode(errors="replace"))
-    return lines
+    return {" ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"])}

@@ -51,7 +51,6 @@ state and progress.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections.abc import Sequence
@@ -490,8 +489,7 @@ class SyncOperator(BaseOperator):
         try:
             for flow in self.flows:
                 # ${file:…} references resolve from the project root, as for the mirror job.
-                with contextlib.chdir(project_root()):
-                    spec = spec_for_flow(paths, flow)
+                spec = spec_for_flow(paths, flow, base_dir=project_root())
                 for report in run_syncs(spec, dry_run)[0]:
                     for line in report.lines():
                         self.log.info("%s", line)
@@ -542,8 +540,7 @@ class GroupSyncOperator(BaseOperator):
         for flow in self.flows:
             try:
                 # ${file:…} references resolve from the project root, as for the mirror job.
-                with contextlib.chdir(project_root()):
-                    spec = spec_for_flow(paths, flow)
+                spec = spec_for_flow(paths, flow, base_dir=project_root())
                 if not spec.emit_checkpoints_enabled:
                     self.log.info("%s: emit.checkpoints.enabled = false: no checkpoints", flow)
                     continue

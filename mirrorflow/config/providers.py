@@ -8,7 +8,10 @@ is. The three providers Kafka ships are supported: ``FileConfigProvider`` (a key
 file), ``DirectoryConfigProvider`` (the content of a file in a directory) and
 ``EnvVarConfigProvider`` (an environment variable), with their ``allowed.paths`` and
 ``allowlist.pattern`` parameters. References are resolved only when a client configuration is
-built, never for printing.
+built, never for printing. A relative path (in a reference or in ``allowed.paths``) is read, as
+Kafka's providers read it, from the working directory of the process, unless the flow definition
+names another base directory (an Airflow task's: the project root, where its mirror job runs);
+the process's working directory is never changed for it.
 
 mirrorflow adds providers of its own, Python classes named by their dotted path and imported
 only when a reference needs them (so this layer imports no Airflow): :data:`AIRFLOW`,
@@ -34,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from mirrorflow import paths
 from mirrorflow.config import properties
 from mirrorflow.errors import MirrorflowError
 from mirrorflow.mm2 import configdefs
@@ -81,6 +85,8 @@ class Provider:
     name: str
     class_name: str
     params: Mapping[str, str]
+    base_dir: Path | None = None
+    """Where relative paths are read from; None: the process's working directory."""
     # The Python provider, once built: one per flow definition loaded, so a long-lived process
     # (an api-server) that loads the files again also looks the values up again.
     _built: list[ConfigProvider] = field(default_factory=list, compare=False, repr=False)
@@ -115,10 +121,14 @@ class Provider:
             self._built.append(cls(self.name, dict(self.params)))
         return self._built[0]
 
+    def local(self, path: str) -> Path:
+        """``path`` as a file name: a relative one under :attr:`base_dir` when there is one."""
+        return (self.base_dir or Path()) / path
+
     def _check_allowed(self, path: str) -> Path:
-        resolved = Path(path).resolve()
+        resolved = self.local(path).resolve()
         allowed = configdefs.parse_list(self.params.get("allowed.paths", ""))
-        if allowed and not any(resolved.is_relative_to(Path(a).resolve()) for a in allowed):
+        if allowed and not any(resolved.is_relative_to(self.local(a).resolve()) for a in allowed):
             raise MirrorflowError(
                 f"config provider {self.name!r} may not read {path}: it is outside "
                 f"config.providers.{self.name}.param.allowed.paths",
@@ -188,8 +198,9 @@ def unknown_class(name: str, class_name: str) -> tuple[str, str]:
 class Providers:
     """The providers a flow file configures, and resolution of references through them."""
 
-    def __init__(self, settings: Mapping[str, str]) -> None:
-        """``settings``: the top-level keys (``config.providers`` and its sub-keys)."""
+    def __init__(self, settings: Mapping[str, str], base_dir: Path | None = None) -> None:
+        """``settings``: the top-level keys (``config.providers`` and its sub-keys);
+        ``base_dir``: where relative paths are read from (None: the working directory)."""
         self.by_name: dict[str, Provider] = {}
         for name in configdefs.parse_list(settings.get("config.providers", "")):
             prefix = f"config.providers.{name}."
@@ -199,7 +210,7 @@ class Providers:
                 if k.startswith(prefix + "param.")
             }
             class_name = configdefs.java_trim(settings.get(prefix + "class", ""))
-            self.by_name[name] = Provider(name, class_name, params)
+            self.by_name[name] = Provider(name, class_name, params, base_dir)
 
     def unconfigured(self, value: str) -> list[str]:
         """Provider names referenced in ``value`` that ``config.providers`` does not configure."""
@@ -250,10 +261,8 @@ def hand_over(values: Mapping[tuple[str, str, str], str]) -> dict[str, str]:
     if not values:
         return {}
     directory = Path(tempfile.mkdtemp(prefix=_HANDOFF_PREFIX))  # mode 0700
-    path = directory / "values.json"
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-        json.dump([[*reference, value] for reference, value in values.items()], handle)
+    entries = [[*reference, value] for reference, value in values.items()]
+    path = paths.write_private(directory / "values.json", json.dumps(entries))
     return {HANDOFF_ENV: str(path)}
 
 

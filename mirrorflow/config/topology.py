@@ -64,6 +64,7 @@ MM2_DEFAULT = "MM2 default"
 IMPLICIT = "MM2 (implicit)"
 _CLIENT_KEY = re.compile(r"^(consumer|producer|admin)")  # MM2's "^consumer.*|^producer.*|…"
 _WORKER_PREFIXES = ("config.providers", "replication.policy")
+_STORE_LOCATIONS = frozenset({"ssl.truststore.location", "ssl.keystore.location"})
 
 
 @dataclass(frozen=True)
@@ -353,7 +354,11 @@ class Topology:
         definitions: Sequence[Property],
         selected: Sequence[str] | None = None,
         files: Sequence[str] = (),
+        base_dir: Path | None = None,
     ) -> None:
+        """``base_dir``: where relative file names in the settings (``${file:…}`` paths, key
+        and trust store locations) are read from; None: the working directory, as MM2 reads
+        them."""
         self.files = list(files) or list(dict.fromkeys(d.location.file for d in definitions))
         self.definitions = list(definitions)
         self.props: dict[str, Property] = {d.key: d for d in self.definitions}
@@ -364,7 +369,8 @@ class Topology:
         self.selected = list(dict.fromkeys(selected)) if selected else None
         if self.selected:
             self._check_selection(self.selected)
-        self.providers = Providers({k: p.value for k, p in self.props.items()})
+        self.base_dir = base_dir
+        self.providers = Providers({k: p.value for k, p in self.props.items()}, base_dir)
         self._flows: dict[str, Flow] = {}
 
     @cached_property
@@ -428,6 +434,10 @@ class Topology:
             java = {k: self.providers.resolve(k, s.value) for k, s in settings.items()}
         except MirrorflowError as exc:
             raise MirrorflowError(f"{where}: {exc.message}", exc.hint) from None
+        if self.base_dir is not None:  # stores are read under it, wherever the client runs
+            for key in _STORE_LOCATIONS.intersection(java):
+                if java[key]:
+                    java[key] = str(self.base_dir / java[key])
         return librdkafka.translate(java, role, where) if for_librdkafka else java
 
     def handed_over_values(self, flows: Iterable[str]) -> dict[tuple[str, str, str], str]:
@@ -462,14 +472,19 @@ class Topology:
                 )
 
 
-def load_topology(paths: Iterable[Path | str], clusters: Sequence[str] | None = None) -> Topology:
+def load_topology(
+    paths: Iterable[Path | str],
+    clusters: Sequence[str] | None = None,
+    base_dir: Path | None = None,
+) -> Topology:
     """The topology the flow files define (merged in order), optionally limited to flows whose
-    target is in ``clusters`` (MM2's ``--clusters``)."""
+    target is in ``clusters`` (MM2's ``--clusters``); relative file names in its settings are
+    read from ``base_dir`` (None: the working directory)."""
     definitions: list[Property] = []
     files = [str(p) for p in paths]
     for path in files:
         definitions += flowfiles.read(Path(path))
-    return Topology(definitions, clusters, files)
+    return Topology(definitions, clusters, files, base_dir)
 
 
 def _suggest(name: str, candidates: Iterable[str]) -> str:

@@ -29,7 +29,7 @@ from cryptography.hazmat.primitives.serialization import pkcs12
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from mirrorflow.errors import MirrorflowError
-from mirrorflow.paths import private_dir
+from mirrorflow.paths import make_private, private_dir, write_private
 
 STORE_TYPES = ("JKS", "PKCS12", "PEM")
 _SUFFIX = {"JKS": "jks", "PKCS12": "p12", "PEM": "pem"}
@@ -54,7 +54,7 @@ def ensure(directory: Path, users: list[str], password: str, keytool: str) -> Pa
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "mirrorflow sandbox CA")])
     ca = _certificate(ca_name, ca_name, ca_key.public_key(), ca_key, authority=True)
-    _write(directory / "ca.pem", ca.public_bytes(serialization.Encoding.PEM))
+    write_private(directory / "ca.pem", ca.public_bytes(serialization.Encoding.PEM))
     secret = password.encode()
     for store_type, store in (("PKCS12", "truststore.p12"), ("JKS", "truststore.jks")):
         _keytool(
@@ -74,7 +74,7 @@ def ensure(directory: Path, users: list[str], password: str, keytool: str) -> Pa
         names=[x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
         usage=ExtendedKeyUsageOID.SERVER_AUTH,
     )
-    _write(directory / "broker.p12", _pkcs12("broker", broker_key, broker, ca, secret))
+    write_private(directory / "broker.p12", _pkcs12("broker", broker_key, broker, ca, secret))
     for user in users:
         key = ec.generate_private_key(ec.SECP256R1())
         certificate = _certificate(
@@ -85,7 +85,7 @@ def ensure(directory: Path, users: list[str], password: str, keytool: str) -> Pa
             usage=ExtendedKeyUsageOID.CLIENT_AUTH,
         )
         p12 = keystore(directory, user, "PKCS12")
-        _write(p12, _pkcs12(user, key, certificate, ca, secret))
+        write_private(p12, _pkcs12(user, key, certificate, ca, secret))
         encrypted = key.private_bytes(
             serialization.Encoding.PEM,
             serialization.PrivateFormat.PKCS8,
@@ -94,7 +94,7 @@ def ensure(directory: Path, users: list[str], password: str, keytool: str) -> Pa
         chain = certificate.public_bytes(serialization.Encoding.PEM) + ca.public_bytes(
             serialization.Encoding.PEM
         )
-        _write(keystore(directory, user, "PEM"), encrypted + chain)
+        write_private(keystore(directory, user, "PEM"), encrypted + chain)
         _keytool(
             keytool,
             [
@@ -105,9 +105,9 @@ def ensure(directory: Path, users: list[str], password: str, keytool: str) -> Pa
             password,
             options=("-srcstorepass", "-deststorepass"),
         )
-    for path in directory.iterdir():
-        os.chmod(path, 0o600)
-    (directory / "complete").touch(mode=0o600)
+    for path in directory.iterdir():  # keytool's stores, written with its umask's mode
+        make_private(path)
+    write_private(directory / "complete", "")
     return directory
 
 
@@ -149,12 +149,6 @@ def _pkcs12(
     return pkcs12.serialize_key_and_certificates(
         name.encode(), key, certificate, [ca], serialization.BestAvailableEncryption(password)
     )
-
-
-def _write(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as out:
-        out.write(data)
 
 
 def _keytool(

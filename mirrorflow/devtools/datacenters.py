@@ -43,6 +43,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 from mirrorflow.devtools import linkemu
 from mirrorflow.devtools import sandbox as sandbox_mod
 from mirrorflow.errors import MirrorflowError
@@ -365,7 +367,7 @@ def cleanup_leftovers() -> list[str]:
         if not match:
             continue
         owner, index = int(match.group(1)), match.group(2)
-        if owner != os.getpid() and Path(f"/proc/{owner}").exists():
+        if owner != os.getpid() and psutil.pid_exists(owner):
             continue  # a live run's
         _remove(name, f"mf{owner}h{index}")
         removed.append(name)

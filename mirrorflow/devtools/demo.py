@@ -10,7 +10,6 @@ on ``secondary`` as ``primary.orders``. ``live`` then keeps a record flowing eve
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -104,21 +103,16 @@ class Demo:
         from mirrorflow.config.topology import load_topology
 
         assert self.box is not None
-        here = Path.cwd()
-        os.chdir(paths.PROJECT_ROOT)
-        try:
-            flow = load_topology([EXAMPLE]).flow(FLOW)
-            for role, cluster in (("source.admin", "primary"), ("target.admin", "secondary")):
-                client = flow.client_config(role, librdkafka=True)
-                if client.get("bootstrap.servers") != self.box[cluster].bootstrap_servers:
-                    raise MirrorflowError(
-                        f"{EXAMPLE.name} resolves {cluster}'s bootstrap.servers to "
-                        f"{client.get('bootstrap.servers')}, not the sandbox's "
-                        f"{self.box[cluster].bootstrap_servers}",
-                        "check .mirrorflow/sandbox/clusters.properties",
-                    )
-        finally:
-            os.chdir(here)
+        flow = load_topology([EXAMPLE], base_dir=paths.PROJECT_ROOT).flow(FLOW)
+        for role, cluster in (("source.admin", "primary"), ("target.admin", "secondary")):
+            client = flow.client_config(role, librdkafka=True)
+            if client.get("bootstrap.servers") != self.box[cluster].bootstrap_servers:
+                raise MirrorflowError(
+                    f"{EXAMPLE.name} resolves {cluster}'s bootstrap.servers to "
+                    f"{client.get('bootstrap.servers')}, not the sandbox's "
+                    f"{self.box[cluster].bootstrap_servers}",
+                    "check .mirrorflow/sandbox/clusters.properties",
+                )
         self._say(f"{EXAMPLE.relative_to(paths.PROJECT_ROOT)}: its secret references resolve")
 
     def _render(self) -> list[str]:

@@ -30,31 +30,14 @@ from confluent_kafka.admin import AdminClient
 
 from mirrorflow.devtools import sandbox as sandbox_mod
 from mirrorflow.mm2.formats import OffsetSync
+from mirrorflow.runtime import processes
 
 # -- processes -----------------------------------------------------------------------------
 
 
-def descendants(pid: int) -> list[int]:
-    """Every live process below ``pid`` (children, their children ...)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(entry))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
 def kill_tree(pid: int) -> None:
     """SIGKILL ``pid``, its process group and every descendant (no clean shutdown)."""
-    tree = descendants(pid)
+    tree = processes.descendants(pid)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
     for p in [pid, *tree]:
@@ -64,12 +47,11 @@ def kill_tree(pid: int) -> None:
 
 def python_workers(pid: int) -> list[int]:
     """Spark's Python workers (``pyspark.daemon`` and its forks) below a job's process."""
-    found = []
-    for p in descendants(pid):
-        with contextlib.suppress(OSError):
-            if b"pyspark.daemon" in Path(f"/proc/{p}/cmdline").read_bytes():
-                found.append(p)
-    return found
+    return [
+        p
+        for p in processes.descendants(pid)
+        if any("pyspark.daemon" in a for a in processes.command_line(p))
+    ]
 
 
 class Supervisor:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from mirrorflow import paths
 from mirrorflow.errors import MirrorflowError
-from mirrorflow.runtime import jobs
+from mirrorflow.runtime import processes
 
 SERVICES = ("api-server", "scheduler", "dag-processor", "triggerer")
 SERVICE_OPTIONS = {
@@ -134,7 +134,7 @@ class LocalAirflow:
         paths.private_dir(self.home)
         self._say(f"initialising Airflow (SQLite, LocalExecutor) in {self.home}")
         log = self.home / "db-migrate.log"
-        with _private_log(log, "wb") as out:
+        with paths.open_private(log, "wb") as out:
             result = subprocess.run(
                 [self._airflow(), "db", "migrate"],
                 stdout=out,
@@ -146,7 +146,7 @@ class LocalAirflow:
             raise MirrorflowError("airflow db migrate failed", f"see {log}")
         for name in ("airflow.cfg", "airflow.db"):  # Airflow's keys, its connections
             with contextlib.suppress(FileNotFoundError):
-                os.chmod(self.home / name, 0o600)
+                paths.make_private(self.home / name)
 
     def ensure_password(self) -> None:
         """The UI user's password, made once in a 0600 file (kept across restarts)."""
@@ -183,7 +183,7 @@ class LocalAirflow:
         for name in names:
             if name in running:
                 continue
-            with _private_log(logs / f"{name}.log", "ab") as out:
+            with paths.open_private(logs / f"{name}.log", "ab") as out:
                 process = subprocess.Popen(
                     [self._airflow(), name, *SERVICE_OPTIONS.get(name, ())],
                     stdout=out,
@@ -202,7 +202,9 @@ class LocalAirflow:
         )
 
     def _save_services(self, running: dict[str, int]) -> None:
-        services = {name: {"pid": pid, "start": _start_time(pid)} for name, pid in running.items()}
+        services = {
+            name: {"pid": pid, "created": processes.created(pid)} for name, pid in running.items()
+        }
         record = {"port": self.port, "services": services}
         (self.home / SERVICES_FILE).write_text(json.dumps(record, indent=2) + "\n")
 
@@ -303,41 +305,14 @@ class Api:
         self._call("PATCH", f"/api/v2/dags/{dag_id}", json.dumps({"is_paused": True}).encode())
 
 
-def _private_log(path: Path, mode: str):
-    """``path`` opened for writing, readable by its owner only (0600) whatever the umask."""
-    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if "a" in mode else os.O_TRUNC)
-    fd = os.open(path, flags, 0o600)
-    os.fchmod(fd, 0o600)
-    return os.fdopen(fd, mode)
-
-
-def _start_time(pid: int) -> int | None:
-    """The process's start time (clock ticks since boot): with the pid, its identity."""
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def _is_service(record: dict) -> bool:
-    """Whether a recorded service still runs: same pid and same start time (Airflow renames
-    its processes, so the command line cannot tell)."""
-    pid = record.get("pid")
-    return (
-        isinstance(pid, int) and jobs.process_alive(pid) and _start_time(pid) == record.get("start")
-    )
-
-
-def _session_members(session: int) -> list[int]:
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(fields[3]) == session:  # after ")": state, ppid, pgrp, session
-                members.append(int(entry.name))
-    return members
+    """Whether a recorded service still runs: same pid and the same start time, to the second
+    (Airflow renames its processes, so the command line cannot tell)."""
+    pid, started = record.get("pid"), record.get("created")
+    if not isinstance(pid, int) or not isinstance(started, int | float):
+        return False
+    created = processes.created(pid)
+    return processes.alive(pid) and created is not None and abs(created - started) < 1.0
 
 
 def _stop_session(leader: int, grace: float = 30.0) -> None:
@@ -349,9 +324,9 @@ def _stop_session(leader: int, grace: float = 30.0) -> None:
     while time.monotonic() < deadline:
         with contextlib.suppress(ChildProcessError):
             os.waitpid(leader, os.WNOHANG)  # started by this process: collect its exit
-        if not any(jobs.process_alive(p) for p in _session_members(leader)):
+        if not processes.session_members(leader):
             return
         time.sleep(0.3)
-    for pid in _session_members(leader):
+    for pid in processes.session_members(leader):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)

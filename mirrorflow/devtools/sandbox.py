@@ -31,7 +31,7 @@ from pathlib import Path
 from mirrorflow.devtools import certificates
 from mirrorflow.errors import MirrorflowError
 from mirrorflow.paths import private_dir, write_private
-from mirrorflow.runtime import guard, jvm
+from mirrorflow.runtime import guard, jvm, processes
 
 DIE_WITH_CALLER = False
 """Brokers started (from the main thread) while this is true die with the process that started
@@ -282,11 +282,7 @@ def kill(directory: Path, names: Iterable[str]) -> dict[str, float]:
             killed[name] = time.time()
             with contextlib.suppress(ProcessLookupError):
                 os.kill(cluster.pid, signal.SIGKILL)
-            deadline = time.monotonic() + 30
-            while cluster.is_running() and time.monotonic() < deadline:
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(cluster.pid, os.WNOHANG)
-                time.sleep(0.05)
+            processes.wait_for_exit(cluster.pid, 30, interval=0.05, reap=True)
         cluster.pid = None
     sandbox.save()
     return killed
@@ -567,25 +563,14 @@ def last_error(log_file: Path) -> str:
 
 def _is_our_broker(pid: int, properties_file: Path) -> bool:
     """True if ``pid`` is alive and is the broker started with this properties file."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    if stat.rsplit(")", 1)[-1].split()[0] == "Z":
-        return False
-    return str(properties_file).encode() in cmdline
+    return processes.alive(pid) and str(properties_file) in processes.command_line(pid)
 
 
 def _terminate(cluster: Cluster, grace: float = 30.0) -> None:
     assert cluster.pid is not None
     with contextlib.suppress(ProcessLookupError):
         os.kill(cluster.pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while cluster.is_running() and time.monotonic() < deadline:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(cluster.pid, os.WNOHANG)
-        time.sleep(0.2)
+    processes.wait_for_exit(cluster.pid, grace, interval=0.2, reap=True)
     if cluster.is_running():
         with contextlib.suppress(ProcessLookupError):
             os.kill(cluster.pid, signal.SIGKILL)

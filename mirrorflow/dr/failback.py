@@ -58,7 +58,6 @@ and changes nothing. Records and reports live in ``$MIRRORFLOW_STATE/reports/fai
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -143,8 +142,7 @@ def _spec_and_policy(request: FailbackRequest):
 
     files = request.flow_paths()
     spec = request.spec()
-    with contextlib.chdir(paths.project_root()):
-        topology = load_topology(files)
+    topology = load_topology(files, base_dir=paths.project_root())
     return spec, topology, topology.flow(request.flow).policy
 
 

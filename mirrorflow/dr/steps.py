@@ -191,9 +191,7 @@ class DRRequest:
     def spec(self) -> MirrorSpec:
         """The flow's spec; ``${file:…}`` references resolve from the project root, as for the
         mirror job."""
-        files = self.flow_paths()
-        with contextlib.chdir(paths.project_root()):
-            return spec_for_flow(files, self.flow)
+        return spec_for_flow(self.flow_paths(), self.flow, base_dir=paths.project_root())
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from mirrorflow.config.topology import Flow, load_topology
 from mirrorflow.errors import MirrorflowError
 from mirrorflow.health.model import UNKNOWN_DAGS, FlowHealth, HealthSettings, SiteDag, derive
 from mirrorflow.replication import lag
-from mirrorflow.runtime import jobs
+from mirrorflow.runtime import jobs, processes
 
 log = logging.getLogger(__name__)
 
@@ -95,12 +95,8 @@ def job_alive(progress: dict) -> bool | None:
     pid, host = progress.get("pid"), progress.get("host")
     if not isinstance(pid, int) or host != socket.gethostname():
         return None
-    if not jobs.process_alive(pid):
-        return False
-    try:  # the pid may have been reused by another process since
-        return b"mirror" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
+    # The pid may have been reused by another process since.
+    return jobs.process_alive(pid) and any("mirror" in a for a in processes.command_line(pid))
 
 
 def flow_health(

@@ -120,9 +120,11 @@ def spec_for_flow(
     flow_name: str,
     state_dir: Path | None = None,
     starting_offsets: str | None = None,
+    base_dir: Path | None = None,
 ) -> MirrorSpec:
-    """The mirror job's spec for ``flow_name`` (``S->T``) of the given flow files."""
-    topology = load_topology(config_paths)
+    """The mirror job's spec for ``flow_name`` (``S->T``) of the given flow files; relative file
+    names in their settings are read from ``base_dir`` (None: the working directory)."""
+    topology = load_topology(config_paths, base_dir=base_dir)
     flow = topology.flow(flow_name)
     validation.require_valid(topology, f"so flow {flow_name} does not run")
     if not flow.enabled:

@@ -41,9 +41,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+import psutil
+
 from mirrorflow import paths
 from mirrorflow.errors import MirrorflowError
 from mirrorflow.runtime import launch
+from mirrorflow.runtime.processes import alive as process_alive
+from mirrorflow.runtime.processes import command_line, wait_for_exit
 
 PID_FILE = "job.json"
 PROGRESS_FILE = "progress.json"  # as the driver writes it
@@ -146,13 +150,7 @@ class JobFiles:
 
     def is_job(self, pid: int) -> bool:
         """Whether ``pid`` is alive and is a mirror job started with this stop file."""
-        if not process_alive(pid):
-            return False
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            return False
-        return str(self.stop_file).encode() in argv
+        return process_alive(pid) and str(self.stop_file) in command_line(pid)
 
 
 def has_progress(flow_dir: Path) -> bool:
@@ -231,15 +229,8 @@ def mirror_processes(state_dir: Path, flow: str) -> list[int]:
     by their command lines (``spark_jobs/mirror.py … --flow S->T [--state-dir DIR]``)."""
     wanted = Path(state_dir).resolve()
     found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = [
-                a.decode(errors="replace") for a in (entry / "cmdline").read_bytes().split(b"\0")
-            ]
-        except OSError:
-            continue
+    for process in psutil.process_iter(["cmdline"]):
+        argv = process.info["cmdline"] or []  # None: not readable
         if not argv or "java" in Path(argv[0]).name:  # spark-submit's JVM: its driver counts
             continue
         if not any(a.endswith(launch.MIRROR_JOB.name) for a in argv[1:3]):
@@ -247,8 +238,8 @@ def mirror_processes(state_dir: Path, flow: str) -> list[int]:
         flows = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--flow"]
         states = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--state-dir"]
         state = Path(states[-1]) if states else default_state_dir()
-        if flow in flows and state.resolve() == wanted and process_alive(int(entry.name)):
-            found.append(int(entry.name))
+        if flow in flows and state.resolve() == wanted and process_alive(process.pid):
+            found.append(process.pid)
     return sorted(found)
 
 
@@ -275,26 +266,6 @@ def restart_request(flow_dir: Path) -> str | None:
     except (ValueError, AttributeError):
         position = None
     return str(position or "")
-
-
-def process_alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, exited but not yet reaped, does not)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
-
-
-def wait_for_exit(pid: int, timeout: float) -> bool:
-    """Wait up to ``timeout`` seconds for ``pid`` to end; True if it did."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if not process_alive(pid):
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.25)
 
 
 def kill_job(files: JobFiles, pid: int, log: Log = print) -> None:
