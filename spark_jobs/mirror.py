@@ -78,7 +78,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--continuous",
         action="store_true",
         help="caught up, copy continuously in the driver's JVM instead of batch after batch "
-        "(at least once; see the README, 'Continuous copying')",
+        "(at least once; docs/concepts.md, 'Continuous copying')",
     )
     parser.add_argument(
         "--metrics-port",

@@ -23,8 +23,10 @@ def build(source: Path, out: Path) -> subprocess.CompletedProcess[str]:
     """``sphinx-build -b html -W --keep-going`` of ``source`` into ``out``."""
     environment = {k: v for k, v in os.environ.items() if k.lower() != "no_proxy"}
     return subprocess.run(
-        [sys.executable, "-m", "sphinx", "-b", "html", "-W", "--keep-going", "-q"]
-        + ["-d", str(out / "doctrees"), str(source), str(out / "html")],
+        [
+            *(sys.executable, "-m", "sphinx", "-b", "html", "-W", "--keep-going", "-q"),
+            *("-d", str(out / "doctrees"), str(source), str(out / "html")),
+        ],
         capture_output=True,
         text=True,
         cwd=source,

@@ -80,9 +80,9 @@ def test_the_layout_table_lists_every_folder_package_and_module() -> None:
         named = names(directory, rows[directory])
         for f in library:
             base = f.rsplit("/", 1)[1]
-            if f.rsplit("/", 1)[0] + "/" == directory and base != "__init__.py":
-                if base not in named:
-                    missing.append(f"{f} (in the row of {directory})")
+            in_row = f.rsplit("/", 1)[0] + "/" == directory and base != "__init__.py"
+            if in_row and base not in named:
+                missing.append(f"{f} (in the row of {directory})")
     assert missing == [], "docs/development.md's Layout misses:\n" + "\n".join(missing)
 
 

@@ -47,7 +47,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--continuous",
         action="store_true",
         help="caught up, copy continuously in the driver's JVM instead of batch after batch "
-        "(at least once; see the README, 'Continuous copying')",
+        "(at least once; docs/concepts.md, 'Continuous copying')",
     )
     parser.add_argument(
         "--metrics-port",
