@@ -35,7 +35,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPar
 from benchmarks import replicate, steady  # noqa: E402
 from benchmarks.replicate import FLOW, MIB, SOURCE, TARGET, Bench, Case, fmt, log  # noqa: E402
 
-SYSTEMS = ("mm2", "mirrorflow")
+SYSTEMS = ("mm2", "mirrorflow", "mirrorflow-continuous")  # the last: ``--continuous``
 # Each value starts with the record's index and its CreateTime (ms), then random bytes.
 RECORD_HEAD = struct.Struct(">qq")
 
@@ -158,10 +158,14 @@ def system_launches(
 ) -> tuple[list[replicate.Launch], list[Path]]:
     if system == "mm2":
         return replicate.mm2_launches(bench, case), []
-    state = bench.workdir / "state" / "latency-mirrorflow"
+    state = bench.workdir / "state" / f"latency-{system}"
     stop = state / "stop"
     config = replicate.flow_file(bench, case)
-    return [replicate.mirrorflow_launch(bench, [config], FLOW, state, stop_file=stop)], [stop]
+    continuous = system == "mirrorflow-continuous"
+    launch = replicate.mirrorflow_launch(
+        bench, [config], FLOW, state, name=system, stop_file=stop, continuous=continuous
+    )
+    return [launch], [stop]
 
 
 def run_system(bench: Bench, case: Case, system: str) -> LatencyResult:
@@ -291,7 +295,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--drain-timeout", type=float, default=60.0, help="seconds to wait for late copies"
     )
     what.add_argument(
-        "--only", default=",".join(SYSTEMS), help=f"systems, in order (default {','.join(SYSTEMS)})"
+        "--only",
+        default="mm2,mirrorflow",
+        help=f"systems, in order (default mm2,mirrorflow; of {', '.join(SYSTEMS)})",
     )
     steady.add_common_arguments(parser, broker_heap=replicate.sandbox_mod.DEFAULT_HEAP)
     args = parser.parse_args(argv)
