@@ -41,6 +41,8 @@ def east(tmp_path_factory: pytest.TempPathFactory):
 
 
 @needs_datacenters
+@pytest.mark.kafka
+@pytest.mark.spark
 @pytest.mark.parametrize(
     "mode",
     # exactly-once makes the stronger claim (it repeats nothing): the default suite runs it;

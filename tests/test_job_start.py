@@ -41,6 +41,7 @@ def test_only_the_driver_maps_the_class_archive_and_it_can_be_turned_off(tmp_pat
     assert "SharedArchiveFile" not in conf["spark.driver.extraJavaOptions"]
 
 
+@pytest.mark.spark  # spark-submit's JVM
 @pytest.mark.timeout(120)
 def test_the_class_archive_fits_the_drivers_classpath_so_the_jvm_maps_it():
     archive = driver_archive.ensure()

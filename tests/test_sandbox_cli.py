@@ -70,6 +70,7 @@ def test_sandbox_up_status_down_manage_a_cluster_without_printing_passwords(tmp_
     assert after.returncode == 1 and "stopped" in after.stdout
 
 
+@pytest.mark.kafka  # starts brokers (which cannot serve)
 def test_sandbox_up_names_the_port_in_use_and_the_cluster_that_needs_it(tmp_path):
     base = free_port_block(10)
     with socket.socket() as holder:
@@ -87,6 +88,7 @@ def test_sandbox_up_without_java_says_java_is_missing(tmp_path):
     _assert_one_clear_error(result, "java was not found")
 
 
+@pytest.mark.kafka  # starts brokers (which cannot serve)
 def test_sandbox_up_reports_a_broker_that_cannot_start_with_its_log(tmp_path):
     base = free_port_block(10)
     result = _run(
