@@ -64,9 +64,11 @@ def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalAirflow]:
         local.wait_for_api()
         yield local
     finally:
-        leaders = list(local.running_services().values())
+        leaders = list(local.running_services().values()) + KILLED_SESSIONS
         local.stop_services(say=lambda _line: None)
-        for leader in leaders:  # whatever a killed scheduler's session left
+        # Whatever a killed scheduler's session left: its LocalExecutor's workers outlive a
+        # scheduler killed alone (their parent gone, they ignore SIGTERM).
+        for leader in leaders:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(leader, signal.SIGKILL)
 
@@ -118,6 +120,9 @@ class JobWatch:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(10)
+
+
+KILLED_SESSIONS: list[int] = []  # schedulers' sessions whose leader alone was killed
 
 
 def scheduler_session(airflow: LocalAirflow) -> int:
@@ -198,7 +203,8 @@ def test_a_restarted_scheduler_loses_and_repeats_nothing_and_runs_one_job(
         # supervisor live on (still heartbeating to the api-server) until the restarted
         # scheduler resets the orphaned task; the flow goes on, in one job at a time.
         say(f"job {second} copies; the scheduler process alone is killed")
-        os.kill(scheduler_session(airflow), signal.SIGKILL)
+        KILLED_SESSIONS.append(scheduler_session(airflow))
+        os.kill(KILLED_SESSIONS[-1], signal.SIGKILL)
         restart_and_resume(airflow, state, topic, None)
         time.sleep(3 * ORPHAN_CHECK_S)  # past the orphaned-task check: the flow goes on
         restart_and_resume(airflow, state, topic, None, restart=False)
