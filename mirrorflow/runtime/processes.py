@@ -35,10 +35,11 @@ def wait_for_exit(pid: int, timeout: float, interval: float = 0.25, reap: bool =
     ``subprocess.Popen`` will ask for its exit status)."""
     deadline = time.monotonic() + timeout
     while True:
-        if reap:
+        ended = not alive(pid)
+        if reap:  # after the check: one that ended between a reap and the check is reaped too
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
-        if not alive(pid):
+        if ended:
             return True
         if time.monotonic() >= deadline:
             return False
