@@ -7,8 +7,12 @@ export PYTHONPATH := $(CURDIR)
 demo:
 	@venv=$$(MIRRORFLOW_SKIP_COMPOSE=1 MIRRORFLOW_SKIP_PROMTOOL=1 scripts/bootstrap.sh) && PATH=$$venv/bin:$$PATH $$venv/bin/mirrorflow demo
 
+# After pytest: no process of the run may be left (tests/leftovers.py ends and names them).
 test:
-	@venv=$$(scripts/bootstrap.sh) && $$venv/bin/ruff check . && $$venv/bin/ruff format --check . && PATH=$$venv/bin:$$PATH $$venv/bin/python -m pytest $(PYTEST_ARGS)
+	@venv=$$(scripts/bootstrap.sh) && $$venv/bin/ruff check . && $$venv/bin/ruff format --check . && \
+	run=mirrorflow-test-run-$$$$-$$(date +%s%N) && \
+	{ MIRRORFLOW_TEST_RUN=$$run PATH=$$venv/bin:$$PATH $$venv/bin/python -m pytest $(PYTEST_ARGS); status=$$?; \
+	  $$venv/bin/python -m tests.leftovers $$run || status=1; exit $$status; }
 
 lint:
 	@venv=$$(scripts/bootstrap.sh) && $$venv/bin/ruff check . && $$venv/bin/ruff format --check .

@@ -6,7 +6,6 @@ on free loopback ports in a temporary directory, so a developer's own sandbox ke
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import subprocess
@@ -27,10 +26,9 @@ os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(_SESSION_DIR / "airflow" / "dags"
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "False")
 os.environ["MIRRORFLOW_STATE"] = str(_SESSION_DIR / "state")
-# Every process the session starts inherits this: at its end, those still running are named
-# and ended, and the session fails (tests/leftovers.py).
-_RUN_ID = f"mirrorflow-test-run-{uuid.uuid4().hex}"
-os.environ["MIRRORFLOW_TEST_RUN"] = _RUN_ID
+# Every process the session starts inherits this: those still running once pytest has exited
+# are named and ended, and fail ``make test`` (tests/leftovers.py).
+os.environ.setdefault("MIRRORFLOW_TEST_RUN", f"mirrorflow-test-run-{uuid.uuid4().hex}")
 # Connections stored in the metadata DB are encrypted, as in any real deployment (Airflow would
 # keep their passwords in clear text without a key; tests scan the Airflow home for secrets).
 os.environ.setdefault("AIRFLOW__CORE__FERNET_KEY", Fernet.generate_key().decode())
@@ -86,31 +84,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if slow:
         config.hook.pytest_deselected(items=slow)
         items[:] = [item for item in items if item not in slow]
-
-
-_LEFTOVERS: list[str] = []
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """The suite leaves no process behind: any of the session's still running once its
-    fixtures are torn down is ended, and fails the run."""
-    from tests import leftovers
-
-    markers = (_RUN_ID, str(_SESSION_DIR))
-    if hasattr(session.config, "_tmp_path_factory"):
-        with contextlib.suppress(Exception):
-            basetemp = session.config._tmp_path_factory.getbasetemp()
-            markers += (f"{basetemp}{os.sep}",)  # pytest-5/ is no prefix of pytest-50/
-    _LEFTOVERS.extend(leftovers.end(markers))
-    if _LEFTOVERS and session.exitstatus == pytest.ExitCode.OK:
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
-
-
-def pytest_terminal_summary(terminalreporter) -> None:
-    if _LEFTOVERS:
-        terminalreporter.section("processes left behind (ended now)", red=True)
-        for line in _LEFTOVERS:
-            terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="session")

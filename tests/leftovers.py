@@ -1,56 +1,61 @@
-"""Processes a test session leaves behind: found at its end, ended, and named.
+"""Processes a test run leaves behind, checked after pytest has exited (``make test``).
 
-A process belongs to the session when it descends from pytest or, once its parent has died and
-it was re-parented, when its command line or environment names the session (its run id, which
-every process it starts inherits, or one of its directories). The py4j gateway of a Spark
-session made in pytest's own process is no leftover: it ends with pytest (it reads pytest's
-end of a pipe).
+Every process the run starts inherits ``MIRRORFLOW_TEST_RUN`` (set by ``make test``, else by
+``tests/conftest.py``). Once pytest has exited, any process still carrying the run's id is a
+leftover: it is ended, named, and fails the run. A process that ends with pytest (pyspark's
+gateway, the MirrorMaker 2 oracle: they read pytest's end of a pipe) is gone by then.
+
+    python -m tests.leftovers RUN_ID
 """
 
 from __future__ import annotations
 
-import contextlib
+import sys
 
 import psutil
 
 from mirrorflow.runtime.processes import alive
 
-GRACE_S = 15.0  # processes being stopped at the session's end may take this long
+VARIABLE = "MIRRORFLOW_TEST_RUN"
+GRACE_S = 10.0  # processes ending with the run may take this long
 
 
-def _is_gateway(process: psutil.Process, me: int) -> bool:
-    with contextlib.suppress(psutil.Error):
-        command = process.cmdline()
-        return process.ppid() == me and "pyspark-shell" in command
-    return False
+def find(run_id: str) -> list[psutil.Process]:
+    """The processes still running whose environment names the run."""
+    found = []
+    for process in psutil.process_iter(["environ"]):
+        environment = process.info["environ"] or {}
+        if environment.get(VARIABLE) == run_id and alive(process.pid):
+            found.append(process)
+    return found
 
 
-def find(markers: tuple[str, ...]) -> list[psutil.Process]:
-    """The processes still running that belong to this session (see the module)."""
-    me = psutil.Process()
-    found: dict[int, psutil.Process] = {}
-    with contextlib.suppress(psutil.Error):
-        found.update({child.pid: child for child in me.children(recursive=True)})
-    for process in psutil.process_iter(["cmdline", "environ"]):
-        if process.pid == me.pid or process.pid in found:
-            continue
-        command = " ".join(process.info["cmdline"] or [])
-        environment = "\n".join((process.info["environ"] or {}).values())
-        if any(m in command or m in environment for m in markers):
-            found[process.pid] = process
-    return [p for p in found.values() if alive(p.pid) and not _is_gateway(p, me.pid)]
-
-
-def end(markers: tuple[str, ...]) -> list[str]:
-    """Wait :data:`GRACE_S` for this session's processes to end, SIGKILL those that did not,
-    and describe them (pid, command line), one line each."""
-    leftovers = find(markers)
+def end(run_id: str) -> list[str]:
+    """Wait :data:`GRACE_S` for the run's processes to end, SIGKILL those that did not, and
+    describe them (pid, command line), one line each."""
+    leftovers = find(run_id)
     if leftovers:
-        _gone, leftovers = psutil.wait_procs(leftovers, timeout=GRACE_S)
+        psutil.wait_procs(leftovers, timeout=GRACE_S)
         leftovers = [p for p in leftovers if alive(p.pid)]
     described = []
     for process in leftovers:
-        with contextlib.suppress(psutil.Error):
+        try:
             described.append(f"pid {process.pid}: {' '.join(process.cmdline())[:300]}")
             process.kill()
+        except psutil.Error:
+            continue
     return described
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1 or not argv[0]:
+        print("usage: python -m tests.leftovers RUN_ID", file=sys.stderr)
+        return 2
+    described = end(argv[0])
+    for line in described:
+        print(f"left behind by the test run (ended now): {line}", file=sys.stderr)
+    return 1 if described else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
