@@ -698,6 +698,12 @@ class MirrorJob:
             ):
                 return
 
+    def _java_copier(self):
+        """The copier's Java class (``MirrorCopier``), looked up once (a py4j round trip)."""
+        if self._copier is None:
+            self._copier = getattr(self.spark.sparkContext._jvm, jvm.COPIER_CLASS)
+        return self._copier
+
     def _stream(self) -> None:
         """Caught up (``--continuous``): copy continuously in the driver's JVM
         (:class:`~mirrorflow.runtime.copier.CopyStream`) until a stop or pause, a change of the
@@ -710,10 +716,8 @@ class MirrorJob:
         batch = self._begin_batch(partitions)
         error: str | None = None
         try:
-            if self._copier is None:
-                self._copier = getattr(self.spark.sparkContext._jvm, jvm.COPIER_CLASS)
             stream = CopyStream(
-                self._copier,
+                self._java_copier(),
                 batch,
                 partitions,
                 [self.positions[tp] for tp in partitions],
@@ -1282,19 +1286,17 @@ class MirrorJob:
         replication latencies at acknowledgement) and the offset each range reached (its end,
         or less when the batch was cancelled)."""
         context = self.spark.sparkContext
-        if self._copier is None:
-            self._copier = getattr(context._jvm, jvm.COPIER_CLASS)
         lines = [f"{t}\t{p}\t{start}\t{until}" for (t, p), start, until in ranges]
         settings = self._copier_settings(mapping)
         settings.put("batch", batch)
         self._stalled = []
         try:
             if local:
-                encoded = self._copier.copyLocal(lines, settings)
+                encoded = self._java_copier().copyLocal(lines, settings)
             else:
                 context.setJobDescription(f"mirror {self.spec.flow} batch {self.batches}")
                 try:
-                    encoded = self._copier.copy(context._jsc, lines, settings)
+                    encoded = self._java_copier().copy(context._jsc, lines, settings)
                 finally:
                     context.setJobDescription(None)
         except Exception as exc:  # py4j's error: its text holds the copier's message
