@@ -157,7 +157,7 @@ def assert_findings_or_one_error_line(path: Path, code: int, out: str, err: str)
     text = out.rstrip("\n")
     summary = text.rsplit("\n", 1)[-1]
     assert SUMMARY.match(summary), out
-    body = text[: -len(summary)]
+    body = "\n".join(ln for ln in text[: -len(summary)].split("\n") if not ln.startswith("note: "))
     for finding in re.split(r"\n(?=" + re.escape(str(path)) + r":\d+: )", body.strip("\n")):
         if finding:
             match = FINDING.match(finding)

@@ -228,7 +228,7 @@ def test_a_failed_over_group_reads_exactly_the_records_it_had_not_consumed(
     # source offsets that a translation must not fall into.
     keys = produce_transactions(primary, t, 2, range(30), 40)
     consumed = consume_and_commit(primary, t, group, {0: 211, 1: 122})
-    lines = [*checkpoint_lines(group), "primary.consumer.isolation.level = read_committed"]
+    lines = checkpoint_lines(group)  # the source is read read_committed by default (issue 27)
     if mode == "exactly-once":
         lines += EXACTLY_ONCE
     config = flow_file(tmp_path, sandbox, t, *lines)

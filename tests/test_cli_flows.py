@@ -16,6 +16,9 @@ EXAMPLES = Path(__file__).parent.parent / "examples"
 def test_validate_exits_0_when_clean_1_with_warnings_and_2_with_errors(capsys):
     assert main(["validate", str(SEEDS / "000-first-example.properties")]) == 0
     assert capsys.readouterr().out == (
+        "note: aborted transactions are not copied (the source is read read_committed, "
+        "mirrorflow's default; MirrorMaker 2 copies them as data, as "
+        "consumer.isolation.level = read_uncommitted does): primary->secondary\n"
         "0 errors, 0 warnings; flows that replicate: primary->secondary\n"
     )
     assert main(["validate", str(SEEDS / "002-active-active.properties")]) == 1

@@ -116,14 +116,14 @@ def test_top_level_client_settings_are_dropped_and_cluster_mm2_settings_have_no_
         tmp_path,
         BASE
         + """\
-        consumer.isolation.level = read_committed
+        consumer.max.poll.records = 7
         A.topics = nothing
         topics = orders
         A->B.enabled = true
         """,
     )
     flow = topology.flow("A->B")
-    assert "isolation.level" not in flow.client_config("source.consumer")
+    assert "max.poll.records" not in flow.client_config("source.consumer")
     assert flow.setting("topics") == ["orders"]
     assert flow.config["source.cluster.topics"].value == "nothing"
 
@@ -147,6 +147,38 @@ def test_flow_settings_override_top_level_ones_and_defaults_fill_the_rest(tmp_pa
     assert flow.config["replication.factor"].layer == MM2_DEFAULT
     assert flow.setting("replication.factor") == 2
     assert flow.client_config("source.consumer")["isolation.level"] == "read_committed"
+
+
+def test_the_source_is_read_committed_unless_mirrormaker_2s_read_uncommitted_is_asked(tmp_path):
+    topology = _load(
+        tmp_path,
+        BASE
+        + """\
+        A->B.enabled = true
+        A->C.enabled = true
+        C.consumer.isolation.level = read_uncommitted
+        """,
+    )
+    committed, uncommitted = topology.flow("A->B"), topology.flow("A->C")
+    assert committed.client_config("source.consumer")["isolation.level"] == "read_committed"
+    assert committed.client_settings("source.consumer")["isolation.level"].layer.startswith(
+        "mirrorflow default"
+    )
+    assert not committed.copies_aborted_transactions
+    # Only the source consumer: C's setting is for consumers of C, A->C's target.
+    assert uncommitted.client_config("source.consumer")["isolation.level"] == "read_committed"
+    assert uncommitted.client_config("target.consumer")["isolation.level"] == "read_uncommitted"
+    topology = _load(
+        tmp_path,
+        BASE
+        + """\
+        A->B.enabled = true
+        A.consumer.isolation.level = read_uncommitted
+        """,
+    )
+    flow = topology.flow("A->B")
+    assert flow.client_config("source.consumer")["isolation.level"] == "read_uncommitted"
+    assert flow.copies_aborted_transactions
 
 
 def test_flows_are_disabled_unless_enabled_and_run_only_with_a_herder(tmp_path):
@@ -258,6 +290,7 @@ def test_flow_clients_follow_mm2s_connector_layering(tmp_path):
         "client.id": "app|A->B|mirror",
         "auto.offset.reset": "latest",
         "enable.auto.commit": "false",
+        "isolation.level": "read_committed",  # mirrorflow's default (MM2's: read_uncommitted)
     }
     assert flow.client_config("target.producer") == {
         "bootstrap.servers": "b:9092",

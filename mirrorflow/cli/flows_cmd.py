@@ -106,6 +106,7 @@ def _validate(args: argparse.Namespace) -> int:
     topology = load_topology(args.files, args.clusters)
     findings = validation.validate(topology)
     errors = sum(f.severity == "error" for f in findings)
+    notes = validation.notes(topology) if not errors else []
     if args.json:
         _print_json(
             {
@@ -113,11 +114,14 @@ def _validate(args: argparse.Namespace) -> int:
                 "errors": errors,
                 "warnings": len(findings) - errors,
                 "flows": [f.name for f in topology.flows],
+                "notes": notes,
             }
         )
     else:
         for finding in findings:
             print(finding)
+        for note in notes:
+            print(f"note: {note}")
         flows = ", ".join(f.name for f in topology.flows) or "none"
         print(f"{errors} errors, {len(findings) - errors} warnings; flows that replicate: {flows}")
     return validation.exit_code(findings)

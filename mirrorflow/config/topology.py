@@ -62,6 +62,11 @@ ClientRole = Literal["consumer", "producer", "admin"]
 TOP_LEVEL = "top-level"
 MM2_DEFAULT = "MM2 default"
 IMPLICIT = "MM2 (implicit)"
+#: The layer of the settings where mirrorflow's default differs from MirrorMaker 2's.
+MIRRORFLOW_DEFAULT = "mirrorflow default"
+#: The mirror's source consumer reads committed records only: MirrorMaker 2's consumer (Kafka's
+#: default, read_uncommitted) copies the records of aborted transactions as ordinary data.
+SOURCE_ISOLATION_DEFAULT = "read_committed"
 _CLIENT_KEY = re.compile(r"^(consumer|producer|admin)")  # MM2's "^consumer.*|^producer.*|…"
 _WORKER_PREFIXES = ("config.providers", "replication.policy")
 _STORE_LOCATIONS = frozenset({"ssl.truststore.location", "ssl.keystore.location"})
@@ -329,7 +334,19 @@ class Flow:
         if kind == "consumer":
             chosen["enable.auto.commit"] = Setting("false", IMPLICIT)
             chosen.setdefault("auto.offset.reset", Setting("earliest", IMPLICIT))
+        if role == "source.consumer":
+            chosen.setdefault(
+                "isolation.level",
+                Setting(SOURCE_ISOLATION_DEFAULT, f"{MIRRORFLOW_DEFAULT} (MM2: read_uncommitted)"),
+            )
         return chosen
+
+    @property
+    def copies_aborted_transactions(self) -> bool:
+        """Whether the flow copies aborted transactions' records as data (its source consumer
+        reads ``read_uncommitted``, as MirrorMaker 2's does by default)."""
+        level = self.client_settings("source.consumer")["isolation.level"].value
+        return level.strip().lower() != "read_committed"
 
     def client_config(
         self, role: Role, *, librdkafka: bool = False, label: str | None = None

@@ -92,6 +92,28 @@ def validate(topology: Topology) -> list[Finding]:
     return sorted(findings, key=lambda f: (order.get(f.location.file, 0), f.location.line))
 
 
+def notes(topology: Topology) -> list[str]:
+    """What the flows that replicate do differently from MirrorMaker 2's defaults, a line per
+    behaviour (``validate`` prints them before its summary): today, whether aborted transactions
+    reach the target."""
+    committed, uncommitted = [], []
+    for flow in topology.flows:
+        (uncommitted if flow.copies_aborted_transactions else committed).append(flow.name)
+    lines = []
+    if committed:
+        lines.append(
+            "aborted transactions are not copied (the source is read read_committed, "
+            "mirrorflow's default; MirrorMaker 2 copies them as data, as "
+            f"consumer.isolation.level = read_uncommitted does): {', '.join(committed)}"
+        )
+    if uncommitted:
+        lines.append(
+            "aborted transactions are copied as data, as MirrorMaker 2 does "
+            f"(consumer.isolation.level = read_uncommitted): {', '.join(uncommitted)}"
+        )
+    return lines
+
+
 def require_valid(topology: Topology, consequence: str) -> list[Finding]:
     """The topology's warnings; a :class:`MirrorflowError` listing its errors if it has any.
 
