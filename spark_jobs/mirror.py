@@ -98,6 +98,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from mirrorflow.runtime import guard
     from mirrorflow.runtime.guard import die_with_parent
 
     die_with_parent()  # the JVM that runs this driver is its Spark: without it, nothing to do
@@ -147,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             stop_file=args.stop_file,
             metrics_port=port_from(args.metrics_port),
         )
+        guard.copying()  # from now on, a launcher that dies leaves the job its grace period
         code = application.run()
     except MirrorflowError as exc:
         print(f"mirrorflow: error: {exc}", file=sys.stderr)

@@ -71,6 +71,35 @@ def test_the_ui_opens_only_where_and_how_it_is_asked_to(monkeypatch):
         spark_security.check_no_secret({"spark.authenticate.secret": "x"})
 
 
+def test_a_ui_beyond_loopback_needs_a_filter_that_authenticates(monkeypatch, tmp_path):
+    properties = tmp_path / "spark.properties"
+    monkeypatch.setenv(spark_security.PROPERTIES_SWITCH, str(properties))
+    monkeypatch.setenv(spark_security.UI_SWITCH, "0.0.0.0:4999")
+    monkeypatch.delenv(spark_security.AUTH_FILTERS_SWITCH, raising=False)
+    jws = "org.apache.spark.ui.JWSFilter"
+    refused = {
+        "spark.ui.filters=\n": "is empty",
+        "spark.ui.filters= , \n": "is empty",
+        "spark.ui.filters=com.example.LoggingFilter\n": "does not know to authenticate",
+        f"spark.ui.filters={jws}\n": "without spark.org.apache.spark.ui.JWSFilter.param.secretKey",
+    }
+    for text, why in refused.items():
+        write_private(properties, text)
+        with pytest.raises(spark_security.MirrorflowError, match=why) as error:
+            spark_security.for_master("local[*]")
+        assert "\n" not in str(error.value)
+    write_private(
+        properties, f"spark.ui.filters={jws}\n{jws.join(['spark.', '.param.secretKey'])}=k\n"
+    )
+    opened = spark_security.for_master("local[*]")
+    assert f"authentication filter {jws}" in opened.exposes[-1]
+    assert "=k" not in " ".join(opened.exposes)
+    # A filter of the user's own, vouched for where the job starts.
+    write_private(properties, "spark.ui.filters=com.example.SsoFilter\n")
+    monkeypatch.setenv(spark_security.AUTH_FILTERS_SWITCH, "com.example.SsoFilter")
+    assert "com.example.SsoFilter" in spark_security.for_master("local[*]").exposes[-1]
+
+
 @pytest.mark.kafka
 @pytest.mark.spark
 @pytest.mark.parametrize("ui", ["off", "on-loopback"])

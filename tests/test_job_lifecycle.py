@@ -18,11 +18,14 @@ from mirrorflow.runtime import jobs, launch, processes
 from tests.conftest import create_topics
 from tests.mirror_harness import (
     ROOT,
+    copied,
     flow_file,
     free_port,
     mirror_command,
     produce,
     progress,
+    read_topic,
+    run_mirror_once,
     site_flow_file,
     stop_job,
     wait_for,
@@ -93,6 +96,8 @@ def test_killing_the_launchers_process_group_leaves_no_process_of_the_job_runnin
         os.killpg(job.pid, signal.SIGKILL)  # as a shell or a supervisor kills a job
         job.wait(30)
         killed = time.monotonic()
+        # The job's guard asks the job to stop after its batch (the launcher is gone and
+        # cannot): it ends by itself, well within its grace period (120 s).
         wait_for(
             lambda: not [pid for pid in tree if processes.alive(pid)],
             20,
@@ -102,9 +107,10 @@ def test_killing_the_launchers_process_group_leaves_no_process_of_the_job_runnin
         print(
             f"every process of the job ended {time.monotonic() - killed:.1f} s after its launcher"
         )
+        assert progress(state).get("state") == "STOPPED", "the job was killed mid-batch"
         batches = progress(state).get("batches", 0)
         time.sleep(3)
-        assert progress(state).get("batches", 0) == batches, "batches went on after the kill"
+        assert progress(state).get("batches", 0) == batches, "batches went on after the stop"
     finally:
         kill_group(job)
         for pid in tree:  # what outlived its launcher, should this test fail
@@ -112,6 +118,52 @@ def test_killing_the_launchers_process_group_leaves_no_process_of_the_job_runnin
                 os.kill(pid, signal.SIGKILL)
     # The flow is free again: a new job of it starts (and would resume from its positions).
     jobs.check_leases(state, ["primary->secondary"])
+
+
+LAUNCHER = """
+import os, pathlib, signal, subprocess, sys, time
+from mirrorflow.runtime import guard, launch
+command, stop_file, delay = sys.argv[2:-2], pathlib.Path(sys.argv[-2]), float(sys.argv[-1])
+job = subprocess.Popen(
+    guard.guarded(command, stop_file, 60), env=launch.job_environment(), start_new_session=True
+)
+pathlib.Path(sys.argv[1]).write_text(str(job.pid))
+time.sleep(delay)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_job_whose_launcher_dies_as_it_starts_it_never_outlives_it(sandbox, topic_name, tmp_path):
+    """A launcher killed 0, 10 or 50 ms after it started the job (before the guard's Python
+    could look for its parent: issue 27): every process of the job is gone within 2 s, and the
+    flow starts again at once."""
+    primary, secondary = sandbox["primary"], sandbox["secondary"]
+    t = topic_name("launcher")
+    create_topics(primary, t, partitions=2)
+    produce(primary, t, 2, 300)
+    config = flow_file(tmp_path, sandbox, t)
+    state = tmp_path / "state"
+    command = mirror_command(config, "primary->secondary", state)
+    for delay in (0.0, 0.01, 0.05):
+        pid_file = tmp_path / f"guard-{delay}.pid"
+        arguments = [str(pid_file), *command, str(tmp_path / "stop"), str(delay)]
+        launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, *arguments], cwd=ROOT)
+        launcher.wait(30)
+        died = time.monotonic()
+        guard = int(pid_file.read_text())  # the job's session: the guard and all it starts
+        try:
+            wait_for(
+                lambda: not processes.session_members(guard),  # noqa: B023 (called here)
+                2,
+                f"the job to end with its launcher (killed {delay * 1000:.0f} ms after it)",
+                interval=0.05,
+            )
+        finally:
+            for pid in processes.session_members(guard):
+                os.kill(pid, signal.SIGKILL)
+        print(f"{delay * 1000:.0f} ms: the job was gone {time.monotonic() - died:.2f} s later")
+    run_mirror_once(config, "primary->secondary", state)  # the lease is free
+    assert copied(read_topic(secondary, f"primary.{t}")) == copied(read_topic(primary, t))
 
 
 def one_error_line(output: str) -> str:

@@ -288,29 +288,57 @@ def test_a_flow_held_by_a_failover_stays_paused_though_its_dag_is_unpaused(opera
     assert not (held / jobs.PAUSED_FILE).exists()
 
 
-def task_running_a_job(tmp_path, stop_file, grace: float) -> tuple[subprocess.Popen, int]:
-    """A stand-in Airflow task that started a stand-in job (which never stops by itself) under
-    the job's guard, as the operator does; returns the task and the job's process id."""
+STAND_IN_JOB = """
+import os, pathlib, sys, time
+from mirrorflow.runtime import guard
+pid_file, stop_file = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+if sys.argv[3] == "copying":
+    guard.copying()  # as the driver does once it runs its flows
+pid_file.write_text(str(os.getpid()))
+while not stop_file.exists():
+    try:
+        print("copying a batch", flush=True)  # as the JVM logs: a dead reader does not end it
+    except OSError:
+        pass
+    time.sleep(0.1)
+time.sleep(1)  # the batch in flight
+(pid_file.parent / "stopped-after-its-batch").touch()
+"""
+
+
+def task_running_a_job(
+    tmp_path, stop_file, grace: float, copying: bool = False, hook: bool = False
+) -> tuple[subprocess.Popen, int]:
+    """A stand-in Airflow task that started a stand-in job (which stops only when asked) under
+    the job's guard, as the operator does: through the real ``MirrorJobHook`` (which reads the
+    job's output through a pipe), or by a plain ``Popen``. Returns the task and the job's pid."""
     pid_file = tmp_path / "job.pid"
-    job = "import os, pathlib, sys, time; pathlib.Path(sys.argv[1]).write_text(str(os.getpid()))"
-    job += "; time.sleep(600)"
+    job = [sys.executable, "-c", STAND_IN_JOB, str(pid_file), str(stop_file)]
+    job.append("copying" if copying else "starting")
+    if hook:
+        start = (
+            "from mirrorflow.airflow.hooks import MirrorJobHook\n"
+            f"MirrorJobHook().submit(guard.guarded({job!r}, {str(stop_file)!r}, {grace}),"
+            " cwd=pathlib.Path.cwd(), env=os.environ)\n"
+        )
+    else:
+        start = (
+            f"subprocess.Popen(guard.guarded({job!r}, {str(stop_file)!r}, {grace}),"
+            " start_new_session=True)\n"
+        )
     task = (
-        "import subprocess, sys, time\n"
-        "from mirrorflow.runtime import guard\n"
-        f"command = [sys.executable, '-c', {job!r}, {str(pid_file)!r}]\n"
-        f"subprocess.Popen(guard.guarded(command, {str(stop_file)!r}, {grace}),"
-        " start_new_session=True)\n"
-        "time.sleep(600)\n"
+        "import os, pathlib, subprocess, sys, time\n"
+        "from mirrorflow.runtime import guard\n" + start + "time.sleep(600)\n"
     )
     process = subprocess.Popen([sys.executable, "-c", task], start_new_session=True)
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60
     while not pid_file.exists() or not pid_file.read_text():
         assert time.monotonic() < deadline, "the stand-in job did not start"
         time.sleep(0.05)
     return process, int(pid_file.read_text())
 
 
-def test_a_job_whose_task_is_killed_ends_at_once_unless_it_was_asked_to_stop(tmp_path):
+def test_a_job_whose_task_is_killed_before_it_copies_ends_at_once(tmp_path):
     stop_file = tmp_path / "stop"
     task, job = task_running_a_job(tmp_path, stop_file, grace=60)
     os.killpg(task.pid, 9)  # the task's process group: the job, in its own, is not hit
@@ -318,16 +346,33 @@ def test_a_job_whose_task_is_killed_ends_at_once_unless_it_was_asked_to_stop(tmp
     started = time.monotonic()
     assert jobs.wait_for_exit(job, 5), "the job outlived its task"
     assert time.monotonic() - started < 2
+    assert not (tmp_path / "stopped-after-its-batch").exists()
 
 
 def test_a_job_asked_to_stop_gets_its_grace_period_after_its_task_is_killed(tmp_path):
     stop_file = tmp_path / "stop"
-    task, job = task_running_a_job(tmp_path, stop_file, grace=4)
+    task, job = task_running_a_job(tmp_path, stop_file, grace=4, copying=True)
     stop_file.touch()  # on_kill asked the job to stop; Airflow kills the task 5 s later
     os.killpg(task.pid, 9)
     task.wait(5)
-    assert not jobs.wait_for_exit(job, 2), "the job was killed before its grace period ended"
+    assert not jobs.wait_for_exit(job, 0.5), "the job was killed before its batch ended"
     assert jobs.wait_for_exit(job, 6), "the job outlived its grace period"
+    assert (tmp_path / "stopped-after-its-batch").exists()
+
+
+def test_a_copying_job_whose_airflow_task_is_sigkilled_finishes_its_batch(tmp_path):
+    """No stop request, the output pipe broken by the task's death: the job's guard asks the
+    job to stop itself (issue 27: it used to die of the broken pipe 0.05 s later)."""
+    stop_file = tmp_path / "stop"
+    task, job = task_running_a_job(tmp_path, stop_file, grace=30, copying=True, hook=True)
+    time.sleep(0.5)  # the hook copies the job's output into the task's log
+    os.killpg(task.pid, 9)
+    task.wait(5)
+    killed = time.monotonic()
+    assert jobs.wait_for_exit(job, 10), "the job did not stop after its batch"
+    assert (tmp_path / "stopped-after-its-batch").exists(), "the job was killed mid-batch"
+    assert time.monotonic() - killed >= 0.9, "the batch in flight was cut short"
+    assert stop_file.exists()  # the guard's stop request
 
 
 def test_a_flows_lease_is_held_by_one_process_and_freed_when_it_dies_however(tmp_path):

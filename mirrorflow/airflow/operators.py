@@ -31,7 +31,8 @@ and runs it through :class:`~mirrorflow.airflow.hooks.MirrorJobHook`:
   ``mirrorflow mirror`` of it, say) fails the task in one line naming that job, so two never
   copy the same flow at once.
 * **No orphans**: the job runs under :mod:`mirrorflow.runtime.guard`, which ends it when the
-  task's process dies (at once, or after the grace period if a stop was asked).
+  task's process dies, however it dies: at once if the job was not copying yet, else after
+  asking it to stop and waiting up to the grace period for its batch.
 * **Bounded retries**: a cluster that does not answer is retried for ``retry_timeout``
   (default 10 minutes), then the job fails the task, naming the cluster: the DAG's retries
   and alerts take over.

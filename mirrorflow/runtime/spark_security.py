@@ -40,6 +40,15 @@ PROPERTIES_SWITCH = "MIRRORFLOW_SPARK_PROPERTIES"
 LOOPBACK = "127.0.0.1"
 AUTH_SECRET = "spark.authenticate.secret"
 UI_FILTERS = "spark.ui.filters"
+AUTH_FILTERS_SWITCH = "MIRRORFLOW_SPARK_UI_AUTH_FILTERS"
+AUTHENTICATING_FILTERS = {
+    # filter class -> the property without which it does not authenticate
+    "org.apache.spark.ui.JWSFilter": "spark.org.apache.spark.ui.JWSFilter.param.secretKey",
+    "org.apache.hadoop.security.authentication.server.AuthenticationFilter": (
+        "spark.org.apache.hadoop.security.authentication.server.AuthenticationFilter.param.type"
+    ),
+}
+"""Servlet filters known to authenticate every request to the Spark UI."""
 SECRET_KEY = re.compile(r"(?i)secret|password|token|access[.]?key")
 """Keys whose values are secrets (Spark's own ``spark.redaction.regex``)."""
 
@@ -100,10 +109,55 @@ def properties_file(environ: Mapping[str, str] | None = None) -> Path | None:
 
 def property_keys(path: Path) -> set[str]:
     """The keys a Spark properties file sets (its values are never kept)."""
+    return set(_properties(path))
+
+
+def _properties(path: Path) -> dict[str, str]:
     import javaproperties
 
     with open(path, encoding="utf-8") as handle:
-        return set(javaproperties.load(handle))
+        return javaproperties.load(handle)
+
+
+def ui_authentication(path: Path | None, environ: Mapping[str, str]) -> str | None:
+    """The filters of the properties file that authenticate the Spark UI (``spark.ui.filters``),
+    as a phrase for ``explain``; None if it sets none. An empty list, or a filter not known to
+    authenticate (Spark's ``JWSFilter`` with its ``secretKey``, Hadoop's
+    ``AuthenticationFilter`` with its ``type``, or a class ``$MIRRORFLOW_SPARK_UI_AUTH_FILTERS``
+    vouches for), is refused in one line: the UI would be open to anyone who reaches it."""
+    properties = _properties(path) if path else {}
+    if UI_FILTERS not in properties:
+        return None
+    filters = [f.strip() for f in properties[UI_FILTERS].split(",") if f.strip()]
+    vouched = {f.strip() for f in environ.get(AUTH_FILTERS_SWITCH, "").split(",") if f.strip()}
+    if not filters:
+        raise MirrorflowError(
+            f"{UI_FILTERS} in {path} is empty: it puts no authentication in front of the "
+            "Spark UI",
+            f"set it to org.apache.spark.ui.JWSFilter (with "
+            f"{AUTHENTICATING_FILTERS['org.apache.spark.ui.JWSFilter']}) or remove it",
+        )
+    known = []
+    for name in filters:
+        needed = AUTHENTICATING_FILTERS.get(name)
+        if name in vouched:
+            known.append(name)
+        elif needed is None:
+            raise MirrorflowError(
+                f"{UI_FILTERS} in {path} names {name}, which mirrorflow does not know to "
+                "authenticate the Spark UI's requests",
+                f"use org.apache.spark.ui.JWSFilter, or, if {name} authenticates every "
+                f"request, list it in {AUTH_FILTERS_SWITCH}",
+            )
+        elif needed not in properties:
+            raise MirrorflowError(
+                f"{UI_FILTERS} in {path} names {name} without {needed}: it would not "
+                "authenticate",
+                f"set {needed} in {path}",
+            )
+        else:
+            known.append(name)
+    return "authentication filter " + ", ".join(known)
 
 
 @dataclass(frozen=True)
@@ -161,14 +215,15 @@ def for_master(master: str, environ: Mapping[str, str] | None = None) -> SparkSe
     if ui:
         conf["spark.ui.port"] = str(ui.port)
         conf["spark.acls.enable"] = "true"
-        if not is_loopback(ui.host) and UI_FILTERS not in keys:
+        authentication = ui_authentication(props, environ)
+        if not is_loopback(ui.host) and authentication is None:
             raise MirrorflowError(
                 f"{UI_SWITCH}={ui} would open the Spark UI beyond loopback without authentication",
                 f"use {LOOPBACK}:{ui.port}, or put {UI_FILTERS} (e.g. "
                 "org.apache.spark.ui.JWSFilter with its secretKey) in the Spark properties file "
                 f"of {PROPERTIES_SWITCH}",
             )
-        guard = "authentication filter " + UI_FILTERS if UI_FILTERS in keys else "no login"
+        guard = authentication or "no login"
         exposes.append(f"Spark UI: {ui} ({guard}; kill links off; spark.acls.enable)")
     else:
         exposes.append(f"Spark UI: off (set {UI_SWITCH}=HOST:PORT to open it)")
