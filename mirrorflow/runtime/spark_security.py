@@ -132,8 +132,7 @@ def ui_authentication(path: Path | None, environ: Mapping[str, str]) -> str | No
     vouched = {f.strip() for f in environ.get(AUTH_FILTERS_SWITCH, "").split(",") if f.strip()}
     if not filters:
         raise MirrorflowError(
-            f"{UI_FILTERS} in {path} is empty: it puts no authentication in front of the "
-            "Spark UI",
+            f"{UI_FILTERS} in {path} is empty: it puts no authentication in front of the Spark UI",
             f"set it to org.apache.spark.ui.JWSFilter (with "
             f"{AUTHENTICATING_FILTERS['org.apache.spark.ui.JWSFilter']}) or remove it",
         )
@@ -151,8 +150,7 @@ def ui_authentication(path: Path | None, environ: Mapping[str, str]) -> str | No
             )
         elif needed not in properties:
             raise MirrorflowError(
-                f"{UI_FILTERS} in {path} names {name} without {needed}: it would not "
-                "authenticate",
+                f"{UI_FILTERS} in {path} names {name} without {needed}: it would not authenticate",
                 f"set {needed} in {path}",
             )
         else:
