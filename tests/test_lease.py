@@ -1,0 +1,105 @@
+"""A flow's lease on its target cluster (issue 27): one holder wherever jobs start, a frozen
+holder loses it within the bound and is fenced, a clean stop or a dead local holder frees it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from mirrorflow.replication import lease
+from mirrorflow.replication.topics import ClusterAdmin
+
+pytestmark = [pytest.mark.kafka]
+
+HOLDER = """
+import json, sys, time
+from mirrorflow.replication import lease
+config, flow, state = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
+held = lease.FlowLease(flow, "secondary", config, config, lease.Holder.this_process(state))
+held.take()
+print("held", flush=True)
+while True:
+    time.sleep(lease.RENEW_S)
+    try:
+        held.renew()
+    except lease.LeaseLost as lost:
+        print("lost:", lost, flush=True)
+        break
+sys.stdin.read()
+"""
+
+
+def start_holder(cluster, flow: str, state: str) -> subprocess.Popen:
+    process = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, json.dumps(cluster.client_config()), flow, state],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout.readline().strip() == "held"
+    return process
+
+
+def test_one_holder_a_frozen_one_is_fenced_and_a_released_or_dead_one_frees_the_flow(
+    sandbox, topic_name
+):
+    secondary = sandbox["secondary"]
+    flow = f"{topic_name('a')}->secondary"
+    config = secondary.client_config()
+    admin = ClusterAdmin("secondary", config)
+    lease.FlowLease.ensure_topic(admin, 1)
+
+    def lease_for(state: str) -> lease.FlowLease:
+        holder = lease.Holder.this_process(state)
+        return lease.FlowLease(flow, "secondary", config, config, holder)
+
+    first = start_holder(secondary, flow, "/state/on/worker-1")
+    try:
+        # A second job, started with another state directory (as a second worker would): busy.
+        second = lease_for("/state/on/worker-2")
+        with pytest.raises(lease.FlowBusy) as busy:
+            second.take()
+        assert f"pid {first.pid} on " in str(busy.value)
+        assert "state /state/on/worker-1" in str(busy.value)
+        assert "\n" not in str(busy.value)
+
+        # The holder freezes: the second takes over within the bound.
+        os.kill(first.pid, signal.SIGSTOP)
+        frozen = time.monotonic()
+        second.take(wait_s=lease.EXPIRY_S + 3 * lease.RENEW_S)
+        took = time.monotonic() - frozen
+        print(f"the lease moved {took:.1f} s after its holder froze")
+        assert took <= lease.EXPIRY_S + 2 * lease.RENEW_S + 2
+        # It wakes up: fenced. Its renewals never land; the record names the second.
+        os.kill(first.pid, signal.SIGCONT)
+        # Its first renewal after waking is a transaction of the fenced producer: refused.
+        assert first.stdout.readline().startswith(f"lost: flow {flow} lost its lease")
+        record = second.current()
+        assert record is not None and record.holder == second.holder
+    finally:
+        first.kill()
+        first.wait()
+
+    # A clean stop releases it: the next start takes it at once.
+    second.release()
+    third = lease_for("/state/3")
+    started = time.monotonic()
+    third.take()
+    assert time.monotonic() - started < lease.RENEW_S
+    third.release()
+
+    # A holder of this host that died without releasing: free at once too.
+    dead = start_holder(secondary, flow, "/state/4")
+    dead.kill()
+    dead.wait()
+    fourth = lease_for("/state/5")
+    started = time.monotonic()
+    fourth.take()
+    assert time.monotonic() - started < lease.RENEW_S
+    fourth.release()
