@@ -27,12 +27,14 @@ from tests.mirror_harness import (
     read_topic,
     run_mirror_once,
     site_flow_file,
+    start_mirror,
     stop_job,
     wait_for,
 )
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
+FLOW = "primary->secondary"
 CLI = (sys.executable, "-m", "mirrorflow.cli", "mirror")
 
 
@@ -164,6 +166,79 @@ def test_a_job_whose_launcher_dies_as_it_starts_it_never_outlives_it(sandbox, to
         print(f"{delay * 1000:.0f} ms: the job was gone {time.monotonic() - died:.2f} s later")
     run_mirror_once(config, "primary->secondary", state)  # the lease is free
     assert copied(read_topic(secondary, f"primary.{t}")) == copied(read_topic(primary, t))
+
+
+@pytest.mark.parametrize("mode", ["at-least-once", "exactly-once"])
+def test_two_workers_never_copy_one_flow_at_once_and_a_frozen_holder_is_fenced(
+    mode, sandbox, topic_name, tmp_path
+):
+    """Two jobs of one flow with different state directories, as two Airflow workers start them
+    (the file lease cannot see each other's): the second waits, then fails naming the first;
+    the first freezes (SIGSTOP), the second takes the flow over within the lease's bound; the
+    first wakes up fenced and ends in one line, and the copy is whole."""
+    from mirrorflow.replication import lease
+
+    primary, secondary = sandbox["primary"], sandbox["secondary"]
+    t = topic_name(f"workers-{mode}")
+    create_topics(primary, t, partitions=2)
+    produce(primary, t, 2, 20_000)
+    config = flow_file(tmp_path, sandbox, t, *(EXACTLY_ONCE if mode == "exactly-once" else ()))
+    small = ("--max-records-per-batch", "200", "--local-batch-max-records", "0")
+    one, two = tmp_path / "worker-1", tmp_path / "worker-2"
+    first = start_mirror(config, FLOW, one, tmp_path / "first.log", *small)
+    second = None
+    try:
+        wait_for(lambda: progress(one).get("batches", 0) >= 2, 180, "the first job's batches")
+        # 1. The second worker's job: it waits for the lease, then fails naming the holder.
+        busy = subprocess.run(
+            mirror_command(config, FLOW, two, *small),
+            capture_output=True,
+            text=True,
+            env=launch.job_environment(),
+            cwd=ROOT,
+            timeout=240,
+        )
+        assert busy.returncode == 2
+        line = one_error_line(busy.stdout + busy.stderr)
+        assert f"flow {FLOW} is already running in another mirror job (pid " in line, line
+        assert f"state {one})" in line or f"state {one};" in line, line
+        assert progress(one).get("state") in ("RUNNING", "IDLE"), "the holder was disturbed"
+
+        # 2. The holder freezes; the second worker's job takes over within the bound.
+        os.killpg(first.pid, signal.SIGSTOP)
+        frozen = time.monotonic()
+        second = start_mirror(config, FLOW, two, tmp_path / "second.log", *small)
+        produce(primary, t, 2, 1_000, start=20_000)  # only the second job can copy these
+        wait_for(lambda: progress(two).get("batches", 0) >= 1, 180, "the second job's batches")
+        took = time.monotonic() - frozen
+        print(f"{mode}: the second job copied {took:.1f} s after the first froze")
+        assert took <= lease.EXPIRY_S + lease.RENEW_S + 60  # the bound, and a Spark start
+
+        # 3. The first wakes up: fenced, it ends in one line; the second copies on.
+        os.killpg(first.pid, signal.SIGCONT)
+        assert first.wait(60) == 2
+        log = (tmp_path / "first.log").read_text()
+        assert f"flow {FLOW} lost its lease on secondary to another job" in log, log[-3000:]
+        produce(primary, t, 2, 1_000, start=21_000)
+        source = stamps(primary, t)
+        assert len(source) == 22_000
+        wait_for(lambda: stamps(secondary, f"primary.{t}") == source, 180, "every record copied")
+    finally:
+        for job in (first, second):
+            if job is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(job.pid, signal.SIGCONT)
+                stop_job(job)
+    copies = [r[4] for rs in read_topic(secondary, f"primary.{t}").values() for r in rs]
+    twice = len(copies) - len(set(copies))
+    print(f"{mode}: {twice} records copied twice")  # at least once: the frozen batch's
+    if mode == "exactly-once":  # nothing the fenced job wrote after its freeze is visible
+        assert twice == 0
+
+
+def stamps(cluster, topic: str) -> set[int]:
+    """The timestamps of ``topic``'s records: ``produce`` gives each record its own."""
+    return {r[4] for records in read_topic(cluster, topic).values() for r in records}
 
 
 def one_error_line(output: str) -> str:

@@ -21,7 +21,7 @@ HOLDER = """
 import json, sys, time
 from mirrorflow.replication import lease
 config, flow, state = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
-held = lease.FlowLease(flow, "secondary", config, config, lease.Holder.this_process(state))
+held = lease.FlowLease(flow, "secondary", config, config, config, lease.Holder.this_process(state))
 held.take()
 print("held", flush=True)
 while True:
@@ -57,7 +57,7 @@ def test_one_holder_a_frozen_one_is_fenced_and_a_released_or_dead_one_frees_the_
 
     def lease_for(state: str) -> lease.FlowLease:
         holder = lease.Holder.this_process(state)
-        return lease.FlowLease(flow, "secondary", config, config, holder)
+        return lease.FlowLease(flow, "secondary", config, config, config, holder)
 
     first = start_holder(secondary, flow, "/state/on/worker-1")
     try:

@@ -107,6 +107,15 @@ def least_privilege(source: str, target: str, topics: str, groups: str) -> list[
             (Op.CREATE, Op.READ, Op.WRITE),
         ),
         Grant(
+            "copy",
+            "target",
+            TOPIC,
+            "mirrorflow-leases.internal",
+            LITERAL,
+            (Op.CREATE, Op.READ, Op.WRITE),
+        ),
+        Grant("copy", "target", TXN, f"mirrorflow-lease.{source}->{target}", LITERAL, (Op.WRITE,)),
+        Grant(
             "offset syncs",
             "source",
             TOPIC,
@@ -422,6 +431,7 @@ def test_a_whole_flow_runs_with_exactly_the_acls_readme_lists_and_a_missing_one_
             "offset syncs on the source",
         )
         every = {
+            "renew-lease",
             "heartbeats",
             "report-progress",
             "measure-lag",

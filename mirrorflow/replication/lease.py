@@ -29,15 +29,22 @@ import contextlib
 import json
 import os
 import socket
+import threading
 import time
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException
 
-from mirrorflow.errors import MirrorflowError
+from mirrorflow.errors import ClusterUnreachable, MirrorflowError
 from mirrorflow.replication import clients
-from mirrorflow.replication.topics import ensure_internal_topic
+from mirrorflow.replication.topic_reader import TopicReader
+from mirrorflow.replication.topics import (
+    client_principal,
+    ensure_internal_topic,
+    refusal,
+    unauthorized,
+)
 
 LEASES_TOPIC = "mirrorflow-leases.internal"
 RENEW_S = 2.0
@@ -112,6 +119,26 @@ def _decode(value: bytes | None, written_ms: int) -> Record:
     return Record(holder, written_ms)
 
 
+class _LeaseReader(TopicReader):
+    """The leases topic read to its end, keeping the flow's last record."""
+
+    def __init__(self, lease: FlowLease) -> None:
+        super().__init__(
+            lease._consumer_config,
+            lease._admin_config,
+            LEASES_TOPIC,
+            f"mirrorflow-lease-reader.{lease.flow}",  # never joins nor commits
+            missing_ok=True,
+            cluster=lease.target,
+        )
+        self.key = lease.flow.encode()
+        self.found: Record | None = None
+
+    def apply_message(self, msg) -> None:
+        if msg.key() == self.key:
+            self.found = _decode(msg.value(), msg.timestamp()[1])
+
+
 class FlowLease:
     """The lease of ``flow`` on its target cluster ``target``, for this process."""
 
@@ -121,13 +148,28 @@ class FlowLease:
         target: str,
         producer_config: dict[str, str],
         consumer_config: dict[str, str],
+        admin_config: dict[str, str],
         holder: Holder,
     ) -> None:
+        """The ``*_config``: librdkafka settings of the flow's target clients."""
         self.flow, self.target, self.holder = flow, target, holder
         self.transactional_id = f"mirrorflow-lease.{flow}"
         self._producer_config, self._consumer_config = producer_config, consumer_config
+        self._admin_config = admin_config
+        self.principal = client_principal(producer_config)
         self._producer = None
-        self.renewed = 0.0
+        self._lock = threading.Lock()  # one transaction at a time: renewals and positions
+        self.renewed = 0.0  # monotonic time of the last renewal that committed
+
+    @property
+    def held(self) -> bool:
+        """Whether this process holds the lease (as far as it knows: see :meth:`fresh`)."""
+        return self._producer is not None
+
+    def fresh(self) -> bool:
+        """Whether the last renewal is recent enough that no other job can have taken the lease
+        since (a process that was frozen finds it is not, and renews before it writes more)."""
+        return self.held and time.monotonic() - self.renewed < EXPIRY_S - 2 * RENEW_S
 
     @staticmethod
     def ensure_topic(admin, replication_factor: int) -> None:
@@ -137,44 +179,23 @@ class FlowLease:
             LEASES_TOPIC,
             replication_factor,
             "offset.storage.replication.factor",
-            config={"message.timestamp.type": "LogAppendTime"},
+            # The broker's clock dates renewals; small segments keep the compacted topic short.
+            config={
+                "message.timestamp.type": "LogAppendTime",
+                "segment.ms": "600000",
+                "min.cleanable.dirty.ratio": "0.1",
+            },
         )
 
     # -- reading ---------------------------------------------------------------------------
     def current(self) -> Record | None:
         """The flow's last record (read_committed: a fenced holder's writes never count)."""
-        consumer = clients.consumer(
-            self.target,
-            {
-                **self._consumer_config,
-                "group.id": f"mirrorflow-lease-reader.{self.flow}",
-                "enable.auto.commit": False,
-                "isolation.level": "read_committed",
-                "enable.partition.eof": True,
-            },
-        )
+        reader = _LeaseReader(self)
         try:
-            tp = TopicPartition(LEASES_TOPIC, 0, 0)
-            consumer.assign([tp])
-            found: Record | None = None
-            deadline = time.monotonic() + TIMEOUT_S
-            while time.monotonic() < deadline:
-                msg = consumer.poll(0.5)
-                if msg is None:
-                    continue
-                if msg.error():
-                    if msg.error().code() == KafkaError._PARTITION_EOF:
-                        return found
-                    if msg.error().code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
-                        return None
-                    raise MirrorflowError(f"reading {LEASES_TOPIC}: {msg.error().str()}")
-                if msg.key() == self.flow.encode():
-                    found = _decode(msg.value(), msg.timestamp()[1])
-            raise MirrorflowError(
-                f"reading {LEASES_TOPIC} on {self.target} did not end within {TIMEOUT_S:.0f}s"
-            )
+            reader.read_to_end(TIMEOUT_S)
         finally:
-            consumer.close()
+            reader.close()
+        return reader.found
 
     def free(self, record: Record | None) -> bool:
         """Whether a start may take the lease whose last record is ``record``."""
@@ -212,15 +233,26 @@ class FlowLease:
                 "transactional.id": self.transactional_id,
                 "enable.idempotence": True,
                 "acks": "all",
+                "partitioner": "murmur2_random",  # positions, partitioned as Connect does
             },
         )
-        self._producer.init_transactions(TIMEOUT_S)  # fences every earlier holder
+        try:
+            self._producer.init_transactions(TIMEOUT_S)  # fences every earlier holder
+        except KafkaException as exc:
+            self._producer = None
+            raise self._failure(exc.args[0], "taking") from None
         self.renew()
 
     def renew(self) -> None:
         """Write the holder's record again, in a transaction; :class:`LeaseLost` if another
         job has taken the lease since (this producer is fenced)."""
-        self._write(self.holder)
+        self.commit([])
+
+    def commit(self, records: list[tuple[str, bytes, bytes]]) -> None:
+        """Write ``records`` (topic, value, key) on the target, with the holder's record, in one
+        transaction: they land only while this job holds the lease (the flow's positions are
+        written so). :class:`LeaseLost` if another job has taken it."""
+        self._transaction(self.holder, records)
         self.renewed = time.monotonic()
 
     def release(self) -> None:
@@ -228,33 +260,77 @@ class FlowLease:
         if self._producer is None:
             return
         with contextlib.suppress(MirrorflowError):  # taken, or the target is away: it expires
-            self._write(None)
+            self._transaction(None, [])
         self._producer = None
 
-    def _write(self, holder: Holder | None) -> None:
-        producer = self._producer
-        if producer is None:
-            raise LeaseLost(f"flow {self.flow} does not hold its lease")
-        try:
-            producer.begin_transaction()
-            producer.produce(LEASES_TOPIC, _encode(holder), self.flow.encode(), partition=0)
-            producer.commit_transaction(TIMEOUT_S)
-        except KafkaException as exc:
-            error = exc.args[0]
-            if error.fatal() or error.code() in (
-                KafkaError._FENCED,
-                KafkaError.PRODUCER_FENCED,
-                KafkaError.INVALID_PRODUCER_EPOCH,
-            ):
-                self._producer = None
+    def _transaction(self, holder: Holder | None, records: list[tuple[str, bytes, bytes]]) -> None:
+        with self._lock:
+            producer = self._producer
+            if producer is None:
                 raise LeaseLost(
-                    f"flow {self.flow} lost its lease on {self.target}: another job took it "
-                    "over (this one stopped renewing it for longer than "
-                    f"{EXPIRY_S:.0f}s)",
-                    "nothing more of this job lands; the other job copies the flow",
-                ) from None
-            if error.txn_requires_abort():
-                producer.abort_transaction(TIMEOUT_S)
-            raise MirrorflowError(
-                f"renewing the lease of flow {self.flow} on {self.target}: {error.str()}"
-            ) from None
+                    f"flow {self.flow} does not hold its lease on {self.target}",
+                    "start the flow again: it takes the lease if no other job holds it",
+                )
+            try:
+                producer.begin_transaction()
+                for topic, value, key in records:
+                    producer.produce(topic, value, key)
+                producer.produce(LEASES_TOPIC, _encode(holder), self.flow.encode(), partition=0)
+                producer.commit_transaction(TIMEOUT_S)
+            except KafkaException as exc:
+                error = exc.args[0]
+                if _fenced(error):
+                    self._producer = None
+                    raise LeaseLost(
+                        f"flow {self.flow} lost its lease on {self.target} to another job (this "
+                        f"one had not renewed it for over {EXPIRY_S:.0f}s: frozen, or cut off "
+                        "from the target)",
+                        "nothing more of this job lands; the other job copies the flow",
+                    ) from None
+                with contextlib.suppress(KafkaException):
+                    if error.txn_requires_abort():
+                        producer.abort_transaction(TIMEOUT_S)
+                raise self._failure(error, "renewing") from None
+
+    def _failure(self, error: KafkaError, doing: str) -> MirrorflowError:
+        if unauthorized(error):
+            return refusal(
+                self.target,
+                self.principal,
+                f"{doing} the lease of flow {self.flow}",
+                error.str(),
+                f"WRITE on TransactionalId {self.transactional_id} and on topic {LEASES_TOPIC}",
+            )
+        return ClusterUnreachable(
+            f"{doing} the lease of flow {self.flow} on {self.target}: {error.str()}",
+            "check the target cluster; the flow retries",
+        )
+
+
+def _fenced(error: KafkaError) -> bool:
+    return error.code() in (
+        KafkaError._FENCED,
+        KafkaError.PRODUCER_FENCED,
+        KafkaError.INVALID_PRODUCER_EPOCH,
+    ) or (error.fatal() and not unauthorized(error))
+
+
+def confirm(
+    flow: str,
+    target: str,
+    consumer_config: dict[str, str],
+    admin_config: dict[str, str],
+    holder: Holder,
+) -> None:
+    """Check that ``holder`` still holds ``flow``'s lease (:class:`LeaseLost` if not). An
+    exactly-once copy task calls it after initialising its transactional producer: a task of a
+    job that lost the lease while frozen, started after it woke, would otherwise fence the new
+    holder's producer of its partition and commit a batch the new holder copies too."""
+    lease = FlowLease(flow, target, {}, consumer_config, admin_config, holder)
+    record = lease.current()
+    if record is None or record.holder != holder:
+        taker = record.holder.describe() if record and record.holder else "nobody"
+        raise LeaseLost(
+            f"flow {flow} lost its lease on {target} to another job ({taker})",
+            "nothing more of this job lands; the other job copies the flow",
+        )

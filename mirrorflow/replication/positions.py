@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaError, KafkaException
 
@@ -64,6 +65,10 @@ class SourceOffsetReader(TopicReader):
         return dict(self.positions)
 
 
+if TYPE_CHECKING:
+    from mirrorflow.replication.lease import FlowLease
+
+
 class PositionWriter:
     """Writes positions to the offsets topic as MirrorMaker 2's Connect worker does.
 
@@ -77,6 +82,7 @@ class PositionWriter:
     ) -> None:
         """``cluster``: the alias of the cluster that holds ``topic`` (the target)."""
         self.topic, self.source_alias = topic, source_alias
+        self.lease: FlowLease | None = None  # the flow's, once the job holds it
         self.cluster = cluster or "(the cluster of " + topic + ")"
         self.principal = client_principal(producer_config)
         self._producer = clients.producer(
@@ -90,7 +96,16 @@ class PositionWriter:
         )
 
     def write(self, positions: dict[tuple[str, int], int], timeout_s: float = 60.0) -> None:
-        """Record that every offset below ``positions[(topic, partition)]`` was replicated."""
+        """Record that every offset below ``positions[(topic, partition)]`` was replicated.
+        With the flow's :attr:`lease`, in a transaction of the lease's: they land only while
+        this job holds it (:class:`~mirrorflow.replication.lease.LeaseLost` otherwise)."""
+        if self.lease is not None:
+            records = []
+            for (topic, partition), next_offset in sorted(positions.items()):
+                record = SourceOffset(self.source_alias, topic, partition, next_offset - 1)
+                records.append((self.topic, record.value(), record.key()))
+            self.lease.commit(records)
+            return
         failures: list[KafkaError] = []
         for (topic, partition), next_offset in sorted(positions.items()):
             record = SourceOffset(self.source_alias, topic, partition, next_offset - 1)

@@ -57,6 +57,7 @@ import threading
 import time
 import zipfile
 from collections.abc import Callable
+from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -72,6 +73,7 @@ from mirrorflow.replication.checkpoints import (
     expire_offset_map,
 )
 from mirrorflow.replication.heartbeats import HeartbeatEmitter
+from mirrorflow.replication.lease import RENEW_S, FlowLease, Holder
 from mirrorflow.replication.offset_map import OFFSET_MAP_TOPIC_CONFIG, OffsetMap, Run, record_of
 from mirrorflow.replication.positions import PositionWriter, SourceOffsetReader, legacy_progress
 from mirrorflow.replication.scheduler import Scheduler, TaskFailed
@@ -122,6 +124,9 @@ SOURCE_PLAN_TIMEOUT_S = 5.0
 # A continuous flow (``--continuous``) takes what its stream acknowledged, writes it (offset map,
 # then positions) and updates its figures this often.
 STREAM_COMMIT_S = 1.0
+# How long a start waits for another job's lease of the flow to be released or to expire (a job
+# that is stopping, or whose host died) before it fails naming that job.
+LEASE_WAIT_S = 14.0
 END_HISTORY_MAX = 64  # observed ends kept per partition (the age of the oldest uncopied record)
 _SHIPPED = False  # the mirrorflow package went to the executors (once per application)
 
@@ -189,6 +194,7 @@ class MirrorJob:
         self.checkpoints: GroupCheckpoints | None = None
         self.group_sync: GroupOffsetSync | None = None
         self.writer: PositionWriter | None = None
+        self.lease: FlowLease | None = None  # the flow's lease on the target, while it runs
         self.doorbell: Doorbell | None = None
         self.scheduler: Scheduler | None = None
         self.batches = 0
@@ -279,6 +285,7 @@ class MirrorJob:
                 ensure_internal_topic(
                     self.admins[cluster], topic, factor, setting, partitions, configs
                 )
+        taken = self._take_lease()
         if self._map_reader is None:
             self._map_reader = OffsetMapReader(spec, self.offset_map, missing_ok=True)
         self._map_reader.read_to_end()
@@ -293,8 +300,48 @@ class MirrorJob:
             self.writer = PositionWriter(
                 spec.target_client, spec.offsets_topic, spec.source, spec.target
             )
+        self.writer.lease = self.lease
         self.mapping = self.remote_topics.prepare()
+        if taken and spec.exactly_once:
+            # Fence every earlier producer of the flow's partitions first (a job that held the
+            # lease may have left transactions open, or committing): the positions read next
+            # are then final, and a fenced job can commit nothing more.
+            try:
+                mirror_writer.abort_transactions(
+                    spec.target,
+                    self.copy_producer_config,
+                    self._transactional_prefix,
+                    self._partitions(),
+                    SOURCE_STALL_S,
+                )
+            except MirrorflowError as exc:
+                raise ClusterUnreachable(exc.message, exc.hint) from None
         self.positions = self._stored_positions()
+
+    def _take_lease(self) -> bool:
+        """Hold the flow's lease on the target (:mod:`mirrorflow.replication.lease`): at most
+        one job copies the flow, wherever it runs. Taken at start, waiting for a holder that
+        is going away; kept across a cluster's outage (renewed, or lost to another job)."""
+        spec = self.spec
+        if self.lease is not None and self.lease.held:
+            self.lease.renew()
+            return False
+        FlowLease.ensure_topic(self.admins[spec.target], spec.offsets_replication_factor)
+        state_dir = str(Path(spec.flow_dir).parent) if spec.flow_dir else "(none)"
+        self.lease = FlowLease(
+            spec.flow,
+            spec.target,
+            spec.target_client,
+            spec.target_consumer,
+            spec.target_admin,
+            Holder.this_process(state_dir),
+        )
+        self.lease.take(wait_s=LEASE_WAIT_S)
+        return True
+
+    def _renew_lease(self) -> None:
+        if self.lease is not None:
+            self.lease.renew()
 
     def _stored_positions(self) -> dict[Partition, int]:
         """Where each partition resumes: its stored position, migrated or restarted once."""
@@ -363,6 +410,9 @@ class MirrorJob:
                 f"(--retry-timeout {self.spec.retry_timeout_s:g})",
                 exc.hint,
             ) from None
+        finally:
+            if self.lease is not None:
+                self.lease.release()  # the next start of the flow takes it at once
 
     def _answered(self) -> None:
         """Both clusters answered just now: an outage, if any, is over."""
@@ -523,6 +573,7 @@ class MirrorJob:
         self._ship_library()
         spec = self.spec
         self.scheduler = Scheduler(spec.flow)
+        self.scheduler.add("renew-lease", RENEW_S, self._renew_lease, alone=True)
         if spec.emit_heartbeats:
             heartbeats = HeartbeatEmitter(
                 spec.source,
@@ -575,6 +626,8 @@ class MirrorJob:
                 if self.scheduler.error is not None:
                     raise self.scheduler.error
                 self._check_tasks_answered()
+                if self.lease is not None and not self.lease.fresh():
+                    self.lease.renew()  # a job that was frozen learns here it lost the lease
                 # Caught up, the doorbell (assigned at the new positions) rings at once for any
                 # record that arrived meanwhile: no need to list the partitions' ends again.
                 ranges = [] if caught_up else self._plan()
@@ -1393,6 +1446,8 @@ class MirrorJob:
             consumer_config=spec.target_consumer,
             admin_config=spec.target_admin,
             map_topic=spec.offset_map_topic,
+            flow=spec.flow,
+            lease_holder=asdict(self.lease.holder) if self.lease is not None else None,
             last_runs={
                 tp: run
                 for tp in self.positions

@@ -90,6 +90,10 @@ class CopySettings:
     # partition's last run, which a batch's first copies may continue.
     map_topic: str = ""
     last_runs: dict[tuple[str, int], Run] = field(default_factory=dict)
+    # The flow and the holder of its lease (asdict of lease.Holder): checked once each task's
+    # producer has fenced its partition's earlier ones (see lease.confirm).
+    flow: str = ""
+    lease_holder: dict | None = None
 
 
 def transactional_id(prefix: str, topic: str, partition: int) -> str:
@@ -157,6 +161,8 @@ def _transactional_producer(settings: CopySettings, topic: str, partition: int):
     try:
         producer.init_transactions(settings.flush_timeout_s)
         producer.begin_transaction()
+        if settings.lease_holder is not None:
+            _confirm_lease(settings, producer)
     except KafkaException as exc:
         action = f"starting a transaction ({txn_id})"
         _raise_if_refused(settings, action, exc.args[0], f"WRITE on transactional id {txn_id}")
@@ -165,6 +171,24 @@ def _transactional_producer(settings: CopySettings, topic: str, partition: int):
             f"{exc.args[0].str()}"
         ) from None
     return producer
+
+
+def _confirm_lease(settings: CopySettings, producer) -> None:
+    """The job still holds the flow's lease (after this producer fenced its partition's
+    earlier ones), or the transaction is aborted and the task fails in one line."""
+    from mirrorflow.replication import lease
+
+    try:
+        lease.confirm(
+            settings.flow,
+            settings.target_alias,
+            settings.consumer_config,
+            settings.admin_config,
+            lease.Holder(**settings.lease_holder),
+        )
+    except MirrorflowError as exc:
+        producer.abort_transaction(settings.flush_timeout_s)
+        raise CopyError(str(exc)) from None
 
 
 class _Acks:
