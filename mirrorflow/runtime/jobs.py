@@ -23,9 +23,10 @@ The job runs in a process group of its own, so a signal meant for the Airflow ta
 when a task is marked failed, then SIGKILL 5 seconds later) never cuts a batch short: the task
 asks the job to stop through the stop file, and the job's guard (:mod:`mirrorflow.runtime.guard`)
 enforces the grace period even if the task itself is killed, asking a copying job to stop
-itself if its launcher dies without asking (a job not copying yet is ended at once). One flow runs in one job at a time: each job's driver
-holds its flows' leases (:func:`hold_leases`) while it runs, and a second job of a flow ends at
-start, naming the one that holds it. No Airflow import here: ``mirrorflow demo down`` uses it too.
+itself if its launcher dies without asking (a job not copying yet is ended at once). One flow
+runs in one job at a time: each job's driver holds its flows' leases (:func:`hold_leases`)
+while it runs, and a second job of a flow ends at start, naming the one that holds it. No
+Airflow import here: ``mirrorflow demo down`` uses it too.
 """
 
 from __future__ import annotations
