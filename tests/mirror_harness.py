@@ -276,15 +276,28 @@ def read_topic(cluster: sandbox_mod.Cluster, topic: str, timeout: float = 60.0) 
     return result
 
 
-def watermarks(cluster: sandbox_mod.Cluster, topic: str, partitions: list[int]) -> dict[int, tuple]:
-    """(log start offset, end offset) of each partition, from the partition leader."""
+def watermarks(
+    cluster: sandbox_mod.Cluster, topic: str, partitions: list[int], timeout: float = 30.0
+) -> dict[int, tuple]:
+    """(log start offset, end offset) of each partition, from the partition leader; asked again
+    while a broker that just restarted answers with a retriable error (UNKNOWN_LEADER_EPOCH)."""
     admin = AdminClient(cluster.client_config())
-    bounds = {}
-    for spec, index in ((OffsetSpec.earliest(), 0), (OffsetSpec.latest(), 1)):
-        futures = admin.list_offsets({TopicPartition(topic, p): spec for p in partitions})
-        for tp, future in futures.items():
-            bounds.setdefault(tp.partition, [0, 0])[index] = future.result(timeout=30).offset
-    return {p: tuple(b) for p, b in bounds.items()}
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            bounds = {}
+            for spec, index in ((OffsetSpec.earliest(), 0), (OffsetSpec.latest(), 1)):
+                futures = admin.list_offsets({TopicPartition(topic, p): spec for p in partitions})
+                for tp, future in futures.items():
+                    offset = future.result(timeout=30).offset
+                    bounds.setdefault(tp.partition, [0, 0])[index] = offset
+            return {p: tuple(b) for p, b in bounds.items()}
+        except KafkaException as exc:
+            error = exc.args[0]
+            moving = error.code() in (*_LEADER_MOVING, KafkaError.UNKNOWN_LEADER_EPOCH)
+            if not (error.retriable() or moving) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def topic_names(cluster: sandbox_mod.Cluster) -> set[str]:

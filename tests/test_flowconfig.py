@@ -352,6 +352,7 @@ def test_client_configs_translate_to_librdkafka(tmp_path):
         "fetch.wait.max.ms": "100",
         "enable.auto.commit": "false",
         "auto.offset.reset": "earliest",
+        "isolation.level": "read_committed",  # librdkafka's default too; MM2's is uncommitted
     }
 
 

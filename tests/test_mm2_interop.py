@@ -21,6 +21,15 @@ from tests.test_mirror_job import produce_transactions
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
+# MirrorMaker 2's Connect worker on one-broker clusters, as both tools read the file.
+MM2_WORKER = [
+    "offset.storage.replication.factor = 1",
+    "status.storage.replication.factor = 1",
+    "config.storage.replication.factor = 1",
+    "plugin.discovery = service_load",
+    "tasks.max = 1",
+]
+
 
 def run_mm2_until(config: Path, log: Path, done, what: str) -> None:
     """Run MirrorMaker 2 (dedicated mode, target ``secondary``) until ``done()``, then stop it."""
@@ -49,12 +58,8 @@ def test_a_flow_moves_from_mirrormaker_2_to_mirrorflow_and_back_without_copying_
     produce(primary, t, 2, 400)
     common = [
         "primary.consumer.isolation.level = read_committed",
-        "offset.storage.replication.factor = 1",
-        "status.storage.replication.factor = 1",
-        "config.storage.replication.factor = 1",
         "secondary.offset.flush.interval.ms = 1000",
-        "plugin.discovery = service_load",
-        "tasks.max = 1",
+        *MM2_WORKER,
     ]
     (tmp_path / "mm2").mkdir()
     (tmp_path / "mirrorflow").mkdir()
@@ -119,13 +124,7 @@ def test_aborted_transactions_are_copied_as_mirrormaker_2_copies_them_only_when_
     def keys(topic: str) -> list:
         return sorted(r[1] for rs in read_topic(secondary, f"primary.{topic}").values() for r in rs)
 
-    common = [
-        "offset.storage.replication.factor = 1",
-        "status.storage.replication.factor = 1",
-        "config.storage.replication.factor = 1",
-        "plugin.discovery = service_load",
-        "tasks.max = 1",
-    ]
+    common = MM2_WORKER
     (tmp_path / "mm2").mkdir()
     (tmp_path / "mirrorflow").mkdir()
     run_mm2_until(

@@ -107,25 +107,22 @@ def properties_file(environ: Mapping[str, str] | None = None) -> Path | None:
     return path
 
 
-def property_keys(path: Path) -> set[str]:
-    """The keys a Spark properties file sets (its values are never kept)."""
-    return set(_properties(path))
-
-
 def _properties(path: Path) -> dict[str, str]:
+    """A Spark properties file's settings (kept in memory only: some are secrets)."""
     import javaproperties
 
     with open(path, encoding="utf-8") as handle:
         return javaproperties.load(handle)
 
 
-def ui_authentication(path: Path | None, environ: Mapping[str, str]) -> str | None:
+def ui_authentication(
+    properties: Mapping[str, str], path: Path | None, environ: Mapping[str, str]
+) -> str | None:
     """The filters of the properties file that authenticate the Spark UI (``spark.ui.filters``),
     as a phrase for ``explain``; None if it sets none. An empty list, or a filter not known to
     authenticate (Spark's ``JWSFilter`` with its ``secretKey``, Hadoop's
     ``AuthenticationFilter`` with its ``type``, or a class ``$MIRRORFLOW_SPARK_UI_AUTH_FILTERS``
     vouches for), is refused in one line: the UI would be open to anyone who reaches it."""
-    properties = _properties(path) if path else {}
     if UI_FILTERS not in properties:
         return None
     filters = [f.strip() for f in properties[UI_FILTERS].split(",") if f.strip()]
@@ -176,7 +173,8 @@ def for_master(master: str, environ: Mapping[str, str] | None = None) -> SparkSe
     environ = os.environ if environ is None else environ
     ui = ui_address(environ)
     props = properties_file(environ)
-    keys = property_keys(props) if props else set()
+    properties = _properties(props) if props else {}  # read once; values stay here
+    keys = set(properties)
     conf = {
         "spark.authenticate": "true",
         "spark.ui.enabled": "true" if ui else "false",
@@ -213,7 +211,7 @@ def for_master(master: str, environ: Mapping[str, str] | None = None) -> SparkSe
     if ui:
         conf["spark.ui.port"] = str(ui.port)
         conf["spark.acls.enable"] = "true"
-        authentication = ui_authentication(props, environ)
+        authentication = ui_authentication(properties, props, environ)
         if not is_loopback(ui.host) and authentication is None:
             raise MirrorflowError(
                 f"{UI_SWITCH}={ui} would open the Spark UI beyond loopback without authentication",
