@@ -762,7 +762,7 @@ def failover_step(
                 + ", ".join(f"{tp}@{o}" for tp, o in offsets.items()),
                 undo={"cluster": spec.target, "group": group},
             )
-        details = {
+        details: dict[str, Any] = {
             "committed": committed,
             "positions_at_cut": {
                 partition_key(tp): o
@@ -845,15 +845,15 @@ def verify(request: DrillRequest, run: DrillRun, record: StepRecord, log: Log) -
     if not sent or not over:
         raise MirrorflowError("the traffic or failover step did not run: nothing to verify")
     remote = pre["remote_topic"]
-    target = spec.target, spec.target_admin
+    target_client = spec.target, spec.target_admin
     # The group reads first, as an application restarted on the target would: what is
     # counted below (nothing moves now: the flow is held or its canaries copied) comes after.
-    reader = _GroupReader(*target, request.group, safe_run_id(request.run_id), remote)
+    reader = _GroupReader(*target_client, request.group, safe_run_id(request.run_id), remote)
     deadline = time.monotonic() + request.timeout_s
     try:
         while reader.first_read is None and time.monotonic() < deadline:
             reader.poll(0.5)
-        ends = _end_offsets(*target, remote, DRILL_PARTITIONS)
+        ends = _end_offsets(*target_client, remote, DRILL_PARTITIONS)
         while time.monotonic() < deadline and not _at_ends(reader, remote, ends):
             reader.poll(0.5)
     finally:
