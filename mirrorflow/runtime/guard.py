@@ -30,11 +30,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
 WATCH_INTERVAL_S = 0.2
 
+_prctl: Callable[..., int] | None
 try:  # looked up here, not in a forked child (``preexec_fn``), where loading could deadlock
     _prctl = ctypes.CDLL(None, use_errno=True).prctl
 except (OSError, AttributeError):  # not Linux
