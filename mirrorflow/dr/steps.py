@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from mirrorflow import paths
 from mirrorflow.errors import MirrorflowError
@@ -163,7 +163,7 @@ class DRRequest:
         raise NotImplementedError
 
     @classmethod
-    def from_params(cls, params: dict[str, Any], **fixed: Any) -> DRRequest:
+    def from_params(cls, params: dict[str, Any], **fixed: Any) -> Self:
         """The request of a DAG run with Params ``params`` (``fixed``: flow, flow_files,
         run_id, state_dir), as :attr:`PARAMS` reads them."""
         read = {
