@@ -205,6 +205,7 @@ class DrillRun(steps.Run):
     run's timeline (:meth:`~mirrorflow.dr.steps.Run.event`)."""
 
     KIND = "drill"
+    request: DrillRequest  # a drill's own (Run holds any workflow's request)
 
     def new_record(self) -> dict:
         return {**super().new_record(), "timeline": []}
@@ -1108,7 +1109,7 @@ def report_context(run: DrillRun) -> dict:
     measured = restore.get("measured_rpo")
     failover_steps = over.get("failover_steps") or []
     if over.get("failover_run_id"):
-        inner_run = failover.FailoverRun(run.request.failover_request())  # type: ignore[attr-defined]
+        inner_run = failover.FailoverRun(run.request.failover_request())
         inner = inner_run.data
         failover_changes = list(inner.get("changes") or [])
         measured = measured or inner.get("measured_rpo")

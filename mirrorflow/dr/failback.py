@@ -972,4 +972,5 @@ STEP_FUNCTIONS: dict[str, Callable[..., dict]] = WORKFLOW.functions
 def run_all(request: FailbackRequest, log: Log = print) -> FailbackRun:
     """Every step in order (``mirrorflow failback``): skipped steps pass, the first failure
     ends the run, the report is written however it ended."""
+    # The workflow returns its run class's record (a FailbackRun), typed as any Run.
     return WORKFLOW.run_all(request, log)  # type: ignore[return-value]

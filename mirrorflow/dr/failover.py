@@ -1055,4 +1055,5 @@ def run_all(request: FailoverRequest, log: Log = print) -> FailoverRun:
     """Every step in order, as the failover DAG runs them: a step that does not apply is
     skipped, a failed step ends the run, and the report is written however it ended (the
     ``mirrorflow failover`` command). Returns the run's record."""
+    # The workflow returns its run class's record (a FailoverRun), typed as any Run.
     return WORKFLOW.run_all(request, log)  # type: ignore[return-value]

@@ -93,6 +93,7 @@ from mirrorflow.runtime.metrics import Copied, Stats
 from mirrorflow.runtime.spark_session import kafka_options
 
 if TYPE_CHECKING:
+    from confluent_kafka import Consumer
     from pyspark.sql import DataFrame, SparkSession
 
     from mirrorflow.runtime.metrics import FlowMetrics
@@ -216,7 +217,7 @@ class MirrorJob:
         # lag in seconds is at most now minus this.
         self._caught_up_at: float | None = None
         self._lag: lag.Lag | None = None  # the last measurement (task measure-lag)
-        self._lag_reader = None  # its consumer, made at its first need
+        self._lag_reader: Consumer | None = None  # its consumer, made at its first need
 
     @property
     def flow_dir(self) -> Path:

@@ -35,7 +35,7 @@ from mirrorflow.replication.offset_map import PartitionMap, Run, record_of, runs
 from mirrorflow.replication.topics import client_principal, refusal, unauthorized
 
 if TYPE_CHECKING:
-    from confluent_kafka import Producer  # imported where used, as the other names
+    from confluent_kafka import KafkaError, Producer  # imported where used, as the others
 
 STATS = ("min", "max", "sum", "count")
 INPUT_COLUMNS = ("topic", "partition", "offset", "key", "value", "headers", "ts_ms")
@@ -178,7 +178,7 @@ class _Acks:
 
     def __init__(self) -> None:
         self.downstream: list[int] = []
-        self.error = None
+        self.error: KafkaError | None = None
         self.error_index = -1
 
     def __call__(self, err, msg) -> None:
