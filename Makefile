@@ -11,7 +11,7 @@ test:
 	@venv=$$(scripts/bootstrap.sh) && $$venv/bin/ruff check . && $$venv/bin/ruff format --check . && PATH=$$venv/bin:$$PATH $$venv/bin/python -m pytest $(PYTEST_ARGS)
 
 lint:
-	@venv=$$(scripts/bootstrap.sh) && $$venv/bin/ruff check . && $$venv/bin/ruff format --check .
+	@venv=$$(scripts/bootstrap.sh) && $$venv/bin/ruff check . && $$venv/bin/ruff format --check . && $$venv/bin/python -m mypy
 
 format:
 	@venv=$$(scripts/bootstrap.sh) && $$venv/bin/ruff format . && $$venv/bin/ruff check --fix .
