@@ -15,7 +15,7 @@ test:
 	  $$venv/bin/python -m tests.leftovers $$run || status=1; exit $$status; }
 
 lint:
-	@venv=$$(scripts/bootstrap.sh) && $$venv/bin/ruff check . && $$venv/bin/ruff format --check .
+	@venv=$$(scripts/bootstrap.sh) && $$venv/bin/ruff check . && $$venv/bin/ruff format --check . && $$venv/bin/python -m mypy
 
 format:
 	@venv=$$(scripts/bootstrap.sh) && $$venv/bin/ruff format . && $$venv/bin/ruff check --fix .

@@ -151,7 +151,7 @@ def sync_interval(flows: Sequence[Flow]) -> int:
         for enabled, interval in SYNC_SETTINGS:
             if not _enabled(flow, enabled) or interval not in flow.originals:
                 continue
-            seconds = float(flow.setting(interval))
+            seconds = float(flow.numeric_setting(interval))
             if (enabled, interval) in GROUP_SYNC_SETTINGS:
                 seconds = max(seconds, DEFAULT_SYNC_DAG_INTERVAL_S)
             chosen.append(seconds)
@@ -366,7 +366,7 @@ def _render_topology(topology: Topology, flow_files: list[str], options: RenderO
                 flow_files=flow_files,
                 remote_topic=flows[0].remote_topic("<topic>"),
                 drill_remote_topic=flows[0].remote_topic("mirrorflow-drill-canary"),
-                group_pattern="|".join(flows[0].setting("groups")),
+                group_pattern="|".join(flows[0].list_setting("groups")),
                 options=options,
                 metrics_port=options.metrics_port + index if options.metrics_port else 0,
             )

@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -95,7 +96,7 @@ def _sync_groups(args: argparse.Namespace) -> int:
     written, report = sync_now(
         spec_for_flow(args.files, args.flow), groups, sync_offsets=not args.checkpoints_only
     )
-    result = {
+    result: dict[str, Any] = {
         "checkpoints_written": written,
         "offsets_written": {
             g: {f"{t}-{p}": o for (t, p), o in tps.items()}

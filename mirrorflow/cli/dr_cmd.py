@@ -16,6 +16,7 @@ import dataclasses
 import json
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -119,14 +120,15 @@ def run(args: argparse.Namespace) -> int:
     dr = workflow(args.kind)
     options = vars(args)
     fields = {f.name for f in dataclasses.fields(dr.request_class)} - {"flow_files", "run_id"}
+    chosen: dict[str, Any] = {
+        name: tuple(value) if isinstance(value, list) else value
+        for name, value in options.items()
+        if name in fields
+    }
     request = dr.request_class(
         flow_files=tuple(str(p.resolve()) for p in args.files),
         run_id=args.run_id or "cli__" + datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ"),
-        **{
-            name: tuple(value) if isinstance(value, list) else value
-            for name, value in options.items()
-            if name in fields
-        },
+        **chosen,
     )
     quiet = args.json
     record = dr.run_all(request, log=(lambda line: None) if quiet else print)

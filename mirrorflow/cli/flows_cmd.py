@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from mirrorflow.config import flowfiles, validation
-from mirrorflow.config.topology import Flow, Setting, load_topology
+from mirrorflow.config.topology import Flow, Role, Setting, load_topology
 from mirrorflow.mm2 import configdefs
 
 _EXIT_CODES = "exit codes: 0 no findings, 1 warnings only, 2 errors (or a file that cannot be read)"
@@ -176,7 +176,7 @@ def _print_spark(security) -> None:
         print(f"  exposes: {line}")
 
 
-_ROLES = (
+_ROLES: tuple[Role, ...] = (
     "source.consumer",
     "source.admin",
     "source.producer",

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
 from cryptography.hazmat.primitives.serialization import pkcs12
 
 from mirrorflow.errors import MirrorflowError
@@ -161,10 +162,10 @@ def _keystore(
             f"{where}: the keystore {path} holds no private key with its certificate",
             "point ssl.keystore.location at the client's keystore, not a truststore",
         )
-    secret = key_password or password
+    key_secret = key_password or password
     encryption = (
-        serialization.BestAvailableEncryption(secret.encode())
-        if secret
+        serialization.BestAvailableEncryption(key_secret.encode())
+        if key_secret
         else serialization.NoEncryption()
     )
     pem_key = key.private_bytes(
@@ -173,7 +174,7 @@ def _keystore(
     chain = "".join(
         c.public_bytes(serialization.Encoding.PEM).decode() for c in [certificate, *others]
     )
-    return KeyPair(chain, pem_key, secret or None)
+    return KeyPair(chain, pem_key, key_secret or None)
 
 
 def _key_alias(path: str, password: str | None, where: str) -> str:
@@ -197,7 +198,7 @@ def _key_alias(path: str, password: str | None, where: str) -> str:
 
 def _pkcs12(
     data: bytes, password: str | None, what: str, where: str
-) -> tuple[object | None, x509.Certificate | None, list[x509.Certificate]]:
+) -> tuple[PrivateKeyTypes | None, x509.Certificate | None, list[x509.Certificate]]:
     try:
         key, certificate, others = pkcs12.load_key_and_certificates(
             data, password.encode() if password else None

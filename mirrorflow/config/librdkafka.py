@@ -129,7 +129,7 @@ def _jaas(value: str, where: str) -> dict[str, str]:
     match = _JAAS.fullmatch(value)
     module = match.group(1) if match else ""
     kind = _JAAS_MODULES.get(module)
-    if kind is None:
+    if kind is None or match is None:  # (no match: no module, so no kind)
         raise MirrorflowError(
             f"{where}: sasl.jaas.config uses {module or 'an unparsable login module'}, "
             "which librdkafka cannot use",

@@ -32,7 +32,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -266,10 +266,10 @@ def hand_over(values: Mapping[tuple[str, str, str], str]) -> dict[str, str]:
     return {HANDOFF_ENV: str(path)}
 
 
-def receive_handoff(environ: dict[str, str] | None = None) -> int:
+def receive_handoff(environ: MutableMapping[str, str] | None = None) -> int:
     """In a mirror job's driver: read (then delete) the values its launcher handed over, so
     that references to those providers resolve to them; how many there were."""
-    environ = os.environ if environ is None else environ  # type: ignore[assignment]
+    environ = os.environ if environ is None else environ
     named = environ.pop(HANDOFF_ENV, None)
     if not named:
         return 0

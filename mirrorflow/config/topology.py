@@ -224,12 +224,29 @@ class Flow:
                 "fix the value there (`mirrorflow validate` lists every such problem)",
             ) from None
 
+    def numeric_setting(self, name: str) -> float:
+        """A SHORT, INT, LONG or DOUBLE setting, as :meth:`setting` converts it (an ``int`` for
+        the whole-number types): typed for arithmetic. TypeError for a setting of another type,
+        a mistake of the caller."""
+        value = self.setting(name)
+        if not isinstance(value, int | float):
+            raise TypeError(f"{name} is not a numeric setting")
+        return value
+
+    def list_setting(self, name: str) -> list[str]:
+        """A LIST setting, as :meth:`setting` converts it. TypeError for a setting of another
+        type, a mistake of the caller."""
+        value = self.setting(name)
+        if not isinstance(value, list):
+            raise TypeError(f"{name} is not a list setting")
+        return value
+
     def interval(self, feature: str) -> timedelta | None:
         """How often a periodic task runs (``emit.checkpoints``, ``refresh.topics``, …), or None
         when ``<feature>.enabled`` is false: MM2's negative interval, which never runs."""
         if not self.setting(f"{feature}.enabled"):
             return None
-        seconds = self.setting(f"{feature}.interval.seconds")
+        seconds = self.numeric_setting(f"{feature}.interval.seconds")
         return None if seconds < 0 else timedelta(seconds=seconds)
 
     @cached_property

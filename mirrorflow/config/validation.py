@@ -515,7 +515,9 @@ def _value(prop: Property, name: str | None, raw_booleans: bool = False) -> list
         )
     if prop.key.endswith("bootstrap.servers"):
         found += _bootstrap_format(prop)
-    definition = configdefs.flow_settings().get(name) if name else None
+    if not name:
+        return found
+    definition = configdefs.flow_settings().get(name)
     if definition is None:
         return found
     try:
@@ -526,20 +528,26 @@ def _value(prop: Property, name: str | None, raw_booleans: bool = False) -> list
             _at(prop, "error", f"{shown!r} is invalid ({exc}): MM2's connectors refuse to start",
                 "correct the value"),
         ]  # fmt: skip
-    if name.endswith((".interval.seconds", ".timeout.ms")) and parsed <= 0:
+    # Each check below applies to settings of one type (the intervals, timeouts and health
+    # bounds are whole numbers, the patterns lists, the classes names): isinstance() says so.
+    if (
+        name.endswith((".interval.seconds", ".timeout.ms"))
+        and isinstance(parsed, int | float)
+        and parsed <= 0
+    ):
         found.append(_interval(prop, name, parsed))
-    if name.startswith("health.") and parsed < 0:
+    if name.startswith("health.") and isinstance(parsed, int | float) and parsed < 0:
         found.append(_at(prop, "error", f"{name} is negative", "use 0 (no bound) or more"))
     if name == "health.stall.timeout.seconds" and parsed == 0:
         found.append(_at(prop, "error", "zero: every flow would be STALLED at once",
                          "use a positive number of seconds (default 120)"))  # fmt: skip
-    if name in _PATTERN_KEYS or name in configdefs.LEGACY_ALIASES:
+    if (name in _PATTERN_KEYS or name in configdefs.LEGACY_ALIASES) and isinstance(parsed, list):
         try:
             filters.compile_pattern_list(parsed)
         except filters.JavaRegexError as exc:
             found.append(_at(prop, "error", f"invalid pattern list {shown!r}: {exc}",
                              "fix the regular expression"))  # fmt: skip
-    if name in _CLASS_KEYS:
+    if name in _CLASS_KEYS and isinstance(parsed, str):
         try:
             if name == "replication.policy.class":
                 policy.load_policy(parsed, {})
@@ -550,7 +558,7 @@ def _value(prop: Property, name: str | None, raw_booleans: bool = False) -> list
     return found
 
 
-def _interval(prop: Property, name: str, value: int) -> Finding:
+def _interval(prop: Property, name: str, value: float) -> Finding:
     if value == 0:
         return _at(prop, "error", "zero: MM2 would spin without pause or fail to schedule it",
                    "use a positive value")  # fmt: skip
@@ -579,6 +587,8 @@ def _bootstrap_format(prop: Property) -> list[Finding]:
 
 def _bootstrap_servers(topology: Topology) -> list[Finding]:
     clusters = topology.props.get("clusters")
+    if clusters is None:
+        return []  # no aliases then
     used = {alias for pair in topology.herder_pairs for alias in pair.split("->")}
     found = []
     for alias in topology.aliases:
@@ -661,8 +671,8 @@ def _path(edges: dict[str, list[str]], start: str, goal: str) -> list[str] | Non
         node = queue.pop(0)
         if node == goal:
             path = [node]
-            while previous[path[-1]] is not None:
-                path.append(previous[path[-1]])
+            while (before := previous[path[-1]]) is not None:
+                path.append(before)
             return path[::-1]
         for nxt in edges.get(node, []):
             if nxt not in previous:

@@ -49,7 +49,7 @@ from mirrorflow.devtools import linkemu
 from mirrorflow.devtools import sandbox as sandbox_mod
 from mirrorflow.errors import MirrorflowError
 
-NETWORK = ipaddress.ip_network("10.231.0.0/16")
+NETWORK = ipaddress.IPv4Network("10.231.0.0/16")
 _INDEX = itertools.count()  # datacenters of this process are numbered across all their sets
 _NS_NAME = re.compile(r"^mfdc(\d+)-(\d+)$")
 
@@ -246,11 +246,11 @@ def _used_subnets() -> set[ipaddress.IPv4Network]:
     out = _ip("-o", "-4", "addr", "show").stdout
     used = set()
     for match in re.finditer(r"inet (10\.231\.\d+\.\d+)/", out):
-        used.add(ipaddress.ip_network(match.group(1) + "/30", strict=False))
+        used.add(ipaddress.IPv4Network(match.group(1) + "/30", strict=False))
     for ns in _namespaces():  # the datacenter ends live in their namespaces
         out = _ip("netns", "exec", ns, "ip", "-o", "-4", "addr", "show", check=False).stdout
         for match in re.finditer(r"inet (10\.231\.\d+\.\d+)/", out):
-            used.add(ipaddress.ip_network(match.group(1) + "/30", strict=False))
+            used.add(ipaddress.IPv4Network(match.group(1) + "/30", strict=False))
     return used
 
 
@@ -338,7 +338,7 @@ def delete(dc: Datacenter) -> None:
     """Stop the datacenter's broker and its link's forwarder, remove its namespace and route."""
     with contextlib.suppress(Exception):
         sandbox_mod.down(dc.directory)
-    subnet = ipaddress.ip_network(dc.host_address + "/30", strict=False)
+    subnet = ipaddress.IPv4Network(dc.host_address + "/30", strict=False)
     _stop_forwarder(dc.forwarder)
     _remove(dc.name, dc.host_if, subnet)
 
@@ -352,7 +352,7 @@ def _remove(name: str, host_if: str, subnet: ipaddress.IPv4Network | None = None
         out = _ip("-o", "-4", "addr", "show", "dev", host_if, check=False).stdout
         match = re.search(r"inet (10\.231\.\d+\.\d+)/", out)
         if match:
-            subnet = ipaddress.ip_network(match.group(1) + "/30", strict=False)
+            subnet = ipaddress.IPv4Network(match.group(1) + "/30", strict=False)
     if subnet is not None:
         _ip("route", "del", "blackhole", str(subnet), "metric", "4000", check=False)
     _ip("link", "del", host_if, check=False)  # a forwarder's leftover device (or a veth)

@@ -100,11 +100,15 @@ class Demo:
     def _check_example_resolves(self) -> None:
         """The example's ${file:…} references must reach this sandbox, from the project root
         (where the mirror job runs), before Airflow is involved."""
-        from mirrorflow.config.topology import load_topology
+        from mirrorflow.config.topology import Role, load_topology
 
         assert self.box is not None
         flow = load_topology([EXAMPLE], base_dir=paths.PROJECT_ROOT).flow(FLOW)
-        for role, cluster in (("source.admin", "primary"), ("target.admin", "secondary")):
+        sides: tuple[tuple[Role, str], ...] = (
+            ("source.admin", "primary"),
+            ("target.admin", "secondary"),
+        )
+        for role, cluster in sides:
             client = flow.client_config(role, librdkafka=True)
             if client.get("bootstrap.servers") != self.box[cluster].bootstrap_servers:
                 raise MirrorflowError(
@@ -172,11 +176,14 @@ class Demo:
                 deadline = time.monotonic() + 3
                 while time.monotonic() < deadline:
                     message = consumer.poll(0.5)
-                    if message is None or message.error() or message.key() not in sent:
+                    if message is None or message.error():
                         continue
-                    latency = time.monotonic() - sent.pop(message.key())
+                    arrived = message.key()
+                    if arrived is None or arrived not in sent:
+                        continue
+                    latency = time.monotonic() - sent.pop(arrived)
                     print(
-                        f"  {message.key().decode()}: produced on primary, on secondary as "
+                        f"  {arrived.decode()}: produced on primary, on secondary as "
                         f"primary.{DEMO_TOPIC} {latency:.1f}s later"
                     )
         finally:
@@ -265,7 +272,9 @@ def wait_for_records(
                 continue
             key = (message.key() or b"").decode(errors="replace")
             value = (message.value() or b"").decode(errors="replace")
-            seen.append((message.partition(), message.offset(), key, value))
+            partition, offset = message.partition(), message.offset()
+            assert partition is not None and offset is not None  # set on a consumed record
+            seen.append((partition, offset, key, value))
     finally:
         consumer.close()
     return sorted(seen)

@@ -227,13 +227,15 @@ def read_numbers(
         deadline = time.monotonic() + timeout
         while pending and time.monotonic() < deadline:
             for msg in consumer.consume(10_000, 1.0):
-                if msg.error():
-                    if msg.error().code() == KafkaError._PARTITION_EOF:
-                        pending.discard(msg.partition())
+                error, partition, offset = msg.error(), msg.partition(), msg.offset()
+                assert partition is not None and offset is not None  # set on a consumed one
+                if error:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        pending.discard(partition)
                     continue
                 value = msg.value()
                 if value is not None and value[:12].isdigit():
-                    result[msg.partition()][msg.offset()] = int(value[:12])
+                    result[partition][offset] = int(value[:12])
         assert not pending, f"could not read {topic} partitions {sorted(pending)} to their end"
     finally:
         consumer.close()
@@ -261,8 +263,9 @@ def read_offset_syncs(cluster: sandbox_mod.Cluster, topic: str) -> list[OffsetSy
             msg = consumer.poll(1.0)
             if msg is None:
                 continue
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
+            error = msg.error()
+            if error:
+                if error.code() == KafkaError._PARTITION_EOF:
                     break
                 continue
             syncs.append(OffsetSync.from_record(msg.key(), msg.value()))

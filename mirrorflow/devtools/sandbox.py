@@ -535,11 +535,12 @@ def _scram_users(cluster: Cluster) -> None:
         AdminClient,
         ScramCredentialInfo,
         ScramMechanism,
+        UserScramCredentialAlteration,
         UserScramCredentialUpsertion,
     )
 
     admin = AdminClient({**cluster.client_config(), "log_level": 0})
-    upserts = [
+    upserts: list[UserScramCredentialAlteration] = [
         UserScramCredentialUpsertion(
             user, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096), password.encode()
         )

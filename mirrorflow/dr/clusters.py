@@ -32,7 +32,7 @@ def replicated_partitions(spec: MirrorSpec, admin: ClusterAdmin) -> dict[Partiti
     """The partitions of ``admin``'s cluster whose topics the flow replicates, in order (an
     ordered set)."""
     metadata = admin.metadata()
-    chosen = {}
+    chosen: dict[Partition, None] = {}
     for name, topic in sorted(metadata.topics.items()):
         if topic.error is None and spec.should_replicate(name):
             for partition in sorted(topic.partitions):

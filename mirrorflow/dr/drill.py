@@ -205,6 +205,7 @@ class DrillRun(steps.Run):
     run's timeline (:meth:`~mirrorflow.dr.steps.Run.event`)."""
 
     KIND = "drill"
+    request: DrillRequest  # a drill's own (Run holds any workflow's request)
 
     def new_record(self) -> dict:
         return {**super().new_record(), "timeline": []}
@@ -762,7 +763,7 @@ def failover_step(
                 + ", ".join(f"{tp}@{o}" for tp, o in offsets.items()),
                 undo={"cluster": spec.target, "group": group},
             )
-        details = {
+        details: dict[str, Any] = {
             "committed": committed,
             "positions_at_cut": {
                 partition_key(tp): o
@@ -845,15 +846,15 @@ def verify(request: DrillRequest, run: DrillRun, record: StepRecord, log: Log) -
     if not sent or not over:
         raise MirrorflowError("the traffic or failover step did not run: nothing to verify")
     remote = pre["remote_topic"]
-    target = spec.target, spec.target_admin
+    target_client = spec.target, spec.target_admin
     # The group reads first, as an application restarted on the target would: what is
     # counted below (nothing moves now: the flow is held or its canaries copied) comes after.
-    reader = _GroupReader(*target, request.group, safe_run_id(request.run_id), remote)
+    reader = _GroupReader(*target_client, request.group, safe_run_id(request.run_id), remote)
     deadline = time.monotonic() + request.timeout_s
     try:
         while reader.first_read is None and time.monotonic() < deadline:
             reader.poll(0.5)
-        ends = _end_offsets(*target, remote, DRILL_PARTITIONS)
+        ends = _end_offsets(*target_client, remote, DRILL_PARTITIONS)
         while time.monotonic() < deadline and not _at_ends(reader, remote, ends):
             reader.poll(0.5)
     finally:
@@ -1108,7 +1109,7 @@ def report_context(run: DrillRun) -> dict:
     measured = restore.get("measured_rpo")
     failover_steps = over.get("failover_steps") or []
     if over.get("failover_run_id"):
-        inner_run = failover.FailoverRun(run.request.failover_request())  # type: ignore[attr-defined]
+        inner_run = failover.FailoverRun(run.request.failover_request())
         inner = inner_run.data
         failover_changes = list(inner.get("changes") or [])
         measured = measured or inner.get("measured_rpo")

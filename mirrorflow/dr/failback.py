@@ -61,6 +61,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from mirrorflow import paths
 from mirrorflow.dr import steps
@@ -277,7 +278,7 @@ def preflight(request: FailbackRequest, run: FailbackRun, record: StepRecord, lo
     # there during the failover); identity, the same topic past the forward flow's copies.
     forward_map = read_offset_map(spec)
     reverse_positions = _reverse_positions(spec)
-    copies = []
+    copies: list[dict[str, Any]] = []
     for topic in topics:
         partitions = _topic_partitions(target, topic)
         if not partitions:
@@ -300,7 +301,7 @@ def preflight(request: FailbackRequest, run: FailbackRun, record: StepRecord, lo
                     "end": max(start, ends[(topic, p)]),
                 }
             )
-    diverged = []
+    diverged: list[dict[str, Any]] = []
     if identity:
         held = {tp: position for tp, position in cut.items() if tp[0] in topics}
         ends = end_offsets(source, sorted(held))
@@ -409,7 +410,7 @@ def copy_range(
     ``to_topic``'s same partition (key, value, headers, timestamp), in order; returns where they
     landed as runs ``[first source offset, first copy's offset, count]`` (both advancing by one
     within a run). ``clusters``: the aliases of the clusters read and written."""
-    from confluent_kafka import KafkaError, KafkaException, TopicPartition
+    from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
     from mirrorflow.replication import clients
 
@@ -441,18 +442,29 @@ def copy_range(
                 if time.monotonic() > deadline:
                     raise MirrorflowError(f"reading {topic}-{partition} timed out at {start}")
                 continue
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
+            error, offset = msg.error(), msg.offset()
+            if error:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    assert offset is not None  # the end's offset
                     if (
-                        msg.offset() >= end
+                        offset >= end
                         or consumer.position([TopicPartition(topic, partition)])[0].offset >= end
                     ):
                         break
                     continue
-                raise KafkaException(msg.error())
-            if msg.offset() >= end:
+                raise KafkaException(error)
+            assert offset is not None  # a record's
+            if offset >= end:
                 break
-            offset = msg.offset()
+
+            def delivered(err: KafkaError | None, m: Message, o: int = offset) -> None:
+                if err:
+                    errors.append(err)
+                else:
+                    landed_at = m.offset()
+                    assert landed_at is not None  # a delivered record's
+                    landed.append((o, landed_at))
+
             producer.produce(
                 to_topic,
                 value=msg.value(),
@@ -460,9 +472,7 @@ def copy_range(
                 partition=partition,
                 headers=msg.headers(),
                 timestamp=msg.timestamp()[1],
-                on_delivery=lambda err, m, o=offset: (
-                    errors.append(err) if err else landed.append((o, m.offset()))
-                ),
+                on_delivery=delivered,
             )
             producer.poll(0)
             if offset + 1 >= end:
@@ -760,7 +770,7 @@ def group_sync(request: FailbackRequest, run: FailbackRun, record: StepRecord, l
             # Identity: a group at or past the forward flow's last copy has read nothing
             # the failback sets aside: it resumes at the copies, after those records.
             in_copy = c is not None and (not identity or offset >= c["start"])
-            if in_copy:
+            if in_copy and c is not None:  # (in_copy says c is not None)
                 if "runs" not in c:  # a dry run: where the copies land is not known
                     at, how = None, "copy (dry run: known after the copy)"
                 else:
@@ -962,4 +972,5 @@ STEP_FUNCTIONS: dict[str, Callable[..., dict]] = WORKFLOW.functions
 def run_all(request: FailbackRequest, log: Log = print) -> FailbackRun:
     """Every step in order (``mirrorflow failback``): skipped steps pass, the first failure
     ends the run, the report is written however it ended."""
+    # The workflow returns its run class's record (a FailbackRun), typed as any Run.
     return WORKFLOW.run_all(request, log)  # type: ignore[return-value]

@@ -254,6 +254,7 @@ def choose_rollback(
     line, a dry run, a rollback or measurement run, a run already rolled back, and one that
     was failed back (or partly: the failback is then to finish)."""
     failovers = [d for d in runs if d.get("flow") == flow]
+    chosen: dict | None
     if run_id:
         matching = [d for d in failovers if run_id in (d["run_id"], safe_run_id(str(d["run_id"])))]
         if not matching:
@@ -641,7 +642,7 @@ def final_sync(request: FailoverRequest, run: FailoverRun, record: StepRecord, l
 
 def _topic_syncs(spec: MirrorSpec, run: FailoverRun, dry_run: bool, log: Log) -> list[dict]:
     """The flow's config and ACL syncs, each change in the ledger as soon as its sync ran."""
-    from mirrorflow.replication.sync import AclSync, TopicSync
+    from mirrorflow.replication.sync import AclSync, Change, TopicSync
 
     reports = []
     for enabled, sync, kind in (
@@ -656,7 +657,7 @@ def _topic_syncs(spec: MirrorSpec, run: FailoverRun, dry_run: bool, log: Log) ->
         for change in report.changes:
             done = "would sync" if dry_run else "synced"
             undo = None
-            if kind == "config-sync" and change.kind == "config":
+            if kind == "config-sync" and isinstance(change, Change) and change.kind == "config":
                 undo = {"topic": change.topic, "config": change.name, "before": change.before}
             run.change(kind, f"{done} on {spec.target}: {change.describe()}", undo=undo)
         if report.failures:
@@ -964,8 +965,8 @@ def release_failover(
             delete_acls(admin, remove, deleted)
     if any(f.get("run_id") == name for f in fences):
         if not dry_run:
-            left = [f for f in fences if f.get("run_id") != name]
-            write_fences(flow, left)
+            others_fences = [f for f in fences if f.get("run_id") != name]
+            write_fences(flow, others_fences)
         run.change(
             "fences-file",
             f"{'would remove' if dry_run else 'removed'} failover {name}'s entries from "
@@ -1054,4 +1055,5 @@ def run_all(request: FailoverRequest, log: Log = print) -> FailoverRun:
     """Every step in order, as the failover DAG runs them: a step that does not apply is
     skipped, a failed step ends the run, and the report is written however it ended (the
     ``mirrorflow failover`` command). Returns the run's record."""
+    # The workflow returns its run class's record (a FailoverRun), typed as any Run.
     return WORKFLOW.run_all(request, log)  # type: ignore[return-value]

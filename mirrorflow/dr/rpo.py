@@ -61,6 +61,7 @@ def rpo_at_cut(spec: MirrorSpec, mode: str, flow_dir: Path, cut_ms: int) -> dict
     positions = {tp: o for tp, o in flow_positions(spec).items() if spec.should_replicate(tp[0])}
     history: dict = {}
     observed_ms: int | None = None
+    observed_at: str | None
     if mode == "planned":
         source = ClusterAdmin(spec.source, spec.source_admin)
         bounds = log_bounds(source, list(replicated_partitions(spec, source)))
@@ -105,10 +106,11 @@ def rpo_at_cut(spec: MirrorSpec, mode: str, flow_dir: Path, cut_ms: int) -> dict
             )
         partitions.append(row)
     at_least = [r["age_at_least_s"] for r in partitions if r.get("age_at_least_s") is not None]
-    at_most = [r.get("age_at_most_s") for r in partitions]
+    at_most = [r["age_at_most_s"] for r in partitions if r.get("age_at_most_s") is not None]
     oldest = {
         "age_at_least_s": max(at_least) if at_least else None,
-        "age_at_most_s": max(at_most) if at_most and None not in at_most else None,
+        # Known only when every partition has its bound.
+        "age_at_most_s": max(at_most) if at_most and len(at_most) == len(partitions) else None,
     }
     short = f"{records} record(s)" if exact else f"at least {records} record(s)"
     summary = (
@@ -220,8 +222,10 @@ def measure_missing(spec: MirrorSpec, failover: dict, timeout_s: float = 120.0) 
                     raise cluster_error(
                         admin, f"reading {msg.topic()}", Exception(error), "READ on the topic"
                     )
-                tp = (msg.topic(), msg.partition())
-                if msg.offset() >= ends[tp]:
+                topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+                assert topic is not None and partition is not None and offset is not None
+                tp = (topic, partition)
+                if offset >= ends[tp]:
                     continue
                 stamp = msg.timestamp()[1]
                 counted = found[tp]

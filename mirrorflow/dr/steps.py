@@ -32,11 +32,11 @@ import json
 import math
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from mirrorflow import paths
 from mirrorflow.errors import MirrorflowError
@@ -127,12 +127,12 @@ def kafka_principals(principals: Sequence[str]) -> list[str]:
     return sorted({p if p.startswith("User:") else f"User:{p}" for p in principals})
 
 
-def param_list(value: object) -> tuple[str, ...]:
+def param_list(value: str | Iterable[object] | None) -> tuple[str, ...]:
     """A list Param (or a string of names separated by commas or white space) as strings."""
     items = value or []
     if isinstance(items, str):
         items = [p for p in items.replace(",", "\n").split() if p]
-    return tuple(str(p) for p in items)  # type: ignore[union-attr]
+    return tuple(str(p) for p in items)
 
 
 @dataclass(frozen=True)
@@ -145,7 +145,13 @@ class DRRequest:
     flow_files: tuple[str, ...]
     run_id: str
     state_dir: str | None = field(default=None, kw_only=True)
-    mode: ClassVar[str]  # a field of the workflows that have modes
+    if TYPE_CHECKING:
+        # The run's mode, read-only: a field of the workflows that have modes (failover,
+        # drill), a class constant of the others (failback). Declared for the type checker
+        # only: as a field here it would be one of every request.
+        @property
+        def mode(self) -> str: ...
+
     # The DAG's Params the request reads: field -> (Param, conversion, default when unset).
     PARAMS: ClassVar[dict[str, tuple[str, Callable[[Any], Any], Any]]] = {}
 
@@ -157,7 +163,7 @@ class DRRequest:
         raise NotImplementedError
 
     @classmethod
-    def from_params(cls, params: dict[str, Any], **fixed: Any) -> DRRequest:
+    def from_params(cls, params: dict[str, Any], **fixed: Any) -> Self:
         """The request of a DAG run with Params ``params`` (``fixed``: flow, flow_files,
         run_id, state_dir), as :attr:`PARAMS` reads them."""
         read = {

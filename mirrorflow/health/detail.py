@@ -16,6 +16,7 @@ from __future__ import annotations
 import concurrent.futures
 import time
 from pathlib import Path
+from typing import Any
 
 from mirrorflow.errors import MirrorflowError
 from mirrorflow.replication.checkpoints import CheckpointReader
@@ -25,7 +26,7 @@ from mirrorflow.runtime import jobs
 CHECKPOINTS_TIMEOUT_S = 8.0
 
 
-def partitions(progress: dict, spec: MirrorSpec | None = None) -> list[dict[str, object]]:
+def partitions(progress: dict, spec: MirrorSpec | None = None) -> list[dict[str, Any]]:
     """Per source partition: the source's end offset at the job's last plan, the flow's
     position, the lag between them (None where one is unknown), from ``progress.json``.
 

@@ -18,6 +18,7 @@ import json
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypeGuard
 
 from mirrorflow.health.numbers import thousands
 
@@ -130,7 +131,9 @@ def read_report(kind: str, directory: Path) -> RunReport:
         data, error = {}, f"report.json unreadable: {exc.__class__.__name__}"
     if not isinstance(data, dict):
         data = {}
-    request = data.get("request") if isinstance(data.get("request"), dict) else {}
+    request = data.get("request")
+    if not isinstance(request, dict):
+        request = {}
     started = _first(data, "started", "started_at", "start", "at", "ended", "ended_at")
     at = _unix(started)
     if at is None:
@@ -210,7 +213,7 @@ def _rto(value: object) -> str | None:
     return _text(value)
 
 
-def _is_number(value: object) -> bool:
+def _is_number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
@@ -223,7 +226,7 @@ def _text(value: object) -> str | None:
 
 def _unix(value: object) -> float | None:
     if _is_number(value):
-        return float(value)  # type: ignore[arg-type]
+        return float(value)
     if isinstance(value, str):
         try:
             parsed = datetime.fromisoformat(value)

@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from datetime import datetime
+from typing import Any
 
 from mirrorflow.replication.lag import progress_lag
 
@@ -110,7 +111,9 @@ def derive(
     itself (:meth:`mirrorflow.replication.lag.Lag.as_progress`), used when newer than the job's.
     """
     job_state = _str(progress.get("state"))
-    tasks = progress.get("tasks") if isinstance(progress.get("tasks"), Mapping) else {}
+    tasks = progress.get("tasks")
+    if not isinstance(tasks, Mapping):
+        tasks = {}
     last_heartbeat = _task_success(tasks, HEARTBEATS_TASK)
     last_report = _timestamp(progress.get("updated"))
     running = job_state in ACTIVE_JOB_STATES and job_alive is not False
@@ -122,7 +125,7 @@ def derive(
     lag_records, lag_seconds = progress_lag(lag_source, now)
     if measured_at is None and lag_records is not None and running:
         measured_at = last_report  # an older job: its figures as of its last report
-    figures = dict(
+    figures: dict[str, Any] = dict(
         flow=flow,
         job_state=job_state,
         lag_records=lag_records,
@@ -140,7 +143,7 @@ def derive(
     def health(state: str, reason: str, lag: bool = True) -> FlowHealth:
         if lag and lag_said:
             reason = f"{reason}; {lag_said}"
-        return FlowHealth(state=state, reason=reason, **figures)  # type: ignore[arg-type]
+        return FlowHealth(state=state, reason=reason, **figures)
 
     if job_state == "FAILED":
         error = _str(progress.get("error")) or "the flow failed (no error recorded)"

@@ -84,9 +84,9 @@ def settings_for(flow: Flow) -> HealthSettings:
     """The flow's thresholds: ``health.lag.max.seconds``, ``health.lag.max.records``,
     ``health.stall.timeout.seconds`` (mirrorflow's own flow settings)."""
     return HealthSettings(
-        lag_max_seconds=float(flow.setting("health.lag.max.seconds")),
-        lag_max_records=int(flow.setting("health.lag.max.records")),
-        stall_timeout_seconds=float(flow.setting("health.stall.timeout.seconds")),
+        lag_max_seconds=float(flow.numeric_setting("health.lag.max.seconds")),
+        lag_max_records=int(flow.numeric_setting("health.lag.max.records")),
+        stall_timeout_seconds=float(flow.numeric_setting("health.stall.timeout.seconds")),
     )
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from mirrorflow.runtime import trend as sampled
 
@@ -131,8 +131,8 @@ def derive(
         gaps.append((last, now))
     fresh = last is not None and now - last <= bound
     for s in series.values():
-        values = [v for _t, v in s.points]
-        s.low, s.high = (min(values), max(values)) if values else (None, None)
+        drawn = [v for _t, v in s.points]
+        s.low, s.high = (min(drawn), max(drawn)) if drawn else (None, None)
         ended = s.segments and s.segments[-1] and s.segments[-1][-1][0] == last
         s.current = s.segments[-1][-1][1] if fresh and ended else None
     return Trend(start, now, interval_s, len(kept), last, gaps, restarts, series)
@@ -162,6 +162,10 @@ def _rate(before: dict[str, Any] | None, after: dict[str, Any]) -> float | None:
     return (new - old) / elapsed
 
 
+@overload
+def _number(value: object, default: float) -> float: ...
+@overload
+def _number(value: object, default: None = None) -> float | None: ...
 def _number(value: object, default: float | None = None) -> float | None:
     if isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
@@ -125,6 +125,7 @@ class GroupOffsetsClient:
         """Commit ``offsets`` for ``group`` (refused while the group has members). A missing
         ACL fails with the one line naming it; other errors raise the client's exception."""
         consumer = self._consumer(group)
+        error: KafkaException | None
         try:
             result = consumer.commit(offsets=offsets, asynchronous=False)
         except KafkaException as exc:
@@ -690,7 +691,7 @@ def _translation_rows(
     spec: MirrorSpec,
     offsets: GroupOffsets,
     latest: dict[GroupKey, Checkpoint],
-    written_ms: dict[GroupKey, int | float],
+    written_ms: Mapping[GroupKey, float],
 ) -> list[PartitionTranslation]:
     """A group's translated offsets beside its latest checkpoints (written when ``written_ms``)."""
     now_ms = time.time() * 1000
@@ -872,6 +873,7 @@ def run_group_sync(
     if sync_offsets:  # the groups the flow checkpoints now, as MirrorMaker 2's task syncs them
         sync = GroupOffsetSync(spec, admins, tool.snapshot, tool.still_on_source)
         report = sync.run(set(tool.groups or ()), dry_run=dry_run)
+    written_ms: Mapping[GroupKey, float]
     if dry_run:
         latest, written_ms = before, before_ms  # nothing was written
     else:

@@ -210,7 +210,7 @@ class _ClientLogger(logging.Logger):
         super().__init__(f"mirrorflow.kafka.{target.cluster}")
         self.target, self.principal, self.also, self.quiet = target, principal, also, quiet
 
-    def log(self, level: int, msg: object, *args: object, **_kwargs: Any) -> None:  # type: ignore[override]
+    def log(self, level: int, msg: object, *args: object, **_kwargs: Any) -> None:
         text = str(args[2]) if len(args) == 3 else (str(msg) % args if args else str(msg))
         self._event(level, text, None)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from mirrorflow.errors import ClusterUnreachable
 from mirrorflow.mm2.formats import Heartbeat
@@ -27,7 +27,7 @@ class HeartbeatEmitter:
         self,
         source_alias: str,
         target_alias: str,
-        producers: dict[str, object],
+        producers: dict[str, Producer],
         topic: str,
         principals: dict[str, str] | None = None,
     ) -> None:
@@ -44,8 +44,13 @@ class HeartbeatEmitter:
         :class:`~mirrorflow.replication.scheduler.TaskFailed` naming the missing ACL if a
         cluster refused it."""
         heartbeat = Heartbeat(self.source_alias, self.target_alias, int(time.time() * 1000))
-        failed: list[tuple[str, object]] = []
+        failed: list[tuple[str, KafkaError]] = []
         for alias, producer in self.producers.items():
+
+            def delivered(err: KafkaError | None, _msg: Message, alias: str = alias) -> None:
+                if err:
+                    failed.append((alias, err))
+
             try:
                 producer.produce(
                     self.topic,
@@ -53,7 +58,7 @@ class HeartbeatEmitter:
                     heartbeat.key(),
                     partition=0,
                     timestamp=heartbeat.timestamp,
-                    on_delivery=lambda err, _msg, alias=alias: err and failed.append((alias, err)),
+                    on_delivery=delivered,
                 )
             except KafkaException as exc:  # refused at once: the topic failed before
                 failed.append((alias, exc.args[0]))
@@ -65,8 +70,8 @@ class HeartbeatEmitter:
                 error = refusal(alias, principal, action, err.str(), f"WRITE on topic {self.topic}")
                 raise TaskFailed(str(error))
         if failed or unsent:
-            alias, err = failed[0] if failed else (unsent[0], None)
-            cause = str(err) if failed else f"not acknowledged within {timeout_s:.0f}s"
+            alias = failed[0][0] if failed else unsent[0]
+            cause = str(failed[0][1]) if failed else f"not acknowledged within {timeout_s:.0f}s"
             raise ClusterUnreachable(
                 f"cluster {alias} did not take a heartbeat to {self.topic}: {cause}",
                 f"check {alias}.bootstrap.servers and that the cluster is up",

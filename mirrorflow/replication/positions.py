@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, Message
 
 from mirrorflow.errors import ClusterUnreachable
 from mirrorflow.mm2.formats import SourceOffset
@@ -109,12 +109,17 @@ class PositionWriter:
         failures: list[KafkaError] = []
         for (topic, partition), next_offset in sorted(positions.items()):
             record = SourceOffset(self.source_alias, topic, partition, next_offset - 1)
+
+            def delivered(err: KafkaError | None, _msg: Message) -> None:
+                if err is not None:
+                    failures.append(err)
+
             try:
                 self._producer.produce(
                     self.topic,
                     record.value(),
                     record.key(),
-                    on_delivery=lambda err, _msg: err is not None and failures.append(err),
+                    on_delivery=delivered,
                 )
             except KafkaException as exc:  # refused at once: the topic failed before
                 failures.append(exc.args[0])

@@ -118,6 +118,7 @@ class Scheduler:
             self.error = error
 
     def start(self) -> None:
+        loops: list[tuple[str, Callable[..., None], tuple[PeriodicTask, ...]]]
         loops = [(f"tasks {self.owner}", self._loop, ())]
         loops += [(f"{t.name} {self.owner}", self._alone, (t,)) for t in self.tasks if t.alone]
         for name, target, args in loops:

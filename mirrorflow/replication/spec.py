@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mirrorflow.config import validation
-from mirrorflow.config.topology import Flow, load_topology
+from mirrorflow.config.topology import Flow, Role, load_topology
 from mirrorflow.errors import MirrorflowError
 from mirrorflow.replication.offset_map import map_topic
 from mirrorflow.replication.positions import OFFSETS_TOPIC_PARTITIONS, offsets_topic
@@ -116,7 +116,7 @@ checkpoints of caught-up groups closer to the end of the topic, at a few records
 
 
 def spec_for_flow(
-    config_paths: Iterable[Path],
+    config_paths: Iterable[Path | str],
     flow_name: str,
     state_dir: Path | None = None,
     starting_offsets: str | None = None,
@@ -136,13 +136,13 @@ def spec_for_flow(
     reset = source_consumer.get("auto.offset.reset", "earliest")
     location = str(flow.setting("offset-syncs.topic.location"))
     exactly_once = _exactly_once(flow, source_consumer)
-    syncs_side = "source" if location == "source" else "target"
+    syncs_producer: Role = "source.producer" if location == "source" else "target.producer"
     return MirrorSpec(
         source=flow.source,
         target=flow.target,
         source_consumer=source_consumer,
         target_producer=flow.client_config("target.producer", label="mirror"),
-        offset_syncs_producer=flow.client_config(f"{syncs_side}.producer", label="offset-syncs"),
+        offset_syncs_producer=flow.client_config(syncs_producer, label="offset-syncs"),
         source_client=flow.client_config("source.producer", librdkafka=True, label="mirror"),
         target_client=flow.client_config("target.producer", librdkafka=True, label="mirror"),
         source_admin=flow.client_config("source.admin", librdkafka=True, label="mirror"),
@@ -152,26 +152,30 @@ def spec_for_flow(
         replicate_config=flow.config_property_filter.should_replicate_config_property,
         replicate_source_default=flow.config_property_filter.should_replicate_source_default,
         sync_configs_enabled=bool(flow.setting("sync.topic.configs.enabled")),
-        sync_configs_interval_s=float(flow.setting("sync.topic.configs.interval.seconds")),
+        sync_configs_interval_s=float(flow.numeric_setting("sync.topic.configs.interval.seconds")),
         should_replicate_group=flow.should_replicate_group,
         sync_acls_enabled=bool(flow.setting("sync.topic.acls.enabled")),
-        sync_acls_interval_s=float(flow.setting("sync.topic.acls.interval.seconds")),
+        sync_acls_interval_s=float(flow.numeric_setting("sync.topic.acls.interval.seconds")),
         sync_acls_remove=bool(flow.setting("sync.topic.acls.remove.enabled")),
         acl_ledger_topic=f"mirrorflow-acls.{flow.source}.internal",
-        replication_factor=int(flow.setting("replication.factor")),
+        replication_factor=int(flow.numeric_setting("replication.factor")),
         heartbeats_topic=flow.policy.heartbeats_topic(),
         emit_heartbeats=bool(flow.setting("emit.heartbeats.enabled")),
-        heartbeats_interval_s=float(flow.setting("emit.heartbeats.interval.seconds")),
+        heartbeats_interval_s=float(flow.numeric_setting("emit.heartbeats.interval.seconds")),
         refresh_topics_enabled=bool(flow.setting("refresh.topics.enabled")),
-        refresh_topics_interval_s=float(flow.setting("refresh.topics.interval.seconds")),
-        heartbeats_replication_factor=int(flow.setting("heartbeats.topic.replication.factor")),
+        refresh_topics_interval_s=float(flow.numeric_setting("refresh.topics.interval.seconds")),
+        heartbeats_replication_factor=int(
+            flow.numeric_setting("heartbeats.topic.replication.factor")
+        ),
         emit_offset_syncs=bool(flow.setting("emit.offset-syncs.enabled")),
         offset_syncs_topic=flow.policy.offset_syncs_topic(
             flow.target if location == "source" else flow.source
         ),
         offset_syncs_location=location,
-        offset_syncs_replication_factor=int(flow.setting("offset-syncs.topic.replication.factor")),
-        max_offset_lag=int(flow.setting("offset.lag.max")),
+        offset_syncs_replication_factor=int(
+            flow.numeric_setting("offset-syncs.topic.replication.factor")
+        ),
+        max_offset_lag=int(flow.numeric_setting("offset.lag.max")),
         offset_syncs_interval_ms=_worker_int(
             flow, "offset.flush.interval.ms", DEFAULT_HELD_BACK_SYNCS_INTERVAL_MS
         ),
@@ -187,13 +191,19 @@ def spec_for_flow(
         ),
         offset_map_topic=map_topic(flow.source),
         checkpoints_topic=flow.policy.checkpoints_topic(flow.source),
-        checkpoints_replication_factor=int(flow.setting("checkpoints.topic.replication.factor")),
+        checkpoints_replication_factor=int(
+            flow.numeric_setting("checkpoints.topic.replication.factor")
+        ),
         emit_checkpoints_enabled=bool(flow.setting("emit.checkpoints.enabled")),
-        emit_checkpoints_interval_s=float(flow.setting("emit.checkpoints.interval.seconds")),
+        emit_checkpoints_interval_s=float(
+            flow.numeric_setting("emit.checkpoints.interval.seconds")
+        ),
         refresh_groups_enabled=bool(flow.setting("refresh.groups.enabled")),
-        refresh_groups_interval_s=float(flow.setting("refresh.groups.interval.seconds")),
+        refresh_groups_interval_s=float(flow.numeric_setting("refresh.groups.interval.seconds")),
         sync_group_offsets_enabled=bool(flow.setting("sync.group.offsets.enabled")),
-        sync_group_offsets_interval_s=float(flow.setting("sync.group.offsets.interval.seconds")),
+        sync_group_offsets_interval_s=float(
+            flow.numeric_setting("sync.group.offsets.interval.seconds")
+        ),
         checkpoint_topic=flow.checkpoint_topic,
         reverse_checkpoints_enabled=bool(flow.setting("emit.reverse.checkpoints.enabled")),
         reverse_map_topic=map_topic(flow.target),

@@ -60,6 +60,7 @@ from mirrorflow.replication.topics import (
     ADMIN_TIMEOUT_S,
     ClusterAdmin,
     cluster_error,
+    config_source,
     ensure_internal_topic,
     refusal,
     write_records,
@@ -108,14 +109,16 @@ class AclChange:
 
     @classmethod
     def of(cls, binding: AclBinding, name: str, operation: AclOperation | None = None) -> AclChange:
+        # AclBinding converts its arguments to enums, but annotates its attributes as the
+        # arguments (enum, str or int): the ignores are for those annotations.
         return cls(
-            binding.restype.name,
-            binding.resource_pattern_type.name,
+            binding.restype.name,  # type: ignore[union-attr]
+            binding.resource_pattern_type.name,  # type: ignore[union-attr]
             name,
             binding.principal,
             binding.host,
-            (operation or binding.operation).name,
-            binding.permission_type.name,
+            (operation or binding.operation).name,  # type: ignore[union-attr]
+            binding.permission_type.name,  # type: ignore[union-attr]
         )
 
     def binding(self) -> AclBinding:
@@ -280,17 +283,20 @@ class TopicSync(_FlowSync):
             if (
                 entry.is_read_only
                 or entry.is_sensitive
-                or entry.source in _SKIPPED_SOURCES
+                or config_source(entry) in _SKIPPED_SOURCES
                 or not self.spec.replicate_config(name)
             ):
                 continue
             current = target.get(name)
-            overridden = current is not None and current.source == _TOPIC
-            if entry.source == _DEFAULT and not self.spec.replicate_source_default(name):
-                if overridden:
-                    changes.append(Change("config", "delete", remote, name, current.value, None))
-            elif not overridden or current.value != entry.value:
-                before = current.value if overridden else None
+            # The target's entry when the topic overrides it there, else None.
+            overridden = (
+                current if current is not None and config_source(current) == _TOPIC else None
+            )
+            if config_source(entry) == _DEFAULT and not self.spec.replicate_source_default(name):
+                if overridden is not None:
+                    changes.append(Change("config", "delete", remote, name, overridden.value, None))
+            elif overridden is None or overridden.value != entry.value:
+                before = overridden.value if overridden is not None else None
                 changes.append(Change("config", "set", remote, name, before, entry.value))
         return changes
 
@@ -339,10 +345,10 @@ class TopicSync(_FlowSync):
                 )
                 for topic, topic_changes in by_topic.items()
             ]
-            futures = self.target.client.incremental_alter_configs(
+            altered = self.target.client.incremental_alter_configs(
                 resources, request_timeout=ADMIN_TIMEOUT_S
             )
-            for resource, future in futures.items():
+            for resource, future in altered.items():
                 try:
                     future.result()
                     applied += len(by_topic[resource.name])
@@ -383,12 +389,14 @@ def _describe(admin: ClusterAdmin, topics: list[str]) -> dict[str, dict[str, Con
 
 _ALLOW, _DENY = AclPermissionType.ALLOW, AclPermissionType.DENY
 _GROUP_OPERATIONS = (AclOperation.READ, AclOperation.DESCRIBE)
+# None matches any name, principal or host (AclBindingFilter's docstring), though the filter
+# inherits AclBinding's annotations (str): the ignores are for those.
 _ANY_ACL = AclBindingFilter(
     ResourceType.ANY,
-    None,
+    None,  # type: ignore[arg-type]
     ResourcePatternType.ANY,
-    None,
-    None,
+    None,  # type: ignore[arg-type]
+    None,  # type: ignore[arg-type]
     AclOperation.ANY,
     AclPermissionType.ANY,
 )
@@ -468,7 +476,8 @@ class AclSync(_FlowSync):
         return None
 
     def apply(self, changes: list[AclChange]) -> tuple[int, list[str]]:
-        applied, failures, ledger = 0, [], []  # ledger: (key, value) records to write
+        applied, failures = 0, []
+        ledger: list[tuple[bytes, bytes | None]] = []  # (key, value) records to write
         creates = [c for c in changes if c.action == "create"]
         removes = [c for c in changes if c.action == "remove"]
         self._ensure_ledger()

@@ -69,13 +69,14 @@ class TopicReader:
         )
         return {tp.partition: f.result().offset for tp, f in futures.items()}
 
-    def read_to_end(self, timeout_s: float = 60.0) -> None:
-        """Apply every record up to the end of the topic not applied yet."""
+    def read_to_end(self, timeout_s: float = 60.0) -> object:
+        """Apply every record up to the end of the topic not applied yet. Returns nothing here
+        (None); a reader may return what it read (hence ``object``)."""
         if not self._partitions:
             metadata = self._consumer.list_topics(self.topic, timeout=10).topics[self.topic]
             if metadata.error is not None:
                 if self.missing_ok and metadata.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
-                    return  # not created yet: nothing to read
+                    return None  # not created yet: nothing to read
                 self._raise_if_refused(metadata.error)
                 raise MirrorflowError(f"cannot read {self.topic}: {metadata.error.str()}")
             self._partitions = [TopicPartition(self.topic, p) for p in metadata.partitions]
@@ -99,16 +100,18 @@ class TopicReader:
                     "check the target cluster; the batch is retried",
                 )
             msg = self._consumer.poll(0.2)
-            if msg is not None and msg.error() is None:
+            error = msg.error() if msg is not None else None
+            if msg is not None and error is None:
                 self.apply_message(msg)
-            elif msg is not None and msg.error().code() not in _IGNORED:
-                self._raise_if_refused(msg.error())
-                raise MirrorflowError(f"reading {self.topic} failed: {msg.error().str()}")
+            elif error is not None and error.code() not in _IGNORED:
+                self._raise_if_refused(error)
+                raise MirrorflowError(f"reading {self.topic} failed: {error.str()}")
             # The position moves past transaction markers too, which no message shows.
             for tp in self._consumer.position([TopicPartition(self.topic, p) for p in remaining]):
                 if tp.offset >= ends[tp.partition]:
                     remaining.discard(tp.partition)
         clients.answered(self.cluster)
+        return None
 
     def _raise_if_refused(self, error: KafkaError) -> None:
         if unauthorized(error):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from typing import cast
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import (
@@ -109,6 +110,12 @@ def refusal(
         f"cluster {cluster} refused principal {principal} while {action}: {text}",
         f"check the credentials and ACLs of {principal} on {cluster}",
     )
+
+
+def config_source(entry: ConfigEntry) -> int:
+    """Where a described config's value comes from: a :class:`ConfigSource`'s value, the number
+    confluent-kafka's C client sets there (ConfigEntry annotates it as the enum)."""
+    return cast(int, entry.source)
 
 
 def cluster_error(
@@ -270,7 +277,8 @@ class RemoteTopics:
             result[resource.name] = {
                 name: entry.value
                 for name, entry in entries.items()
-                if entry.source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value
+                if config_source(entry) == ConfigSource.DYNAMIC_TOPIC_CONFIG.value
+                and entry.value is not None  # (a topic's own config has one)
                 and not entry.is_sensitive
                 and not entry.is_read_only
                 and self.replicate_config(name)

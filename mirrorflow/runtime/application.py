@@ -187,7 +187,11 @@ class Application:
             flow_metrics = self.metrics.flow(spec.source, spec.target) if self.metrics else None
             if flow_metrics is not None:
                 flow_metrics.state("STARTING")
-            job = make_job or (lambda s, m=flow_metrics: MirrorJob(spark, s, m))
+
+            def job_of(s: MirrorSpec, m: FlowMetrics | None = flow_metrics) -> MirrorJob:
+                return MirrorJob(spark, s, m)
+
+            job = make_job or job_of
             self.flows.append(FlowThread(spec, job, flow_metrics))
         self._stop = threading.Event()
 

@@ -14,6 +14,7 @@ whose runs all lie below them) and writes it, as it does after a batch.
 
 from __future__ import annotations
 
+import builtins  # the type bytes, which a field of CopierResult hides in its class
 import struct
 from dataclasses import dataclass, field
 
@@ -45,7 +46,7 @@ class CopierResult:
     ends_seen: list[int] = field(default_factory=list)
 
     @classmethod
-    def decode(cls, data: bytes, partitions: list[Partition]) -> CopierResult:
+    def decode(cls, data: builtins.bytes, partitions: list[Partition]) -> CopierResult:
         """``MirrorCopier.Copied.encode``'s block for ranges of ``partitions`` (in order)."""
         records, size, count = _HEAD.unpack_from(data)
         result = cls(records, size)

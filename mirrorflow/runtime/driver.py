@@ -60,7 +60,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from mirrorflow.config.librdkafka import principal
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
@@ -95,6 +95,7 @@ from mirrorflow.runtime.metrics import Copied, Stats
 from mirrorflow.runtime.spark_session import kafka_options
 
 if TYPE_CHECKING:
+    from confluent_kafka import Consumer
     from pyspark.sql import DataFrame, SparkSession
 
     from mirrorflow.runtime.metrics import FlowMetrics
@@ -102,6 +103,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("mirrorflow.mirror")
 
 Partition = tuple[str, int]
+_V = TypeVar("_V")
 LEGACY_PROGRESS = "checkpoint"  # mirrorflow 0.x: Spark's streaming checkpoint of the flow
 PROGRESS_FILE = "progress.json"
 DOORBELL_WAIT_S = 0.5
@@ -210,7 +212,8 @@ class MirrorJob:
         self._last_batch_s = 0.0
         self._last_batch_at: float | None = None  # Unix time
         self._copier_settings_cache: tuple | None = None
-        self._copier = None  # the copier's Java class, looked up once (a py4j round trip)
+        # the copier's Java class, looked up once (a py4j round trip); py4j's objects are untyped
+        self._copier: Any = None
         self._stalled: list[tuple[Partition, int]] = []  # ranges the source left unfinished
         self._capped = False  # the last plan left records for the next batch
         self._record_lock = threading.Lock()  # the loop and the report task write progress
@@ -220,7 +223,7 @@ class MirrorJob:
         # lag in seconds is at most now minus this.
         self._caught_up_at: float | None = None
         self._lag: lag.Lag | None = None  # the last measurement (task measure-lag)
-        self._lag_reader = None  # its consumer, made at its first need
+        self._lag_reader: Consumer | None = None  # its consumer, made at its first need
 
     @property
     def flow_dir(self) -> Path:
@@ -1351,7 +1354,8 @@ class MirrorJob:
                 try:
                     encoded = self._java_copier().copy(context._jsc, lines, settings)
                 finally:
-                    context.setJobDescription(None)
+                    # None clears it (pyspark annotates str)
+                    context.setJobDescription(None)  # type: ignore[arg-type]
         except Exception as exc:  # py4j's error: its text holds the copier's message
             raise batch_error(self.spec, exc) from None
         result = CopierResult.decode(bytes(encoded), [tp for tp, _start, _until in ranges])
@@ -1420,7 +1424,8 @@ class MirrorJob:
             settings["syncs.principal"] = principal(spec.offset_syncs_producer)
             for k, v in spec.offset_syncs_producer.items():
                 settings[f"syncs.producer.{k}"] = v
-        java_map = self.spark.sparkContext._jvm.java.util.HashMap()
+        # _jvm: py4j's view of the JVM, Optional to pyspark, set while the context runs
+        java_map = self.spark.sparkContext._jvm.java.util.HashMap()  # type: ignore[union-attr]
         for k, v in settings.items():
             java_map.put(k, v)
         self._copier_settings_cache = (key, java_map)
@@ -1573,9 +1578,10 @@ def _rounded(at: float | None) -> float | None:
     return None if at is None else round(at, 3)
 
 
-def _by_topic(offsets: dict[Partition, int]) -> dict[str, dict[str, int]]:
-    """Offsets as progress.json keeps them: topic -> partition -> offset."""
-    nested: dict[str, dict[str, int]] = {}
+def _by_topic(offsets: dict[Partition, _V]) -> dict[str, dict[str, _V]]:
+    """Offsets (or each partition's value) as progress.json keeps them: topic -> partition ->
+    offset."""
+    nested: dict[str, dict[str, _V]] = {}
     for (topic, partition), offset in sorted(offsets.items()):
         nested.setdefault(topic, {})[str(partition)] = offset
     return nested

@@ -115,7 +115,8 @@ def exercise(workdir: Path) -> int:
     spark = spark_session.build_session("mirrorflow class archive")
     spark.sparkContext.setLogLevel("WARN")
     jsc = spark.sparkContext._jsc
-    numbers = spark.sparkContext._jvm.java.util.ArrayList()
+    # _jvm: py4j's view of the JVM, Optional to pyspark, set while the context runs
+    numbers = spark.sparkContext._jvm.java.util.ArrayList()  # type: ignore[union-attr]
     for i in range(4):
         numbers.add(str(i))
     for _ in range(3):

@@ -24,6 +24,7 @@ import json
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -32,6 +33,9 @@ from mirrorflow.mm2.offset_syncs import PartitionSyncState
 from mirrorflow.replication import clients
 from mirrorflow.replication.offset_map import PartitionMap, Run, record_of, runs_of
 from mirrorflow.replication.topics import client_principal, refusal, unauthorized
+
+if TYPE_CHECKING:
+    from confluent_kafka import KafkaError, Producer  # imported where used, as the others
 
 STATS = ("min", "max", "sum", "count")
 INPUT_COLUMNS = ("topic", "partition", "offset", "key", "value", "headers", "ts_ms")
@@ -74,7 +78,7 @@ class CopySettings:
 
     source_alias: str
     target_alias: str
-    producer_config: dict[str, str] = field(repr=False)
+    producer_config: dict[str, Any] = field(repr=False)  # librdkafka's: str, int or bool
     remote_topics: dict[str, str]
     max_message_bytes: dict[str, int]
     max_offset_lag: int
@@ -198,7 +202,7 @@ class _Acks:
 
     def __init__(self) -> None:
         self.downstream: list[int] = []
-        self.error = None
+        self.error: KafkaError | None = None
         self.error_index = -1
 
     def __call__(self, err, msg) -> None:
@@ -213,7 +217,7 @@ class _Partition:
     topic: str
     partition: int
     remote: str
-    producer: object
+    producer: Producer
     skip_through: int = -1  # exactly-once: upstream offsets already committed on the target
     acks: _Acks = field(default_factory=_Acks)
     upstream: list[int] = field(default_factory=list)

@@ -42,6 +42,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
@@ -49,6 +50,7 @@ WATCH_INTERVAL_S = 0.1
 GUARD_PID_ENV = "MIRRORFLOW_GUARD_PID"  # set for the job: where the driver says it is copying
 COPYING_SIGNAL = signal.SIGUSR1
 
+_prctl: Callable[..., int] | None
 try:  # looked up here, not in a forked child (``preexec_fn``), where loading could deadlock
     _prctl = ctypes.CDLL(None, use_errno=True).prctl
 except (OSError, AttributeError):  # not Linux

@@ -338,9 +338,9 @@ def hold_leases(state_dir: Path, flows: Sequence[str], record: bool = True) -> l
             if not record:
                 continue
             since = datetime.now(UTC).isoformat(timespec="seconds")
-            record = json.dumps({"pid": os.getpid(), "flows": list(files.flows), "since": since})
+            holder = json.dumps({"pid": os.getpid(), "flows": list(files.flows), "since": since})
             os.ftruncate(fd, 0)
-            os.pwrite(fd, (record + "\n").encode(), 0)
+            os.pwrite(fd, (holder + "\n").encode(), 0)
     except BaseException:
         release_leases(held)
         raise
@@ -371,7 +371,7 @@ def check_leases(state_dir: Path, flows: Sequence[str], wait_s: float = 0.0) -> 
 
 def stop_all(state_dir: Path, grace: float, log: Log = print) -> list[str]:
     """Stop every running mirror job recorded under ``state_dir``; return their flows."""
-    stopped = []
+    stopped: list[str] = []
     for pid_file in sorted(state_dir.glob(f"*/{PID_FILE}")):
         try:
             recorded = json.loads(pid_file.read_text())

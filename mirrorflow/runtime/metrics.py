@@ -53,6 +53,8 @@ from prometheus_client.registry import Collector
 from mirrorflow.errors import MirrorflowError
 
 if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
     from mirrorflow.replication.lag import Lag
 
 Partition = tuple[str, int]
@@ -277,7 +279,7 @@ class Metrics:
         )
         self.live = _Live()
         r.register(self.live)
-        self._server = None
+        self._server: WSGIServer | None = None
 
     def flow(self, source: str, target: str) -> FlowMetrics:
         return FlowMetrics(self, source, target)
@@ -285,13 +287,14 @@ class Metrics:
     def serve(self, port: int) -> int:
         """Serve the registry at ``http://127.0.0.1:<port>/metrics``; returns the port."""
         try:
-            self._server, _thread = start_http_server(port, addr=HOST, registry=self.registry)
+            server, _thread = start_http_server(port, addr=HOST, registry=self.registry)
         except OSError as exc:
             raise MirrorflowError(
                 f"the metrics endpoint cannot listen on {HOST}:{port}: {exc.strerror or exc}",
                 f"choose another port with --metrics-port or {PORT_ENV}",
             ) from None
-        return self._server.server_port
+        self._server = server
+        return server.server_port
 
     def close(self) -> None:
         if self._server is not None:

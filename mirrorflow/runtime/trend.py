@@ -64,7 +64,9 @@ def read(flow_dir: Path) -> dict[str, Any]:
         data = {}
     if not isinstance(data, dict):
         data = {}
-    samples = data.get("samples") if isinstance(data.get("samples"), list) else []
+    samples = data.get("samples")
+    if not isinstance(samples, list):
+        samples = []
     return {
         "interval_s": _number(data.get("interval_s")) or INTERVAL_S,
         "window_s": _number(data.get("window_s")) or WINDOW_S,
