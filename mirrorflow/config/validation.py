@@ -96,7 +96,8 @@ def notes(topology: Topology) -> list[str]:
     """What the flows that replicate do differently from MirrorMaker 2's defaults, a line per
     behaviour (``validate`` prints them before its summary): today, whether aborted transactions
     reach the target."""
-    committed, uncommitted = [], []
+    committed: list[str] = []
+    uncommitted: list[str] = []
     for flow in topology.flows:
         (uncommitted if flow.copies_aborted_transactions else committed).append(flow.name)
     lines = []

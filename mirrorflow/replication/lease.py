@@ -34,7 +34,7 @@ import time
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
 from mirrorflow.replication import clients
@@ -157,7 +157,7 @@ class FlowLease:
         self._producer_config, self._consumer_config = producer_config, consumer_config
         self._admin_config = admin_config
         self.principal = client_principal(producer_config)
-        self._producer = None
+        self._producer: Producer | None = None
         self._lock = threading.Lock()  # one transaction at a time: renewals and positions
         self.renewed = 0.0  # monotonic time of the last renewal that committed
 

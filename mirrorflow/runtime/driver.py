@@ -303,6 +303,7 @@ class MirrorJob:
             self.writer = PositionWriter(
                 spec.target_client, spec.offsets_topic, spec.source, spec.target
             )
+        assert self.writer is not None
         self.writer.lease = self.lease
         self.mapping = self.remote_topics.prepare()
         if taken and spec.exactly_once:

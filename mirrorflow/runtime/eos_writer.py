@@ -97,7 +97,7 @@ class CopySettings:
     # The flow and the holder of its lease (asdict of lease.Holder): checked once each task's
     # producer has fenced its partition's earlier ones (see lease.confirm).
     flow: str = ""
-    lease_holder: dict | None = None
+    lease_holder: dict[str, Any] | None = None
 
 
 def transactional_id(prefix: str, topic: str, partition: int) -> str:
@@ -166,7 +166,7 @@ def _transactional_producer(settings: CopySettings, topic: str, partition: int):
         producer.init_transactions(settings.flush_timeout_s)
         producer.begin_transaction()
         if settings.lease_holder is not None:
-            _confirm_lease(settings, producer)
+            _confirm_lease(settings, settings.lease_holder, producer)
     except KafkaException as exc:
         action = f"starting a transaction ({txn_id})"
         _raise_if_refused(settings, action, exc.args[0], f"WRITE on transactional id {txn_id}")
@@ -177,7 +177,7 @@ def _transactional_producer(settings: CopySettings, topic: str, partition: int):
     return producer
 
 
-def _confirm_lease(settings: CopySettings, producer) -> None:
+def _confirm_lease(settings: CopySettings, holder: dict[str, Any], producer) -> None:
     """The job still holds the flow's lease (after this producer fenced its partition's
     earlier ones), or the transaction is aborted and the task fails in one line."""
     from mirrorflow.replication import lease
@@ -188,7 +188,7 @@ def _confirm_lease(settings: CopySettings, producer) -> None:
             settings.target_alias,
             settings.consumer_config,
             settings.admin_config,
-            lease.Holder(**settings.lease_holder),
+            lease.Holder(**holder),
         )
     except MirrorflowError as exc:
         producer.abort_transaction(settings.flush_timeout_s)
