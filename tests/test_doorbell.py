@@ -9,7 +9,7 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AclOperation, ResourceType
 
-from mirrorflow.runtime.driver import Doorbell
+from mirrorflow.runtime.doorbell import Doorbell
 from tests.conftest import allow, create_topics
 from tests.mirror_harness import wait_for
 

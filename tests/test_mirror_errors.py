@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
-from mirrorflow.runtime.driver import batch_error
+from mirrorflow.runtime.batch_errors import batch_error
 from mirrorflow.runtime.eos_writer import ERROR_PREFIX
 
 SPEC = SimpleNamespace(flow="dc1->dc2", source="dc1", target="dc2")

@@ -40,8 +40,9 @@ from mirrorflow.errors import MirrorflowError
 from mirrorflow.replication import lag
 from mirrorflow.replication.spec import MirrorSpec
 from mirrorflow.runtime import jobs
-from mirrorflow.runtime.driver import MirrorJob, record_state, update_progress
+from mirrorflow.runtime.driver import MirrorJob
 from mirrorflow.runtime.metrics import FlowMetrics, Metrics
+from mirrorflow.runtime.progress import record_state, update_progress
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -51,7 +51,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 import socket
 import threading
 import time
@@ -60,7 +59,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from mirrorflow.config.librdkafka import principal
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
@@ -90,8 +89,11 @@ from mirrorflow.replication.topics import (
 )
 from mirrorflow.runtime import eos_writer as mirror_writer
 from mirrorflow.runtime import jobs, jvm, trend
+from mirrorflow.runtime.batch_errors import batch_error
 from mirrorflow.runtime.copier import CopierResult, CopyStream
+from mirrorflow.runtime.doorbell import Doorbell
 from mirrorflow.runtime.metrics import Copied, Stats
+from mirrorflow.runtime.progress import by_topic, record_state, rounded
 from mirrorflow.runtime.spark_session import kafka_options
 
 if TYPE_CHECKING:
@@ -103,9 +105,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("mirrorflow.mirror")
 
 Partition = tuple[str, int]
-_V = TypeVar("_V")
 LEGACY_PROGRESS = "checkpoint"  # mirrorflow 0.x: Spark's streaming checkpoint of the flow
-PROGRESS_FILE = "progress.json"
 DOORBELL_WAIT_S = 0.5
 IDLE_REPLAN_S = 30.0  # an idle flow lists its partitions' ends this often, doorbell or not
 REPORT_PROGRESS_S = 10.0  # progress.json is rewritten this often, busy or idle (liveness)
@@ -1217,8 +1217,8 @@ class MirrorJob:
         ]
         return {
             "lag_records": sum(behind.values()),
-            "lag_measured_at": _rounded(at) if at else None,
-            "oldest_uncopied_at": _rounded(min(oldest_ms) / 1000) if oldest_ms else None,
+            "lag_measured_at": rounded(at) if at else None,
+            "oldest_uncopied_at": rounded(min(oldest_ms) / 1000) if oldest_ms else None,
         }
 
     def _write_progress(self, error: str | None) -> None:
@@ -1235,14 +1235,14 @@ class MirrorJob:
             records=self.copied[0],
             bytes=self.copied[1],
             last_batch_seconds=round(self._last_batch_s, 3),
-            last_batch_at=_rounded(self._last_batch_at),
+            last_batch_at=rounded(self._last_batch_at),
             **self.lag_figures(),
-            caught_up_at=_rounded(self._caught_up_at),
+            caught_up_at=rounded(self._caught_up_at),
             pid=os.getpid(),
             host=socket.gethostname(),
             tasks=self.scheduler.stats() if self.scheduler else {},
             **self.observed_ends(),
-            source_positions=_by_topic(positions),
+            source_positions=by_topic(positions),
         )
 
     def observed_ends(self) -> dict[str, object]:
@@ -1262,9 +1262,9 @@ class MirrorJob:
             if entries and entries[-1][1] > positions.get(tp, entries[-1][1])
         }
         return {
-            "source_end_offsets": _by_topic(self._planned_ends),
+            "source_end_offsets": by_topic(self._planned_ends),
             "source_end_offsets_at": listed,
-            "source_end_history": _by_topic(history),
+            "source_end_history": by_topic(history),
         }
 
     def _observe_ends(self, ends: dict[Partition, int], at_ms: int) -> None:
@@ -1541,185 +1541,3 @@ def reader_group(flow: str) -> str:
     """The group id of a flow's Spark Kafka reads (exactly-once): the same for every batch, so
     Spark's executors reuse their pooled consumers. Never joined nor committed: no ACL."""
     return f"mirrorflow-reader-{flow}"
-
-
-_PROGRESS_LOCK = threading.Lock()  # one writer of a progress.json at a time in this process
-
-
-def record_state(
-    flow_dir: Path, flow: str, state: str, error: str | None = None, **progress: object
-) -> None:
-    """Update the flow's ``progress.json``: its state (STARTING, RUNNING, IDLE, PAUSED,
-    STOPPED, FAILED), the error that stopped it, and any progress figures given."""
-    _update_progress(flow_dir, {**progress, "flow": flow, "state": state, "error": error})
-
-
-def update_progress(flow_dir: Path, **figures: object) -> None:
-    """Add ``figures`` to the flow's ``progress.json``, its state and error unchanged (e.g. the
-    lag of a paused flow, measured by its application)."""
-    _update_progress(flow_dir, figures)
-
-
-def _update_progress(flow_dir: Path, changes: dict[str, object]) -> None:
-    path = flow_dir / PROGRESS_FILE
-    with _PROGRESS_LOCK:
-        try:
-            current = json.loads(path.read_text())
-        except (OSError, ValueError):
-            current = {}
-        current.update(changes)
-        current["updated"] = datetime.now(UTC).isoformat(timespec="milliseconds")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(".partial")
-        partial.write_text(json.dumps(current, indent=1) + "\n")
-        partial.replace(path)
-
-
-def _rounded(at: float | None) -> float | None:
-    return None if at is None else round(at, 3)
-
-
-def _by_topic(offsets: dict[Partition, _V]) -> dict[str, dict[str, _V]]:
-    """Offsets (or each partition's value) as progress.json keeps them: topic -> partition ->
-    offset."""
-    nested: dict[str, dict[str, _V]] = {}
-    for (topic, partition), offset in sorted(offsets.items()):
-        nested.setdefault(topic, {})[str(partition)] = offset
-    return nested
-
-
-_UNREACHABLE = re.compile(
-    r"TimeoutException|NetworkException|DisconnectException|Local: Timed out|"
-    r"_TRANSPORT|All broker connections are down|not acknowledged within|did not answer"
-)
-
-
-_PERMANENT = re.compile(
-    r"AuthenticationException|AuthorizationException|[Aa]uthori[sz]ation failed|"
-    r"[Aa]uthentication failed|SSL handshake failed|certificate verify failed|ConfigException|"
-    r"InvalidConfigurationException|refused principal"
-)
-"""Errors that trying again does not mend (a refused principal, a wrong password or certificate, a
-bad setting), even when a timeout is mentioned beside them: never retried."""
-
-
-_KAFKA_CAUSE = re.compile(r"org\.apache\.kafka\.common\.errors\.\w+: .*")
-_DRIVER_ERROR = re.compile(r"mirrorflow\.errors\.(MirrorflowError|ClusterUnreachable): (.*)")
-
-
-def batch_error(spec: MirrorSpec, exc) -> MirrorflowError:
-    """The first line a user needs from a failed batch (a copy error names the record); a
-    cluster that did not answer gives :class:`ClusterUnreachable`, which is retried, unless the
-    error is one retrying does not mend (:data:`_PERMANENT`)."""
-    text = str(exc)
-    driver = _DRIVER_ERROR.search(text)  # raised by mirrorflow's code on an executor
-    if driver:
-        kind = ClusterUnreachable if driver.group(1) == "ClusterUnreachable" else MirrorflowError
-        return kind(f"flow {spec.flow} stopped: {driver.group(2).strip()}")
-    match = re.search(re.escape(mirror_writer.ERROR_PREFIX) + r"(.*)", text)
-    if match:
-        message = f"flow {spec.flow} stopped: {match.group(1).strip()}"
-        if _UNREACHABLE.search(match.group(1)) and not _PERMANENT.search(match.group(1)):
-            return ClusterUnreachable(message)
-        return MirrorflowError(message)
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    # Kafka's own exception says more than Spark's wrappers around it.
-    causes = [m[0] for ln in lines if (m := _KAFKA_CAUSE.search(ln))]
-    first = causes[0] if causes else lines[0] if lines else text
-    if _UNREACHABLE.search(text) and not _PERMANENT.search(text):
-        cause = next((ln for ln in text.splitlines() if _UNREACHABLE.search(ln)), first)
-        return ClusterUnreachable(
-            f"flow {spec.flow}: a cluster did not answer: {cause.strip()[:300]}",
-            f"check that {spec.source} and {spec.target} are up and reachable",
-        )
-    return MirrorflowError(f"flow {spec.flow} stopped: {first[:500]}", "see the job's log")
-
-
-class Doorbell:
-    """Waits, on the driver, for the next record of any of a flow's source partitions.
-
-    A consumer assigned to the flow's positions long-polls the source: :meth:`wait` returns as
-    soon as a record arrives, and costs nothing while none does. Once it rang it fetches nothing
-    until the next wait, at the flow's new positions, where it rings at once for records
-    already there. Transaction markers and aborted
-    records (``read_committed``) never ring. It never joins its group nor commits (confluent-
-    kafka needs a ``group.id`` all the same, and librdkafka looks up its coordinator: a principal
-    without DESCRIBE on that group gets an error it ignores, and records arrive all the same).
-    Should the client fail otherwise, :attr:`error` says so and the flow lists its partitions'
-    ends at each wait instead.
-    """
-
-    def __init__(self, consumer_config: dict[str, str], flow: str) -> None:
-        """``consumer_config``: librdkafka settings of the source of ``flow`` (``S->T``)."""
-        config = {
-            k: v for k, v in consumer_config.items() if k not in ("group.id", "auto.offset.reset")
-        }
-        self._consumer = clients.consumer(
-            jobs.split_flow(flow)[0],
-            {
-                **config,
-                "group.id": f"mirrorflow-doorbell-{flow}",  # never joined nor committed
-                "enable.auto.commit": False,
-                "enable.auto.offset.store": False,
-                "auto.offset.reset": "latest",
-                "max.partition.fetch.bytes": 65536,
-                "queued.max.messages.kbytes": 1024,
-                # A full local queue puts off a partition's next fetch by this much (1 s by
-                # default: under a steady stream every later wait heard nothing for that
-                # second, though records were waiting; issue 28's 1.0-s stalls).
-                "fetch.queue.backoff.ms": 20,
-            },
-        )
-        self._assigned: dict[Partition, int] = {}
-        self.flow = flow
-        self.error: str | None = None  # the last wait failed: the caller plans again itself
-        self._told_group = False
-
-    def wait(self, positions: dict[Partition, int], timeout_s: float) -> bool:
-        """Whether a record at or past ``positions`` arrived within ``timeout_s``."""
-        from confluent_kafka import KafkaError, TopicPartition
-
-        if positions != self._assigned:
-            self._consumer.assign([TopicPartition(t, p, o) for (t, p), o in positions.items()])
-            self._assigned = dict(positions)
-        if not positions:
-            time.sleep(timeout_s)
-            return False
-        deadline = time.monotonic() + timeout_s
-        while (remaining := deadline - time.monotonic()) > 0:
-            message = self._consumer.poll(remaining)
-            if message is None:
-                return False
-            error = message.error()
-            if error is None:
-                break
-            if error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
-                # librdkafka looks up the group it never joins; records come all the same.
-                if not self._told_group:
-                    self._told_group = True
-                    log.info("%s: waiting for records without its group: %s", self.flow, error)
-                continue
-            # e.g. a broker away: the caller lists the partitions' ends itself meanwhile
-            if self.error is None:
-                log.warning(
-                    "%s: waiting for records with a consumer failed (%s): the flow lists its "
-                    "partitions' ends every %.1f s instead while idle",
-                    self.flow,
-                    error.str(),
-                    timeout_s,
-                )
-            self.error = error.str()
-            time.sleep(max(0.0, deadline - time.monotonic()))
-            return False
-        else:
-            return False
-        self.error = None
-        # Seen, not consumed: it stops fetching while the flow copies (what it would fetch
-        # meanwhile the flow reads itself; it would be fetched twice and dropped), and is
-        # assigned again at the flow's new positions at the next wait.
-        self._consumer.unassign()
-        self._assigned = {}
-        return True
-
-    def close(self) -> None:
-        self._consumer.close()

@@ -1,0 +1,58 @@
+"""The one line a user reads when a batch fails: the cause found in what Spark, Kafka's Java
+clients or mirrorflow's code on an executor raised, and whether trying again can mend it (a
+cluster that did not answer: :class:`~mirrorflow.errors.ClusterUnreachable`, retried with
+backoff) or not (a refused principal, a bad setting: the flow stops)."""
+
+from __future__ import annotations
+
+import re
+
+from mirrorflow.errors import ClusterUnreachable, MirrorflowError
+from mirrorflow.replication.spec import MirrorSpec
+from mirrorflow.runtime import eos_writer as mirror_writer
+
+_UNREACHABLE = re.compile(
+    r"TimeoutException|NetworkException|DisconnectException|Local: Timed out|"
+    r"_TRANSPORT|All broker connections are down|not acknowledged within|did not answer"
+)
+
+
+_PERMANENT = re.compile(
+    r"AuthenticationException|AuthorizationException|[Aa]uthori[sz]ation failed|"
+    r"[Aa]uthentication failed|SSL handshake failed|certificate verify failed|ConfigException|"
+    r"InvalidConfigurationException|refused principal"
+)
+"""Errors that trying again does not mend (a refused principal, a wrong password or certificate, a
+bad setting), even when a timeout is mentioned beside them: never retried."""
+
+
+_KAFKA_CAUSE = re.compile(r"org\.apache\.kafka\.common\.errors\.\w+: .*")
+_DRIVER_ERROR = re.compile(r"mirrorflow\.errors\.(MirrorflowError|ClusterUnreachable): (.*)")
+
+
+def batch_error(spec: MirrorSpec, exc) -> MirrorflowError:
+    """The first line a user needs from a failed batch (a copy error names the record); a
+    cluster that did not answer gives :class:`ClusterUnreachable`, which is retried, unless the
+    error is one retrying does not mend (:data:`_PERMANENT`)."""
+    text = str(exc)
+    driver = _DRIVER_ERROR.search(text)  # raised by mirrorflow's code on an executor
+    if driver:
+        kind = ClusterUnreachable if driver.group(1) == "ClusterUnreachable" else MirrorflowError
+        return kind(f"flow {spec.flow} stopped: {driver.group(2).strip()}")
+    match = re.search(re.escape(mirror_writer.ERROR_PREFIX) + r"(.*)", text)
+    if match:
+        message = f"flow {spec.flow} stopped: {match.group(1).strip()}"
+        if _UNREACHABLE.search(match.group(1)) and not _PERMANENT.search(match.group(1)):
+            return ClusterUnreachable(message)
+        return MirrorflowError(message)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    # Kafka's own exception says more than Spark's wrappers around it.
+    causes = [m[0] for ln in lines if (m := _KAFKA_CAUSE.search(ln))]
+    first = causes[0] if causes else lines[0] if lines else text
+    if _UNREACHABLE.search(text) and not _PERMANENT.search(text):
+        cause = next((ln for ln in text.splitlines() if _UNREACHABLE.search(ln)), first)
+        return ClusterUnreachable(
+            f"flow {spec.flow}: a cluster did not answer: {cause.strip()[:300]}",
+            f"check that {spec.source} and {spec.target} are up and reachable",
+        )
+    return MirrorflowError(f"flow {spec.flow} stopped: {first[:500]}", "see the job's log")
