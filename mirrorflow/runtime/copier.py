@@ -1,4 +1,5 @@
-"""The JVM copier from the driver's side: its results decoded, and its continuous streams.
+"""The JVM copier from the driver's side: a flow's handle on it (:class:`JvmCopier`: its settings,
+a batch's copy), its results decoded, and its continuous streams.
 
 The copier (``jvm/mirror-copier``, class :data:`mirrorflow.runtime.jvm.COPIER_CLASS`) copies
 offset ranges of source partitions with Kafka's Java clients, as a Spark job or in the driver's
@@ -17,11 +18,25 @@ from __future__ import annotations
 import builtins  # the type bytes, which a field of CopierResult hides in its class
 import struct
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
+from mirrorflow.config.librdkafka import principal
 from mirrorflow.replication.offset_map import Run
+from mirrorflow.replication.spec import MirrorSpec
+from mirrorflow.runtime import eos_writer as mirror_writer
+from mirrorflow.runtime import jvm
+from mirrorflow.runtime.batch_errors import batch_error
 from mirrorflow.runtime.metrics import Copied, Stats
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
 Partition = tuple[str, int]
+# A batch's task waits at most this long for records its range holds (a source that stopped
+# answering mid-batch): then it fails, the batch is retried with backoff, and the site's other
+# flows get their Spark slots back. (Spark's Kafka reader fetches uninterruptibly: a cancelled
+# exactly-once task ends only when its fetch does.)
+SOURCE_STALL_S = 10.0
 
 _HEAD = struct.Struct(">qqq")  # records, bytes, ranges
 _RANGE = struct.Struct(">13q")  # see MirrorCopier.Copied.encode
@@ -95,3 +110,104 @@ class CopyStream:
         messages, one cause a line), or None."""
         result = CopierResult.decode(bytes(self.copier.endStream(self.batch)), self.partitions)
         return result, self.copier.streamError(self.batch)
+
+
+class JvmCopier:
+    """A flow's JVM copier seen from its driver (at least once): the copier's Java class, looked
+    up once (a py4j round trip), its settings as a Java map, built again only when the flow's
+    topics or their size limits change, and a batch's copy, as a Spark job or in the driver's
+    JVM."""
+
+    def __init__(self, spark: SparkSession, spec: MirrorSpec) -> None:
+        self.spark, self.spec = spark, spec
+        self._class: Any = None  # py4j's objects are untyped
+        self._settings: tuple[tuple, Any] | None = None
+
+    @property
+    def java(self) -> Any:
+        """The copier's Java class (``MirrorCopier``)."""
+        if self._class is None:
+            # _jvm: py4j's view of the JVM, Optional to pyspark, set while the context runs
+            self._class = getattr(self.spark.sparkContext._jvm, jvm.COPIER_CLASS)
+        return self._class
+
+    def forget(self, batch: str) -> None:
+        """Drop what the copier keeps of a cancelled or stalled ``batch`` (in the driver's
+        JVM), if it ever ran one."""
+        if self._class is not None:
+            self._class.forget(batch)
+
+    def settings(self, mapping: dict[str, str], max_message_bytes: dict[str, int]) -> Any:
+        """The copier's settings (see ``MirrorCopier``'s documentation) for the flow's topics
+        (``mapping``: source -> remote) and their remote topics' size limits, as a Java map."""
+        limits = {rem: max_message_bytes[rem] for rem in mapping.values()}
+        key = (tuple(sorted(mapping.items())), tuple(sorted(limits.items())))
+        if self._settings is not None and self._settings[0] == key:
+            return self._settings[1]
+        spec = self.spec
+        largest = min(max(max(limits.values(), default=0), 1 << 20) + (64 << 10), (1 << 31) - 1)
+        producer = {
+            "linger.ms": "20",
+            "batch.size": "524288",
+            **spec.target_producer,
+            "enable.idempotence": "true",
+            "acks": "all",
+            "max.request.size": str(largest),
+            "buffer.memory": str(min(max(64 << 20, 2 * largest), 256 << 20)),
+        }
+        settings = {
+            "source": spec.source,
+            "target": spec.target,
+            "source.principal": principal(spec.source_consumer),
+            "target.principal": principal(spec.target_producer),
+            "record.overhead": str(mirror_writer.RECORD_OVERHEAD),
+            "poll.timeout.ms": str(int(SOURCE_STALL_S * 1000)),
+            "error.prefix": mirror_writer.ERROR_PREFIX,
+            **{f"consumer.{k}": v for k, v in spec.source_consumer.items()},
+            **{f"producer.{k}": v for k, v in producer.items()},
+            **{f"topic.{src}": rem for src, rem in mapping.items()},
+            **{f"limit.{rem}": str(limit) for rem, limit in limits.items()},
+        }
+        if spec.emit_offset_syncs:
+            settings["syncs.topic"] = spec.offset_syncs_topic
+            settings["syncs.lag.max"] = str(spec.max_offset_lag)
+            settings["syncs.interval.ms"] = str(spec.offset_syncs_interval_ms)
+            settings["syncs"] = spec.offset_syncs_cluster
+            settings["syncs.principal"] = principal(spec.offset_syncs_producer)
+            for k, v in spec.offset_syncs_producer.items():
+                settings[f"syncs.producer.{k}"] = v
+        java_map = self.spark.sparkContext._jvm.java.util.HashMap()  # type: ignore[union-attr]
+        for k, v in settings.items():
+            java_map.put(k, v)
+        self._settings = (key, java_map)
+        return java_map
+
+    def copy(
+        self,
+        batch: str,
+        ranges: list[tuple[Partition, int, int]],
+        settings: Any,
+        local: bool,
+        description: str,
+    ) -> CopierResult:
+        """Copy the ranges and write their offset syncs, as a Spark job named
+        ``description`` or (``local``) in the driver's JVM: each partition's runs of copies,
+        what it copied of each (bytes, record ages at read, replication latencies at
+        acknowledgement) and the offset each range reached (its end, or less when the batch
+        was cancelled or its source stalled). A failure ends in the batch's one line."""
+        lines = [f"{t}\t{p}\t{start}\t{until}" for (t, p), start, until in ranges]
+        settings.put("batch", batch)
+        context = self.spark.sparkContext
+        try:
+            if local:
+                encoded = self.java.copyLocal(lines, settings)
+            else:
+                context.setJobDescription(description)
+                try:
+                    encoded = self.java.copy(context._jsc, lines, settings)
+                finally:
+                    # None clears it (pyspark annotates str)
+                    context.setJobDescription(None)  # type: ignore[arg-type]
+        except Exception as exc:  # py4j's error: its text holds the copier's message
+            raise batch_error(self.spec, exc) from None
+        return CopierResult.decode(bytes(encoded), [tp for tp, _start, _until in ranges])

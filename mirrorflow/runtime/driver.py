@@ -48,7 +48,6 @@ A mirrorflow 0.x job kept at-least-once positions in a Spark streaming checkpoin
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import socket
@@ -59,9 +58,8 @@ from collections.abc import Callable
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from mirrorflow.config.librdkafka import principal
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
 from mirrorflow.mm2.formats import OffsetSync
 from mirrorflow.replication import clients, lag
@@ -88,17 +86,16 @@ from mirrorflow.replication.topics import (
     write_records,
 )
 from mirrorflow.runtime import eos_writer as mirror_writer
-from mirrorflow.runtime import jobs, jvm, trend
+from mirrorflow.runtime import exactly_once, jobs, trend
 from mirrorflow.runtime.batch_errors import batch_error
-from mirrorflow.runtime.copier import CopierResult, CopyStream
+from mirrorflow.runtime.copier import SOURCE_STALL_S, CopierResult, CopyStream, JvmCopier
 from mirrorflow.runtime.doorbell import Doorbell
-from mirrorflow.runtime.metrics import Copied, Stats
+from mirrorflow.runtime.metrics import Copied
 from mirrorflow.runtime.progress import by_topic, record_state, rounded
-from mirrorflow.runtime.spark_session import kafka_options
 
 if TYPE_CHECKING:
     from confluent_kafka import Consumer
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import SparkSession
 
     from mirrorflow.runtime.metrics import FlowMetrics
 
@@ -113,16 +110,6 @@ LOCAL_BATCH_MAX_BYTES = 8 << 20  # a local batch's records times the flow's mean
 # A cancelled at-least-once batch whose tasks have not returned by then (tasks in other JVMs,
 # which the copier's cancellation does not reach) is cancelled by Spark.
 CANCEL_JOB_AFTER_S = 3.0
-# A batch's task waits at most this long for records its range holds (a source that stopped
-# answering mid-batch): then it fails, the batch is retried with backoff, and the site's other
-# flows get their Spark slots back. (Spark's Kafka reader fetches uninterruptibly: a cancelled
-# exactly-once task ends only when its fetch does.)
-SOURCE_STALL_S = 10.0
-# Spark's Kafka batch source asks the source for its partitions in the driver, before a job
-# starts (for the starts, then the ends), which no job cancellation reaches: each call gives
-# up after this long (its requests too), tried once, unless the flow's consumer sets
-# default.api.timeout.ms (60 s by Kafka's default).
-SOURCE_PLAN_TIMEOUT_S = 5.0
 # A continuous flow (``--continuous``) takes what its stream acknowledged, writes it (offset map,
 # then positions) and updates its figures this often.
 STREAM_COMMIT_S = 1.0
@@ -211,9 +198,7 @@ class MirrorJob:
         self.state = "STARTING"
         self._last_batch_s = 0.0
         self._last_batch_at: float | None = None  # Unix time
-        self._copier_settings_cache: tuple | None = None
-        # the copier's Java class, looked up once (a py4j round trip); py4j's objects are untyped
-        self._copier: Any = None
+        self.copier = JvmCopier(spark, spec)  # at least once
         self._stalled: list[tuple[Partition, int]] = []  # ranges the source left unfinished
         self._capped = False  # the last plan left records for the next batch
         self._record_lock = threading.Lock()  # the loop and the report task write progress
@@ -311,13 +296,7 @@ class MirrorJob:
             # lease may have left transactions open, or committing): the positions read next
             # are then final, and a fenced job can commit nothing more.
             try:
-                mirror_writer.abort_transactions(
-                    spec.target,
-                    self.copy_producer_config,
-                    self._transactional_prefix,
-                    self._partitions(),
-                    SOURCE_STALL_S,
-                )
+                exactly_once.fence(spec, self.copy_producer_config, self._partitions())
             except MirrorflowError as exc:
                 raise ClusterUnreachable(exc.message, exc.hint) from None
         self.positions = self._stored_positions()
@@ -491,7 +470,7 @@ class MirrorJob:
             watcher.start()
             return
         log.info("%s: cancelling batch %s: it keeps what is acknowledged", self.spec.flow, batch)
-        getattr(context._jvm, jvm.COPIER_CLASS).cancel(batch)
+        self.copier.java.cancel(batch)
 
         def cancel_job() -> None:
             if self._in_flight == batch:
@@ -546,8 +525,8 @@ class MirrorJob:
             cancelled = self._cancelled.is_set()
             if cancelled:
                 self.quiet.set()
-        if (cancelled or self._stalled) and self._copier is not None:
-            self._copier.forget(batch)
+        if cancelled or self._stalled:
+            self.copier.forget(batch)
 
     @property
     def stop_requested(self) -> bool:
@@ -755,12 +734,6 @@ class MirrorJob:
             ):
                 return
 
-    def _java_copier(self):
-        """The copier's Java class (``MirrorCopier``), looked up once (a py4j round trip)."""
-        if self._copier is None:
-            self._copier = getattr(self.spark.sparkContext._jvm, jvm.COPIER_CLASS)
-        return self._copier
-
     def _stream(self) -> None:
         """Caught up (``--continuous``): copy continuously in the driver's JVM
         (:class:`~mirrorflow.runtime.copier.CopyStream`) until a stop or pause, a change of the
@@ -774,11 +747,11 @@ class MirrorJob:
         error: str | None = None
         try:
             stream = CopyStream(
-                self._java_copier(),
+                self.copier.java,
                 batch,
                 partitions,
                 [self.positions[tp] for tp in partitions],
-                self._copier_settings(mapping),
+                self.copier.settings(mapping, self.remote_topics.max_message_bytes),
             )
             log.info(
                 "%s: caught up; copying continuously from %d partitions",
@@ -1037,9 +1010,7 @@ class MirrorJob:
         planned = sum(until - start for _tp, start, until in ranges)
         if self.spec.exactly_once:
             try:
-                records, size, syncs, copied = self._copy_in_transactions(
-                    self._read(ranges), mapping
-                )
+                records, size, syncs, copied = self._copy_in_transactions(ranges, mapping)
             except Exception as exc:  # Spark's error: its text holds the copy's message
                 # A killed or failed task may leave its transaction open, which would hold
                 # back the target partition's read_committed consumers: abort them now.
@@ -1052,9 +1023,14 @@ class MirrorJob:
             done = f"{records} records, {size} bytes, {syncs} offset syncs"
         else:
             local = self._runs_locally(ranges)
+            self._stalled = []
             try:
-                records, size, runs, copied, reached = self._copy_with_copier(
-                    batch, ranges, mapping, local
+                result = self.copier.copy(
+                    batch,
+                    ranges,
+                    self.copier.settings(mapping, self.remote_topics.max_message_bytes),
+                    local,
+                    f"mirror {self.spec.flow} batch {self.batches}",
                 )
             except MirrorflowError:
                 if self._cancelled.is_set():  # cancelled by Spark: copied again on resume
@@ -1066,6 +1042,9 @@ class MirrorJob:
                     )
                     raise BatchCancelled from None
                 raise
+            self._stalled = result.stalled
+            records, size, runs, copied = result.records, result.bytes, result.runs, result.copied
+            reached = result.reached
             ranges = [(tp, start, reached[i]) for i, (tp, start, _until) in enumerate(ranges)]
             done = f"{records} records, {size} bytes" + (" (in the driver)" if local else "")
             self.local_batches += local
@@ -1128,21 +1107,11 @@ class MirrorJob:
         """Fence the transactional producers of ``partitions`` on the target; False (logged)
         when the target did not let it."""
         try:
-            mirror_writer.abort_transactions(
-                self.spec.target,
-                self.copy_producer_config,
-                self._transactional_prefix,
-                partitions,
-                SOURCE_STALL_S,
-            )
+            exactly_once.fence(self.spec, self.copy_producer_config, partitions)
         except MirrorflowError as exc:
             log.warning("%s: %s", self.spec.flow, exc)
             return False
         return True
-
-    @property
-    def _transactional_prefix(self) -> str:
-        return f"mirrorflow-{self.spec.source}->{self.spec.target}"
 
     def record_state(self, state: str, error: str | None = None) -> None:
         """Write ``S-T/progress.json``: the flow's state and progress, for people, Airflow and
@@ -1284,41 +1253,6 @@ class MirrorJob:
             if len(history) > END_HISTORY_MAX:
                 del history[len(history) // 2]
 
-    def _read(self, ranges: list[tuple[Partition, int, int]]) -> DataFrame:
-        """The ranges as a DataFrame of Spark's Kafka batch source (exactly-once)."""
-        assign: dict[str, list[int]] = {}
-        starts: dict[str, dict[str, int]] = {}
-        ends: dict[str, dict[str, int]] = {}
-        for (topic, partition), start, until in ranges:
-            assign.setdefault(topic, []).append(partition)
-            starts.setdefault(topic, {})[str(partition)] = start
-            ends.setdefault(topic, {})[str(partition)] = until
-        consumer = dict(self.spec.source_consumer)
-        if "default.api.timeout.ms" not in consumer:  # at least request.timeout.ms, as Kafka asks
-            plan_ms = int(SOURCE_PLAN_TIMEOUT_S * 1000)
-            request_ms = int(consumer.setdefault("request.timeout.ms", str(plan_ms)))
-            consumer["default.api.timeout.ms"] = str(max(plan_ms, request_ms))
-        return (
-            self.spark.read.format("kafka")
-            .options(**kafka_options(consumer))
-            # One group id per flow, not Spark's new one per query: executors' pooled consumers
-            # are keyed by group id and partition, so each batch reuses the last batch's
-            # connections (and the records it fetched past its end) instead of a new consumer
-            # per partition (connect, SASL, metadata, a full fetch): over a 50 ms link that
-            # was most of each batch's 5-7 s. Never joined nor committed (``assign``).
-            .option("kafka.group.id", reader_group(self.spec.flow))
-            .option("assign", json.dumps(assign))
-            .option("startingOffsets", json.dumps(starts))
-            .option("endingOffsets", json.dumps(ends))
-            .option("includeHeaders", "true")
-            .option("failOnDataLoss", "false")
-            .option("kafkaConsumer.pollTimeoutMs", str(int(SOURCE_STALL_S * 1000)))
-            # One try of each planning call (SOURCE_PLAN_TIMEOUT_S): a failed batch is retried
-            # by the flow, with backoff, and a hold is not kept waiting by Spark's retries.
-            .option("fetchOffset.numRetries", "1")
-            .load()
-        )
-
     def _runs_locally(self, ranges: list[tuple[Partition, int, int]]) -> bool:
         """Whether an at-least-once batch is small enough to copy in the driver's JVM: at most
         ``local_batch_max_records`` records (0: never), and at most
@@ -1329,39 +1263,6 @@ class MirrorJob:
             return False
         mean = self.copied[1] / self.copied[0] if self.copied[0] else 0
         return records * mean <= LOCAL_BATCH_MAX_BYTES
-
-    def _copy_with_copier(
-        self,
-        batch: str,
-        ranges: list[tuple[Partition, int, int]],
-        mapping: dict[str, str],
-        local: bool,
-    ) -> tuple[int, int, dict[Partition, list[Run]], dict[Partition, Copied], list[int]]:
-        """At-least-once: the JVM copier copies the ranges and writes the offset syncs, as a
-        Spark job or (``local``) in the driver's JVM. Returns the records and bytes copied,
-        each partition's runs of copies, what it copied of each (bytes, record ages at read,
-        replication latencies at acknowledgement) and the offset each range reached (its end,
-        or less when the batch was cancelled)."""
-        context = self.spark.sparkContext
-        lines = [f"{t}\t{p}\t{start}\t{until}" for (t, p), start, until in ranges]
-        settings = self._copier_settings(mapping)
-        settings.put("batch", batch)
-        self._stalled = []
-        try:
-            if local:
-                encoded = self._java_copier().copyLocal(lines, settings)
-            else:
-                context.setJobDescription(f"mirror {self.spec.flow} batch {self.batches}")
-                try:
-                    encoded = self._java_copier().copy(context._jsc, lines, settings)
-                finally:
-                    # None clears it (pyspark annotates str)
-                    context.setJobDescription(None)  # type: ignore[arg-type]
-        except Exception as exc:  # py4j's error: its text holds the copier's message
-            raise batch_error(self.spec, exc) from None
-        result = CopierResult.decode(bytes(encoded), [tp for tp, _start, _until in ranges])
-        self._stalled = result.stalled
-        return result.records, result.bytes, result.runs, result.copied, result.reached
 
     def _store_runs(self, runs: dict[Partition, list[Run]]) -> None:
         """Add a batch's runs of copies to the offset map and store them on the target before
@@ -1386,58 +1287,12 @@ class MirrorJob:
             timeout_s=60,
         )
 
-    def _copier_settings(self, mapping: dict[str, str]):
-        """The copier's settings (see ``MirrorCopier``'s documentation) as a Java map, built
-        again only when the topics or their size limits change."""
-        limits = {rem: self.remote_topics.max_message_bytes[rem] for rem in mapping.values()}
-        key = (tuple(sorted(mapping.items())), tuple(sorted(limits.items())))
-        if self._copier_settings_cache is not None and self._copier_settings_cache[0] == key:
-            return self._copier_settings_cache[1]
-        spec = self.spec
-        largest = min(max(max(limits.values(), default=0), 1 << 20) + (64 << 10), (1 << 31) - 1)
-        producer = {
-            "linger.ms": "20",
-            "batch.size": "524288",
-            **spec.target_producer,
-            "enable.idempotence": "true",
-            "acks": "all",
-            "max.request.size": str(largest),
-            "buffer.memory": str(min(max(64 << 20, 2 * largest), 256 << 20)),
-        }
-        settings = {
-            "source": spec.source,
-            "target": spec.target,
-            "source.principal": principal(spec.source_consumer),
-            "target.principal": principal(spec.target_producer),
-            "record.overhead": str(mirror_writer.RECORD_OVERHEAD),
-            "poll.timeout.ms": str(int(SOURCE_STALL_S * 1000)),
-            "error.prefix": mirror_writer.ERROR_PREFIX,
-            **{f"consumer.{k}": v for k, v in spec.source_consumer.items()},
-            **{f"producer.{k}": v for k, v in producer.items()},
-            **{f"topic.{src}": rem for src, rem in mapping.items()},
-            **{f"limit.{rem}": str(limit) for rem, limit in limits.items()},
-        }
-        if spec.emit_offset_syncs:
-            settings["syncs.topic"] = spec.offset_syncs_topic
-            settings["syncs.lag.max"] = str(spec.max_offset_lag)
-            settings["syncs.interval.ms"] = str(spec.offset_syncs_interval_ms)
-            settings["syncs"] = spec.offset_syncs_cluster
-            settings["syncs.principal"] = principal(spec.offset_syncs_producer)
-            for k, v in spec.offset_syncs_producer.items():
-                settings[f"syncs.producer.{k}"] = v
-        # _jvm: py4j's view of the JVM, Optional to pyspark, set while the context runs
-        java_map = self.spark.sparkContext._jvm.java.util.HashMap()  # type: ignore[union-attr]
-        for k, v in settings.items():
-            java_map.put(k, v)
-        self._copier_settings_cache = (key, java_map)
-        return java_map
-
-    def _copy_in_transactions(self, batch: DataFrame, mapping: dict[str, str]) -> tuple:
+    def _copy_in_transactions(
+        self, ranges: list[tuple[Partition, int, int]], mapping: dict[str, str]
+    ) -> tuple[int, int, int, dict[Partition, Copied]]:
         """Exactly-once: the Python workers copy each source partition in a transaction that
-        also commits its position; then the offset syncs go out. Returns (records, bytes, syncs,
-        records per partition)."""
-        from pyspark.sql import functions as F
-
+        also commits its position and its runs in the offset map; then the offset syncs go
+        out. Returns (records, bytes, syncs, what was copied per partition)."""
         spec = self.spec
         settings = mirror_writer.CopySettings(
             source_alias=spec.source,
@@ -1446,7 +1301,7 @@ class MirrorJob:
             remote_topics=mapping,
             max_message_bytes=dict(self.remote_topics.max_message_bytes),
             max_offset_lag=spec.max_offset_lag,
-            transactional_id_prefix=self._transactional_prefix,
+            transactional_id_prefix=exactly_once.transactional_prefix(spec),
             committed={tp: position - 1 for tp, position in self.positions.items()},
             offsets_topic=spec.offsets_topic,
             consumer_config=spec.target_consumer,
@@ -1460,66 +1315,13 @@ class MirrorJob:
                 if (run := self.offset_map.last_run(tp)) is not None
             },
         )
-
-        def copy(batches):
-            return mirror_writer.copy_records(settings, batches)
-
-        rows = (
-            batch.where(F.col("topic").isin(list(mapping)))
-            .select(
-                "topic",
-                "partition",
-                "offset",
-                "key",
-                "value",
-                # Headers as JSON text (values base64): Arrow's conversion of an array of
-                # structs costs more than all the rest of the copy (ListVector.setValueCount).
-                F.when(
-                    F.size("headers") > 0,
-                    F.to_json(
-                        F.transform(
-                            "headers",
-                            lambda h: F.struct(h.key.alias("k"), F.base64(h.value).alias("v")),
-                        )
-                    ),
-                ).alias("headers"),
-                F.expr("unix_millis(timestamp)").alias("ts_ms"),
-            )
-            .mapInArrow(copy, mirror_writer.RESULT_DDL)
-            .collect()
-        )
-        runs: dict[Partition, list[Run]] = {}
-        for r in rows:
-            if r.kind == "run":
-                runs.setdefault((r.topic, r.partition), []).append(
-                    Run(r.upstream, r.downstream, r.records)
-                )
-        for tp, partition_runs in runs.items():
-            self.offset_map.add(tp, sorted(partition_runs, key=lambda run: run.downstream))
-        syncs = [
-            OffsetSync(r.topic, r.partition, r.upstream, r.downstream)
-            for r in sorted(rows, key=lambda r: (r.topic, r.partition, r.upstream))
-            if r.kind != "run"
-        ]
-        if spec.emit_offset_syncs and syncs:
-            self._write_offset_syncs(syncs)
-        lasts = [r for r in rows if r.kind == "last"]
-        copied: dict[Partition, Copied] = {}
-        for r in lasts:
-            tp = (r.topic, r.partition)
-            figures = Copied(
-                r.records,
-                r.bytes,
-                Stats.of(r.age_min, r.age_max, r.age_sum, r.age_count),
-                Stats.of(r.latency_min, r.latency_max, r.latency_sum, r.latency_count),
-            )
-            copied[tp] = copied[tp].merge(figures) if tp in copied else figures
-        return (
-            sum(r.records for r in lasts),
-            sum(r.bytes for r in lasts),
-            len(syncs),
-            copied,
-        )
+        frame = exactly_once.read_ranges(self.spark, spec, ranges)
+        result = exactly_once.copy_in_transactions(frame, settings)
+        for tp, partition_runs in result.runs.items():
+            self.offset_map.add(tp, partition_runs)
+        if spec.emit_offset_syncs and result.syncs:
+            self._write_offset_syncs(result.syncs)
+        return result.records, result.bytes, len(result.syncs), result.copied
 
     def _write_offset_syncs(self, syncs: list[OffsetSync]) -> None:
         spec = self.spec
@@ -1535,9 +1337,3 @@ class MirrorJob:
             hint="the batch will be replayed when the job restarts; check the cluster",
             timeout_s=60,
         )
-
-
-def reader_group(flow: str) -> str:
-    """The group id of a flow's Spark Kafka reads (exactly-once): the same for every batch, so
-    Spark's executors reuse their pooled consumers. Never joined nor committed: no ACL."""
-    return f"mirrorflow-reader-{flow}"

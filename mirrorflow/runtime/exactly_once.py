@@ -1,0 +1,166 @@
+"""An exactly-once batch seen from its driver: Spark's Kafka batch source reads the batch's
+ranges (:func:`read_ranges`), the Python workers copy each source partition in a Kafka
+transaction that also commits its position and its runs of the offset map
+(:func:`copy_in_transactions`, with :func:`mirrorflow.runtime.eos_writer.copy_records` on the
+executors), and a failed or cancelled batch's partitions are fenced (:func:`fence`), which
+aborts their open transactions: nothing of it becomes visible but what it committed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from mirrorflow.mm2.formats import OffsetSync
+from mirrorflow.replication.offset_map import Run
+from mirrorflow.replication.spec import MirrorSpec
+from mirrorflow.runtime import eos_writer
+from mirrorflow.runtime.copier import SOURCE_STALL_S
+from mirrorflow.runtime.metrics import Copied, Stats
+from mirrorflow.runtime.spark_session import kafka_options
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+Partition = tuple[str, int]
+
+# Spark's Kafka batch source asks the source for its partitions in the driver, before a job
+# starts (for the starts, then the ends), which no job cancellation reaches: each call gives
+# up after this long (its requests too), tried once, unless the flow's consumer sets
+# default.api.timeout.ms (60 s by Kafka's default).
+SOURCE_PLAN_TIMEOUT_S = 5.0
+
+
+def reader_group(flow: str) -> str:
+    """The group id of a flow's Spark Kafka reads: the same for every batch, so Spark's
+    executors reuse their pooled consumers. Never joined nor committed: no ACL."""
+    return f"mirrorflow-reader-{flow}"
+
+
+def transactional_prefix(spec: MirrorSpec) -> str:
+    """The transactional ids of a flow's copies: ``<prefix>-<topic>-<partition>``, one per
+    source partition, so that a new task of a partition fences its earlier ones."""
+    return f"mirrorflow-{spec.source}->{spec.target}"
+
+
+def fence(spec: MirrorSpec, producer_config: dict, partitions: list[Partition]) -> None:
+    """Fence the transactional producers of the flow's ``partitions`` on its target, which
+    aborts their open transactions (a :class:`~mirrorflow.errors.MirrorflowError` names those
+    the target did not let it fence)."""
+    eos_writer.abort_transactions(
+        spec.target, producer_config, transactional_prefix(spec), partitions, SOURCE_STALL_S
+    )
+
+
+def read_ranges(
+    spark: SparkSession, spec: MirrorSpec, ranges: list[tuple[Partition, int, int]]
+) -> DataFrame:
+    """The ranges (partition, first offset, end) as a DataFrame of Spark's Kafka batch
+    source."""
+    assign: dict[str, list[int]] = {}
+    starts: dict[str, dict[str, int]] = {}
+    ends: dict[str, dict[str, int]] = {}
+    for (topic, partition), start, until in ranges:
+        assign.setdefault(topic, []).append(partition)
+        starts.setdefault(topic, {})[str(partition)] = start
+        ends.setdefault(topic, {})[str(partition)] = until
+    consumer = dict(spec.source_consumer)
+    if "default.api.timeout.ms" not in consumer:  # at least request.timeout.ms, as Kafka asks
+        plan_ms = int(SOURCE_PLAN_TIMEOUT_S * 1000)
+        request_ms = int(consumer.setdefault("request.timeout.ms", str(plan_ms)))
+        consumer["default.api.timeout.ms"] = str(max(plan_ms, request_ms))
+    return (
+        spark.read.format("kafka")
+        .options(**kafka_options(consumer))
+        # One group id per flow, not Spark's new one per query: executors' pooled consumers
+        # are keyed by group id and partition, so each batch reuses the last batch's
+        # connections (and the records it fetched past its end) instead of a new consumer
+        # per partition (connect, SASL, metadata, a full fetch): over a 50 ms link that
+        # was most of each batch's 5-7 s. Never joined nor committed (``assign``).
+        .option("kafka.group.id", reader_group(spec.flow))
+        .option("assign", json.dumps(assign))
+        .option("startingOffsets", json.dumps(starts))
+        .option("endingOffsets", json.dumps(ends))
+        .option("includeHeaders", "true")
+        .option("failOnDataLoss", "false")
+        .option("kafkaConsumer.pollTimeoutMs", str(int(SOURCE_STALL_S * 1000)))
+        # One try of each planning call (SOURCE_PLAN_TIMEOUT_S): a failed batch is retried
+        # by the flow, with backoff, and a hold is not kept waiting by Spark's retries.
+        .option("fetchOffset.numRetries", "1")
+        .load()
+    )
+
+
+@dataclass
+class TransactionalCopy:
+    """What an exactly-once batch committed: records and bytes in all, each partition's runs
+    of copies (by target offset) and figures, and the offset syncs to write (in order)."""
+
+    records: int = 0
+    bytes: int = 0
+    runs: dict[Partition, list[Run]] = field(default_factory=dict)
+    copied: dict[Partition, Copied] = field(default_factory=dict)
+    syncs: list[OffsetSync] = field(default_factory=list)
+
+
+def copy_in_transactions(frame: DataFrame, settings: eos_writer.CopySettings) -> TransactionalCopy:
+    """Copy the records of ``frame`` (:func:`read_ranges`) of the topics
+    ``settings.remote_topics`` maps, each source partition in transactions of its own that
+    also commit its position and its runs (see :class:`eos_writer.CopySettings`)."""
+    from pyspark.sql import functions as F
+
+    def copy(batches):
+        return eos_writer.copy_records(settings, batches)
+
+    rows = (
+        frame.where(F.col("topic").isin(list(settings.remote_topics)))
+        .select(
+            "topic",
+            "partition",
+            "offset",
+            "key",
+            "value",
+            # Headers as JSON text (values base64): Arrow's conversion of an array of
+            # structs costs more than all the rest of the copy (ListVector.setValueCount).
+            F.when(
+                F.size("headers") > 0,
+                F.to_json(
+                    F.transform(
+                        "headers",
+                        lambda h: F.struct(h.key.alias("k"), F.base64(h.value).alias("v")),
+                    )
+                ),
+            ).alias("headers"),
+            F.expr("unix_millis(timestamp)").alias("ts_ms"),
+        )
+        .mapInArrow(copy, eos_writer.RESULT_DDL)
+        .collect()
+    )
+    result = TransactionalCopy()
+    for r in rows:
+        if r.kind == "run":
+            result.runs.setdefault((r.topic, r.partition), []).append(
+                Run(r.upstream, r.downstream, r.records)
+            )
+    for partition_runs in result.runs.values():
+        partition_runs.sort(key=lambda run: run.downstream)
+    result.syncs = [
+        OffsetSync(r.topic, r.partition, r.upstream, r.downstream)
+        for r in sorted(rows, key=lambda r: (r.topic, r.partition, r.upstream))
+        if r.kind != "run"
+    ]
+    for r in rows:
+        if r.kind != "last":
+            continue
+        tp = (r.topic, r.partition)
+        figures = Copied(
+            r.records,
+            r.bytes,
+            Stats.of(r.age_min, r.age_max, r.age_sum, r.age_count),
+            Stats.of(r.latency_min, r.latency_max, r.latency_sum, r.latency_count),
+        )
+        result.copied[tp] = result.copied[tp].merge(figures) if tp in result.copied else figures
+        result.records += r.records
+        result.bytes += r.bytes
+    return result
