@@ -125,7 +125,8 @@ class FlowThread:
         """The flow's state in its progress.json and its metrics."""
         # The source's ends its job last listed stay known after it stops or fails (the RPO
         # estimate of an emergency failover).
-        observed = self.job.observed_ends() if self.job is not None else {}
+        job = self.job
+        observed = job.backlog.observed(dict(job.positions)) if job is not None else {}
         record_state(self.flow_dir, self.spec.flow, state, error, **observed)
         if self.metrics is not None:
             self.metrics.state(state)

@@ -91,7 +91,7 @@ from mirrorflow.runtime.batch_errors import batch_error
 from mirrorflow.runtime.copier import SOURCE_STALL_S, CopierResult, CopyStream, JvmCopier
 from mirrorflow.runtime.doorbell import Doorbell
 from mirrorflow.runtime.metrics import Copied
-from mirrorflow.runtime.progress import by_topic, record_state, rounded
+from mirrorflow.runtime.progress import Backlog, by_topic, record_state, rounded
 
 if TYPE_CHECKING:
     from confluent_kafka import Consumer
@@ -116,7 +116,6 @@ STREAM_COMMIT_S = 1.0
 # How long a start waits for another job's lease of the flow to be released or to expire (a job
 # that is stopping, or whose host died) before it fails naming that job.
 LEASE_WAIT_S = 14.0
-END_HISTORY_MAX = 64  # observed ends kept per partition (the age of the oldest uncopied record)
 _SHIPPED = False  # the mirrorflow package went to the executors (once per application)
 
 
@@ -190,11 +189,8 @@ class MirrorJob:
         self.local_batches = 0  # of them, copied in the driver's JVM without a Spark job
         self.copied = [0, 0]  # records, bytes since start
         self._once_ends: dict[Partition, int] | None = None
-        self._planned_ends: dict[Partition, int] = {}  # the source's ends at the last plan
-        # Per partition, the ends recent plans observed, (epoch ms, end), oldest first: when the
-        # oldest record not copied yet was written (after the last end at or below the position,
-        # by the first end past it).
-        self._end_history: dict[Partition, list[tuple[int, int]]] = {}
+        # the source's ends the flow observed, when it was last caught up, its last lag
+        self.backlog = Backlog()
         self.state = "STARTING"
         self._last_batch_s = 0.0
         self._last_batch_at: float | None = None  # Unix time
@@ -202,12 +198,6 @@ class MirrorJob:
         self._stalled: list[tuple[Partition, int]] = []  # ranges the source left unfinished
         self._capped = False  # the last plan left records for the next batch
         self._record_lock = threading.Lock()  # the loop and the report task write progress
-        self._plan_at = 0.0  # Unix time when the last plan listed the source's ends
-        # Unix time at which every record then on the source was copied (a plan found nothing
-        # new, a batch copied all it planned, or the idle doorbell heard nothing): the flow's
-        # lag in seconds is at most now minus this.
-        self._caught_up_at: float | None = None
-        self._lag: lag.Lag | None = None  # the last measurement (task measure-lag)
         self._lag_reader: Consumer | None = None  # its consumer, made at its first need
 
     @property
@@ -721,10 +711,12 @@ class MirrorJob:
         while not self.doorbell.wait(self.positions, DOORBELL_WAIT_S):
             if self.doorbell.error is not None:  # it cannot tell: list the ends each wait
                 return
-            self._caught_up_at = time.time()  # no record past the positions: nothing to copy
-            self._observe_ends(self.positions, int(self._caught_up_at * 1000))
+            self.backlog.caught_up_at = time.time()  # no record past the positions: nothing to copy
+            self.backlog.observe(
+                self.positions, self.positions, int(self.backlog.caught_up_at * 1000)
+            )
             if self.metrics is not None:
-                self.metrics.caught_up(self.positions, mapping, self._caught_up_at)
+                self.metrics.caught_up(self.positions, mapping, self.backlog.caught_up_at)
             if (
                 self.stopping()
                 or self.mapping is not mapping
@@ -808,9 +800,9 @@ class MirrorJob:
             if end >= 0
         }
         if ends:
-            self._planned_ends.update(ends)
-            self._plan_at = now
-            self._observe_ends(ends, int(now * 1000))
+            self.backlog.planned_ends.update(ends)
+            self.backlog.plan_at = now
+            self.backlog.observe(ends, self.positions, int(now * 1000))
         caught_up = harvested.caught_up_ms
         # Every partition's task found nothing new with its copies acknowledged: when the last
         # of them did, everything then on the source was copied.
@@ -820,7 +812,7 @@ class MirrorJob:
             and all(self.positions[tp] >= end for tp, end in ends.items())
         )
         if idle:
-            self._caught_up_at = max(self._caught_up_at or 0.0, min(caught_up) / 1000)
+            self.backlog.caught_up_at = max(self.backlog.caught_up_at or 0.0, min(caught_up) / 1000)
         if harvested.records:
             self._copied_at = time.monotonic()
             self._last_batch_at = now
@@ -831,8 +823,8 @@ class MirrorJob:
                 self.record_state("RUNNING")
             return
         if self.metrics is not None:
-            if idle and self._caught_up_at is not None:
-                self.metrics.caught_up(self.positions, mapping, self._caught_up_at)
+            if idle and self.backlog.caught_up_at is not None:
+                self.metrics.caught_up(self.positions, mapping, self.backlog.caught_up_at)
             else:
                 self.metrics.lag(self.positions, ends, mapping, now)
         if idle and self.state != "IDLE":  # else copies are still unacknowledged: not idle
@@ -956,8 +948,8 @@ class MirrorJob:
         if new:
             self.positions.update(self._starts(new))
         ends = self._once_ends if self._once_ends is not None else self._ends(partitions)
-        self._planned_ends, self._plan_at = ends, plan_at
-        self._observe_ends(ends, int(plan_at * 1000))
+        self.backlog.planned_ends, self.backlog.plan_at = ends, plan_at
+        self.backlog.observe(ends, self.positions, int(plan_at * 1000))
         pending = {}
         for tp in partitions:
             end, position = ends.get(tp, 0), self.positions[tp]
@@ -981,7 +973,7 @@ class MirrorJob:
         total, cap = sum(pending.values()), self.spec.max_records_per_batch
         self._capped = total > cap
         if not total:
-            self._caught_up_at = plan_at
+            self.backlog.caught_up_at = plan_at
         ranges = []
         for tp, count in sorted(pending.items()):
             take = count if total <= cap else max(1, count * cap // total)
@@ -1066,7 +1058,9 @@ class MirrorJob:
         self.copied[0] += records
         self.copied[1] += size
         if self.metrics is not None:
-            self.metrics.batch(copied, self.positions, self._planned_ends, mapping, self._plan_at)
+            self.metrics.batch(
+                copied, self.positions, self.backlog.planned_ends, mapping, self.backlog.plan_at
+            )
         elapsed = time.monotonic() - started
         cut = sum(until - start for _tp, start, until in ranges) < planned
         log.info(
@@ -1083,7 +1077,7 @@ class MirrorJob:
         self._last_batch_s, self._last_batch_at = elapsed, time.time()
         self._copied_at = time.monotonic()
         if not self._capped and not cut:  # everything on the source at the plan is copied
-            self._caught_up_at = self._plan_at
+            self.backlog.caught_up_at = self.backlog.plan_at
         self.record_state("RUNNING")
 
     def _abort_transactions(self, batch: str, partitions: list[Partition]) -> None:
@@ -1148,7 +1142,7 @@ class MirrorJob:
         now = self._replicated_positions()
         if now != positions:  # a batch copied meanwhile: its positions, the ends measured
             measured = lag.Lag(measured.measured_at, measured.ends, now, measured.oldest_ms)
-        self._lag = measured
+        self.backlog.lag = measured
         if self.metrics is not None:
             self.metrics.measured(measured, self.mapping)
 
@@ -1157,37 +1151,6 @@ class MirrorJob:
         flow's from the source (and those of topics no longer replicated)."""
         return {
             tp: p for tp, p in dict(self.positions).items() if self.spec.should_replicate(tp[0])
-        }
-
-    def lag_figures(self) -> dict[str, object]:
-        """The flow's lag as ``progress.json`` keeps it: records behind and when that was
-        known, and when the oldest record not copied was written (while records are behind).
-
-        The newest ends known per partition (the last plan's or the last measurement's, which
-        only grow) minus the positions now: a measurement taken just before a batch copied
-        its records does not outlive the batch. Once the job heard nothing past its positions
-        (idle, after both), nothing is behind."""
-        positions = dict(self.positions)
-        ends, at = dict(self._planned_ends), self._plan_at
-        measured = self._lag
-        if measured is not None:
-            for tp, end in measured.ends.items():
-                ends[tp] = max(end, ends.get(tp, end))
-            at = max(at or 0.0, measured.measured_at)
-        behind = {
-            tp: end - positions[tp]
-            for tp, end in ends.items()
-            if tp in positions and end > positions[tp]
-        }
-        if self._caught_up_at is not None and self._caught_up_at >= (at or 0.0):
-            behind, at = {}, self._caught_up_at
-        oldest_ms = [
-            measured.oldest_ms[tp] for tp in behind if measured and tp in measured.oldest_ms
-        ]
-        return {
-            "lag_records": sum(behind.values()),
-            "lag_measured_at": rounded(at) if at else None,
-            "oldest_uncopied_at": rounded(min(oldest_ms) / 1000) if oldest_ms else None,
         }
 
     def _write_progress(self, error: str | None) -> None:
@@ -1205,53 +1168,14 @@ class MirrorJob:
             bytes=self.copied[1],
             last_batch_seconds=round(self._last_batch_s, 3),
             last_batch_at=rounded(self._last_batch_at),
-            **self.lag_figures(),
-            caught_up_at=rounded(self._caught_up_at),
+            **self.backlog.lag_figures(positions),
+            caught_up_at=rounded(self.backlog.caught_up_at),
             pid=os.getpid(),
             host=socket.gethostname(),
             tasks=self.scheduler.stats() if self.scheduler else {},
-            **self.observed_ends(),
+            **self.backlog.observed(positions),
             source_positions=by_topic(positions),
         )
-
-    def observed_ends(self) -> dict[str, object]:
-        """The source's end offsets at the last plan and when they were listed: what a failover
-        without the source estimates its RPO from (those ends minus the positions); and, for
-        each partition with records not copied, the ends recent plans observed
-        (``source_end_history``: ``[epoch ms, end]``, oldest first), which date the oldest
-        record not copied: written after the last end at or below the position, by the first
-        end past it."""
-        if not self._planned_ends:
-            return {}
-        listed = datetime.fromtimestamp(self._plan_at, UTC).isoformat(timespec="milliseconds")
-        positions = dict(self.positions)
-        history = {
-            tp: [list(entry) for entry in entries]
-            for tp, entries in list(self._end_history.items())
-            if entries and entries[-1][1] > positions.get(tp, entries[-1][1])
-        }
-        return {
-            "source_end_offsets": by_topic(self._planned_ends),
-            "source_end_offsets_at": listed,
-            "source_end_history": by_topic(history),
-        }
-
-    def _observe_ends(self, ends: dict[Partition, int], at_ms: int) -> None:
-        """Note the ends a plan (or the idle doorbell, at the positions) observed at ``at_ms``
-        in :attr:`_end_history`, kept short: the last entry at or below the partition's position
-        and those past it."""
-        for tp, end in ends.items():
-            history = self._end_history.setdefault(tp, [])
-            position = self.positions.get(tp, 0)
-            if history and history[-1][1] == end:
-                if end <= position:  # still nothing past the position: known later
-                    history[-1] = (at_ms, end)
-            else:
-                history.append((at_ms, end))
-            floor = max((i for i, (_t, e) in enumerate(history) if e <= position), default=0)
-            del history[:floor]
-            if len(history) > END_HISTORY_MAX:
-                del history[len(history) // 2]
 
     def _runs_locally(self, ranges: list[tuple[Partition, int, int]]) -> bool:
         """Whether an at-least-once batch is small enough to copy in the driver's JVM: at most
