@@ -231,15 +231,8 @@ class Scenario:
         admin = AdminClient(box["primary"].client_config())
         for future in admin.create_topics([NewTopic(drill.DRILL_TOPIC, 2, 1)]).values():
             future.result(30)
-        lines = ["clusters = primary, secondary, tertiary"]
-        for alias in names:
-            lines += [f"{alias}.{k} = {v}" for k, v in box[alias].java_client_config().items()]
+        lines = box.mm2_lines(names)
         lines += [
-            "replication.factor = 1",
-            "heartbeats.topic.replication.factor = 1",
-            "offset.storage.replication.factor = 1",
-            "checkpoints.topic.replication.factor = 1",
-            "offset-syncs.topic.replication.factor = 1",
             f"{FLOW}.enabled = true",
             f"{FLOW}.topics = {TOPIC}, {drill.DRILL_TOPIC}",
             f"{FLOW}.groups = app-.*, mirrorflow-drill-.*",

@@ -80,15 +80,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def flow_file(path: Path, east: sandbox_mod.Cluster, west: sandbox_mod.Cluster, args) -> Path:
-    lines = ["clusters = east, west"]
-    for alias, cluster in (("east", east), ("west", west)):
-        lines += [f"{alias}.{k} = {v}" for k, v in cluster.java_client_config().items()]
+    # east runs in a network namespace, west in a sandbox of its own: one view of both
+    lines = sandbox_mod.Sandbox(path.parent, {"east": east, "west": west}).mm2_lines()
     lines += [
-        "replication.factor = 1",
-        "heartbeats.topic.replication.factor = 1",
-        "offset.storage.replication.factor = 1",
-        "checkpoints.topic.replication.factor = 1",
-        "offset-syncs.topic.replication.factor = 1",
         "east->west.enabled = true",
         "east->west.topics = soak",
         f"east->west.groups = {GROUP}",

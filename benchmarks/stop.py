@@ -124,15 +124,8 @@ def one_run(work: Path, delivery: str, args: argparse.Namespace) -> dict:
         admin = AdminClient(box["primary"].client_config())
         for future in admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1)]).values():
             future.result(30)
-        lines = ["clusters = primary, secondary"]
-        for alias in names:
-            lines += [f"{alias}.{k} = {v}" for k, v in box[alias].java_client_config().items()]
+        lines = box.mm2_lines(names)
         lines += [
-            "replication.factor = 1",
-            "heartbeats.topic.replication.factor = 1",
-            "offset.storage.replication.factor = 1",
-            "checkpoints.topic.replication.factor = 1",
-            "offset-syncs.topic.replication.factor = 1",
             f"{FLOW}.enabled = true",
             f"{FLOW}.topics = {TOPIC}",
             *(EXACTLY_ONCE if delivery == "exactly-once" else []),

@@ -31,20 +31,7 @@ def write_flow_file(
 ) -> Path:
     """An mm2.properties for sandbox clusters: connection settings (``clients[alias]``, else
     the admin's over SASL_PLAINTEXT), single-broker RFs, ``lines``."""
-    aliases = list(aliases)
-    text = [f"clusters = {', '.join(aliases)}"]
-    for alias in aliases:
-        settings = (clients or {}).get(alias) or box[alias].java_client_config()
-        text += [f"{alias}.{k} = {v}" for k, v in settings.items()]
-    text += [
-        "replication.factor = 1",
-        "heartbeats.topic.replication.factor = 1",
-        "offset.storage.replication.factor = 1",
-        "checkpoints.topic.replication.factor = 1",
-        "offset-syncs.topic.replication.factor = 1",
-        "emit.heartbeats.interval.seconds = 1",
-        *lines,
-    ]
+    text = [*box.mm2_lines(aliases, clients), "emit.heartbeats.interval.seconds = 1", *lines]
     return write_private(path, "\n".join(text) + "\n")  # it holds passwords
 
 

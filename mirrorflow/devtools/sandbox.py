@@ -39,6 +39,14 @@ them, even if it is killed or crashes: the test session sets it, so a crashed te
 no broker behind. ``mirrorflow sandbox up`` leaves it false: its brokers outlive the command."""
 
 DEFAULT_BASE_PORT = 19092
+# The replication factors of what a flow creates, 1 on a sandbox cluster (one broker each).
+SINGLE_BROKER_FACTORS = (
+    "replication.factor",
+    "heartbeats.topic.replication.factor",
+    "offset.storage.replication.factor",
+    "checkpoints.topic.replication.factor",
+    "offset-syncs.topic.replication.factor",
+)
 PORTS_PER_CLUSTER = 10
 DEFAULT_HEAP = "512m"
 USERS = ("admin", "alice", "bob")
@@ -164,10 +172,27 @@ class Sandbox:
 
     def _write_mm2_properties(self) -> None:
         """Cluster settings as MirrorMaker 2 properties (``<alias>.bootstrap.servers`` …)."""
-        lines = [f"clusters = {', '.join(self.clusters)}"]
-        for name, cluster in self.clusters.items():
-            lines += [f"{name}.{k} = {v}" for k, v in cluster.java_client_config().items()]
+        lines = self.mm2_lines(single_broker=False)
         write_private(self.directory / "clusters.properties", "\n".join(lines) + "\n")
+
+    def mm2_lines(
+        self,
+        aliases: Iterable[str] | None = None,
+        clients: dict[str, dict[str, str]] | None = None,
+        single_broker: bool = True,
+    ) -> list[str]:
+        """The first lines of a flow file (MirrorMaker 2 properties) for these clusters (all
+        by default): ``clusters = …``, each one's connection settings (``clients[alias]``,
+        else the admin's, over SASL_PLAINTEXT), and replication factors of 1 for everything a
+        flow creates (each sandbox cluster has one broker)."""
+        names = list(self.clusters if aliases is None else aliases)
+        lines = [f"clusters = {', '.join(names)}"]
+        for name in names:
+            settings = (clients or {}).get(name) or self[name].java_client_config()
+            lines += [f"{name}.{k} = {v}" for k, v in settings.items()]
+        if single_broker:
+            lines += [f"{setting} = 1" for setting in SINGLE_BROKER_FACTORS]
+        return lines
 
 
 def load(directory: Path) -> Sandbox:
