@@ -190,14 +190,7 @@ def test_two_workers_never_copy_one_flow_at_once_and_a_frozen_holder_is_fenced(
     try:
         wait_for(lambda: progress(one).get("batches", 0) >= 2, 180, "the first job's batches")
         # 1. The second worker's job: it waits for the lease, then fails naming the holder.
-        busy = subprocess.run(
-            mirror_command(config, FLOW, two, *small),
-            capture_output=True,
-            text=True,
-            env=launch.job_environment(),
-            cwd=ROOT,
-            timeout=240,
-        )
+        busy = run_to_end(mirror_command(config, FLOW, two, *small), 240)
         assert busy.returncode == 2
         line = one_error_line(busy.stdout + busy.stderr)
         assert f"flow {FLOW} is already running in another mirror job (pid " in line, line
@@ -238,6 +231,18 @@ def test_two_workers_never_copy_one_flow_at_once_and_a_frozen_holder_is_fenced(
         assert twice <= int(small[1]), twice
 
 
+def run_to_end(command: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """``command`` run to its end from the repository, as a user runs it, its output kept."""
+    return subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        env=launch.job_environment(),
+        cwd=ROOT,
+        timeout=timeout,
+    )
+
+
 def stamps(cluster, topic: str) -> set[int]:
     """The timestamps of ``topic``'s records: ``produce`` gives each record its own."""
     return {r[4] for records in read_topic(cluster, topic).values() for r in records}
@@ -270,13 +275,8 @@ def test_a_flow_runs_in_one_job_at_a_time_however_the_second_is_started(
         )
         # A second `mirrorflow mirror` of one of its flows: one line, before any Spark starts.
         started = time.monotonic()
-        second = subprocess.run(
-            [*CLI, str(config), "--flow", "tertiary->secondary", "--state-dir", str(state)],
-            capture_output=True,
-            text=True,
-            env=launch.job_environment(),
-            cwd=ROOT,
-            timeout=60,
+        second = run_to_end(
+            [*CLI, str(config), "--flow", "tertiary->secondary", "--state-dir", str(state)], 60
         )
         assert second.returncode == 2
         line = one_error_line(second.stderr)
@@ -285,14 +285,7 @@ def test_a_flow_runs_in_one_job_at_a_time_however_the_second_is_started(
         assert f"what to do: `kill {pid}` stops it after its batch" in second.stderr, second.stderr
         assert time.monotonic() - started < 15
         # The same job started any other way (spark-submit, a benchmark): its driver refuses.
-        direct = subprocess.run(
-            mirror_command(config, "tertiary->secondary", state),
-            capture_output=True,
-            text=True,
-            env=launch.job_environment(),
-            cwd=ROOT,
-            timeout=240,
-        )
+        direct = run_to_end(mirror_command(config, "tertiary->secondary", state), 240)
         assert direct.returncode == 2
         line = one_error_line(direct.stdout + direct.stderr)  # the driver's stderr: stdout
         assert "flow tertiary->secondary is already running" in line, line

@@ -86,20 +86,19 @@ def test_one_holder_a_frozen_one_is_fenced_and_a_released_or_dead_one_frees_the_
         first.kill()
         first.wait()
 
+    def taken_at_once(state: str) -> None:
+        started = time.monotonic()
+        taker = lease_for(state)
+        taker.take()
+        assert time.monotonic() - started < lease.RENEW_S
+        taker.release()
+
     # A clean stop releases it: the next start takes it at once.
     second.release()
-    third = lease_for("/state/3")
-    started = time.monotonic()
-    third.take()
-    assert time.monotonic() - started < lease.RENEW_S
-    third.release()
+    taken_at_once("/state/3")
 
     # A holder of this host that died without releasing: free at once too.
     dead = start_holder(secondary, flow, "/state/4")
     dead.kill()
     dead.wait()
-    fourth = lease_for("/state/5")
-    started = time.monotonic()
-    fourth.take()
-    assert time.monotonic() - started < lease.RENEW_S
-    fourth.release()
+    taken_at_once("/state/5")
