@@ -12,8 +12,9 @@ import json
 import sys
 from pathlib import Path
 
-from mirrorflow.config import flowfiles, validation
+from mirrorflow.config import flowfiles, mm1, validation
 from mirrorflow.config.topology import Flow, Role, Setting, load_topology
+from mirrorflow.errors import MirrorflowError
 from mirrorflow.mm2 import configdefs
 
 _EXIT_CODES = "exit codes: 0 no findings, 1 warnings only, 2 errors (or a file that cannot be read)"
@@ -63,12 +64,29 @@ def register(commands: argparse._SubParsersAction) -> None:
 
     convert = commands.add_parser(
         "convert",
-        help="turn a properties flow file into YAML or back",
-        description="Convert between MM2 properties and mirrorflow's YAML form.\n\n"
-        + (flowfiles.__doc__ or "").split("\n\n", 1)[1],
+        help="turn a properties flow file into YAML or back, or MirrorMaker 1's command into "
+        "a flow file",
+        description="Convert between MM2 properties and mirrorflow's YAML form, or MirrorMaker "
+        "1's command line (--consumer.config, --producer.config, --include or --whitelist) "
+        "into a flow file.\n\n"
+        + (flowfiles.__doc__ or "").split("\n\n", 1)[1]
+        + "\n"
+        + (mm1.__doc__ or "").split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    convert.add_argument("file", metavar="FILE", type=Path)
+    convert.add_argument("file", metavar="FILE", type=Path, nargs="?")
+    one = convert.add_argument_group("MirrorMaker 1 (kafka-mirror-maker.sh's options)")
+    one.add_argument("--consumer.config", dest="consumer_config", type=Path, metavar="FILE")
+    one.add_argument("--producer.config", dest="producer_config", type=Path, metavar="FILE")
+    one.add_argument("--include", metavar="REGEX", help="the topics (a Java regex; ',' for '|')")
+    one.add_argument("--whitelist", metavar="REGEX", help="--include's old name")
+    one.add_argument("--num.streams", dest="num_streams", type=int, metavar="N")
+    one.add_argument(
+        "--offset.commit.interval.ms", dest="offset_commit_interval_ms", type=int, metavar="MS"
+    )
+    one.add_argument("--abort.on.send.failure", dest="abort_on_send_failure", metavar="BOOL")
+    one.add_argument("--source", default="source", help="the source cluster's name in the flow")
+    one.add_argument("--target", default="target", help="the target cluster's name in the flow")
     convert.add_argument(
         "--to", choices=("yaml", "properties"), help="target syntax (default: the other one)"
     )
@@ -221,6 +239,15 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _convert(args: argparse.Namespace) -> int:
+    mirror_maker_1 = args.consumer_config or args.producer_config or args.include or args.whitelist
+    if mirror_maker_1:
+        return _convert_mirror_maker_1(args)
+    if args.file is None:
+        raise MirrorflowError(
+            "convert needs a flow file, or MirrorMaker 1's --consumer.config, "
+            "--producer.config and --include",
+            "see mirrorflow convert --help",
+        )
     source_is_yaml = args.file.suffix in flowfiles.YAML_SUFFIXES
     target = args.to or ("properties" if source_is_yaml else "yaml")
     topology = load_topology([args.file])
@@ -239,4 +266,42 @@ def _convert(args: argparse.Namespace) -> int:
             )
     write = flowfiles.to_yaml if target == "yaml" else flowfiles.to_properties
     sys.stdout.write(write(definitions, topology.aliases))
+    return 0
+
+
+def _convert_mirror_maker_1(args: argparse.Namespace) -> int:
+    """MirrorMaker 1's options as a flow file on stdout (properties unless ``--to yaml``), each
+    note on stderr."""
+    if args.file is not None:
+        raise MirrorflowError(
+            f"convert takes a flow file ({args.file}) or MirrorMaker 1's options, not both",
+            "drop one",
+        )
+    missing = [
+        flag
+        for flag, value in (
+            ("--consumer.config", args.consumer_config),
+            ("--producer.config", args.producer_config),
+        )
+        if value is None
+    ]
+    if missing:
+        raise MirrorflowError(
+            f"MirrorMaker 1's {' and '.join(missing)} missing",
+            "give the files kafka-mirror-maker.sh ran with",
+        )
+    command = mm1.Mm1Command(
+        consumer_config=args.consumer_config,
+        producer_config=args.producer_config,
+        include=args.include,
+        whitelist=args.whitelist,
+        num_streams=args.num_streams,
+        offset_commit_interval_ms=args.offset_commit_interval_ms,
+        abort_on_send_failure=args.abort_on_send_failure,
+    )
+    converted = mm1.convert(command, args.source, args.target)
+    for note in converted.notes:
+        print(f"mirrorflow: note: {note}", file=sys.stderr)
+    write = flowfiles.to_yaml if args.to == "yaml" else flowfiles.to_properties
+    sys.stdout.write(write(converted.definitions, converted.aliases))
     return 0

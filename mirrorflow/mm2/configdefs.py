@@ -33,6 +33,7 @@ REMOVED_IN_4 = {
 }
 # Read by the config property filter from the connector config, but defined in no ConfigDef.
 FILTER_ONLY = {"use.defaults.from": "target"}
+STARTING_OFFSETS_GROUP = "starting.offsets.group"
 # mirrorflow's own flow settings (MirrorMaker 2 ignores them): name -> (type, default).
 MIRRORFLOW_ONLY = {
     # Checkpoint, for the source, the groups that consumed the copies of the source's topics
@@ -47,6 +48,11 @@ MIRRORFLOW_ONLY = {
     "health.lag.max.seconds": ("LONG", "300"),
     "health.lag.max.records": ("LONG", "0"),
     "health.stall.timeout.seconds": ("LONG", "30"),
+    # Where a flow's partitions without a position start: the offsets this consumer group
+    # committed on the source (MirrorMaker 1's group, when a flow takes over from it), then as
+    # the source consumer's auto.offset.reset says for a partition it never committed. Empty:
+    # auto.offset.reset for every partition, as MirrorMaker 2 starts.
+    STARTING_OFFSETS_GROUP: ("STRING", ""),
 }
 
 CLIENT_ROLES = ("consumer", "producer", "admin")

@@ -14,6 +14,7 @@ from pathlib import Path
 from mirrorflow.config import validation
 from mirrorflow.config.topology import Flow, Role, load_topology
 from mirrorflow.errors import MirrorflowError
+from mirrorflow.mm2 import configdefs
 from mirrorflow.replication.offset_map import map_topic
 from mirrorflow.replication.positions import OFFSETS_TOPIC_PARTITIONS, offsets_topic
 
@@ -61,6 +62,9 @@ class MirrorSpec:
     offset_syncs_interval_ms: int = 5000  # held-back syncs (MirrorMaker 2: at offset flush)
     flow_dir: str = ""  # the flow's local files: progress.json, the restart request
     starting_offsets: str = "earliest"  # earliest | latest | epoch milliseconds
+    # A partition without a position starts at this group's committed offset on the source,
+    # when it has one within the partition (``starting.offsets.group``; "": none)
+    starting_offsets_group: str = ""
     retry_backoff_s: float = 2.0  # first wait after a cluster did not answer, doubling
     retry_backoff_max_s: float = 120.0
     # How long a cluster that does not answer is retried before the flow fails (-1: forever);
@@ -181,6 +185,10 @@ def spec_for_flow(
         ),
         flow_dir=str(state_dir / f"{flow.source}-{flow.target}") if state_dir else "",
         starting_offsets=starting_offsets or reset,
+        # an explicit start (--starting-offsets) applies to every partition
+        starting_offsets_group=""
+        if starting_offsets
+        else str(flow.setting(configdefs.STARTING_OFFSETS_GROUP) or ""),
         exactly_once=exactly_once,
         offsets_topic=offsets_topic(flow.source),
         offsets_partitions=_worker_int(flow, "offset.storage.partitions", OFFSETS_TOPIC_PARTITIONS),

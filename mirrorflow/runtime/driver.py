@@ -61,10 +61,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
+from mirrorflow.mm2 import configdefs
 from mirrorflow.mm2.formats import OffsetSync
 from mirrorflow.replication import clients, lag
 from mirrorflow.replication.checkpoints import (
     GroupCheckpoints,
+    GroupOffsetsClient,
     GroupOffsetSync,
     OffsetMapReader,
     expire_offset_map,
@@ -930,7 +932,12 @@ class MirrorJob:
         milliseconds), by default ``auto.offset.reset`` or ``--starting-offsets``."""
         from confluent_kafka.admin import OffsetSpec
 
+        group = self.spec.starting_offsets_group if start is None else ""
         start = start or self.spec.starting_offsets
+        if group:
+            at_group = self._group_starts(partitions, group)
+            rest = [tp for tp in partitions if tp not in at_group]
+            return {**(self._starts(rest, start) if rest else {}), **at_group}
         if start.isdigit():
             at = self._offsets(
                 partitions, lambda t, p: OffsetSpec.for_timestamp(int(start)), by_time=True
@@ -939,6 +946,31 @@ class MirrorJob:
             return {tp: (o if o >= 0 else ends[tp]) for tp, o in at.items()}
         spec = OffsetSpec.latest() if start == "latest" else OffsetSpec.earliest()
         return self._offsets(partitions, lambda t, p: spec)
+
+    def _group_starts(self, partitions: list[Partition], group: str) -> dict[Partition, int]:
+        """The offsets ``group`` committed on the source for ``partitions`` (MirrorMaker 1's
+        group, when the flow takes over from it), those within their partition's records: a
+        partition without one starts as ``auto.offset.reset`` says, as the group's own consumer
+        would have."""
+        from confluent_kafka.admin import OffsetSpec
+
+        spec = self.spec
+        client = GroupOffsetsClient(self.admins[spec.source], spec.source_consumer_client)
+        committed = {tp: o for tp, (o, _meta) in client.committed(group, partitions).items()}
+        firsts = self._offsets(list(committed), lambda t, p: OffsetSpec.earliest())
+        ends = self._ends(list(committed))
+        starts = {tp: o for tp, o in committed.items() if firsts[tp] <= o <= ends[tp]}
+        log.info(
+            "%s: %d of %d partitions start at group %s's committed offsets (%s); the others as "
+            "auto.offset.reset=%s says",
+            spec.flow,
+            len(starts),
+            len(partitions),
+            group,
+            configdefs.STARTING_OFFSETS_GROUP,
+            spec.starting_offsets,
+        )
+        return starts
 
     def _plan(self) -> list[tuple[Partition, int, int]]:
         """The next batch: (partition, from, until) with records, at most the batch's size."""
