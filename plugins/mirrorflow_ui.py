@@ -1,23 +1,11 @@
-"""Airflow plugin: mirrorflow's replication health page in the Airflow UI (Airflow 3's plugin
-interfaces: a FastAPI app at ``/mirrorflow`` and a nav entry showing it). The logic lives in
-:mod:`mirrorflow.airflow.ui`; every route requires Airflow's login and DAG read permission."""
+"""Airflow plugin: mirrorflow's Replication page, for a checkout whose ``mirrorflow`` package is
+not installed (its logic: :mod:`mirrorflow.airflow.ui`). Where mirrorflow is installed, Airflow
+loads the same plugin through mirrorflow's ``airflow.plugins`` entry point, and this file adds
+nothing (Airflow would report the second copy as an import error)."""
 
 from __future__ import annotations
 
-from airflow.plugins_manager import AirflowPlugin
+from mirrorflow.airflow.ui.plugin import MirrorflowUiPlugin, registered_by_entry_point
 
-from mirrorflow.airflow.ui.app import create_app
-
-
-class MirrorflowUiPlugin(AirflowPlugin):
-    name = "mirrorflow"
-    fastapi_apps = [{"app": create_app(), "url_prefix": "/mirrorflow", "name": "mirrorflow"}]
-    external_views = [
-        {
-            "name": "Replication",
-            "href": "mirrorflow/",
-            "url_route": "mirrorflow",
-            "destination": "nav",
-            "category": "browse",
-        }
-    ]
+if registered_by_entry_point():
+    del MirrorflowUiPlugin

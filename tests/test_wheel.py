@@ -1,5 +1,6 @@
 """mirrorflow installed from its wheel works outside the checkout: ``validate``, ``render`` and
-``mirror`` find their templates, Spark entry points and JVM sources in the package data.
+``mirror`` find their templates, Spark entry points and JVM sources in the package data, and in
+that environment's Airflow, mirrorflow is a provider with its Replication page.
 
 The wheel is built from the checkout (hatchling, offline), installed into a fresh virtual
 environment with the locked dependencies (from uv's cache where bootstrap left them there), and
@@ -8,6 +9,7 @@ its ``mirrorflow`` runs in a temporary directory with the checkout nowhere on it
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -169,3 +171,44 @@ def test_the_installed_wheel_validates_renders_and_mirrors_outside_the_checkout(
     )
     report = tmp_path / "state" / "reports" / "failover" / "wheel" / "report.md"
     assert report.read_text().startswith("# Failover of primary->secondary: success\n")
+
+
+def test_installed_into_airflow_the_wheel_registers_its_provider_and_its_replication_page(
+    installed, tmp_path
+):
+    """``pip install mirrorflow`` into an Airflow registers mirrorflow's provider (hook,
+    operators) and its plugin through entry points: ``airflow providers list`` and ``airflow
+    plugins`` show them with an empty plugins folder, and the Replication page is mounted on
+    Airflow's api-server app (it asks an anonymous caller to log in, as Airflow's own API does)."""
+    home = tmp_path / "airflow"
+    (home / "plugins").mkdir(parents=True)  # nothing copied into it
+    env = {
+        **_environment(installed, tmp_path / "state"),
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(home / "plugins"),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(home / "dags"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+    }
+    airflow = str(installed / "airflow")
+    listed = _run([airflow, "providers", "list", "-o", "json"], cwd=tmp_path, env=env).stdout
+    providers = {p["package_name"]: p for p in json.loads(listed)}
+    assert "mirrorflow" in providers, sorted(providers)
+    assert providers["mirrorflow"]["version"] == "0.1.0"
+    assert providers["mirrorflow"]["description"].startswith("Kafka replication")
+    plugins = json.loads(_run([airflow, "plugins", "-o", "json"], cwd=tmp_path, env=env).stdout)
+    [plugin] = [p for p in plugins if p["name"] == "mirrorflow"]
+    assert "mirrorflow.airflow.ui.plugin" in json.dumps(plugin), plugin
+    page = _run(
+        [
+            str(installed / "python"),
+            "-c",
+            "from fastapi.testclient import TestClient\n"
+            "from airflow.api_fastapi.app import create_app\n"
+            "client = TestClient(create_app(), follow_redirects=False)\n"
+            "print(client.get('/mirrorflow/api/health').status_code)\n"
+            "print(client.get('/mirrorflow/', headers={'accept': 'text/html'}).status_code)\n",
+        ],
+        cwd=tmp_path,
+        env=env,
+    ).stdout.split()
+    assert page[-2:] == ["401", "303"], page  # mounted, and behind Airflow's login

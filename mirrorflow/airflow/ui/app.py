@@ -1,4 +1,4 @@
-"""The FastAPI app of mirrorflow's Airflow UI page, mounted by ``plugins/mirrorflow_ui.py``.
+"""The FastAPI app of mirrorflow's Airflow UI page, mounted by its plugin (:mod:`.plugin`).
 
 Routes (under the plugin's prefix, ``/mirrorflow``):
 
