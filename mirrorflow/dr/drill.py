@@ -338,7 +338,7 @@ def _real_group_offsets(
     clusters, on the replicated topics (the source's names, or their copies' on the target):
     group -> ``topic-partition`` -> offset. Read by consumers of the groups (the admin API's
     offset listing can crash the process: see GroupOffsetsClient)."""
-    from mirrorflow.replication.checkpoints import GroupOffsetsClient
+    from mirrorflow.replication.group_offsets_client import GroupOffsetsClient
 
     source = ClusterAdmin(spec.source, spec.source_admin)
     partitions = list(replicated_partitions(spec, source))

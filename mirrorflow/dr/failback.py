@@ -92,7 +92,7 @@ from mirrorflow.dr.records import (
 )
 from mirrorflow.dr.steps import Log, Partition, StepRecord, StepSkipped, safe_run_id
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
-from mirrorflow.replication.checkpoints import GroupOffsetsClient
+from mirrorflow.replication.group_offsets_client import GroupOffsetsClient
 from mirrorflow.replication.spec import MirrorSpec
 from mirrorflow.replication.topics import ADMIN_TIMEOUT_S, ClusterAdmin, cluster_error
 from mirrorflow.runtime import jobs

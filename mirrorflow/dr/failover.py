@@ -671,7 +671,7 @@ def _previous_offsets(
 ) -> dict[str, dict[str, int]]:
     """The groups' committed offsets on the target before the failover commits (best effort:
     a group whose offsets cannot be read is left out)."""
-    from mirrorflow.replication.checkpoints import GroupOffsetsClient
+    from mirrorflow.replication.group_offsets_client import GroupOffsetsClient
 
     client = GroupOffsetsClient(ClusterAdmin(spec.target, spec.target_admin), spec.target_consumer)
     before: dict[str, dict[str, int]] = {}
