@@ -9,11 +9,11 @@ import time
 import pytest
 from confluent_kafka import Consumer
 
+from mirrorflow.replication.checkpoint_stores import read_checkpoints
 from mirrorflow.replication.checkpoints import (
     GroupSyncReport,
     GroupSyncRun,
     PartitionTranslation,
-    read_checkpoints,
     translate_group,
 )
 from mirrorflow.replication.spec import spec_for_flow

@@ -234,7 +234,7 @@ def _reverse_positions(spec: MirrorSpec) -> dict[Partition, int]:
 @WORKFLOW.step("preflight")
 def preflight(request: FailbackRequest, run: FailbackRun, record: StepRecord, log: Log) -> None:
     """The failover undone, both clusters, the policy, the ranges to copy back and set aside."""
-    from mirrorflow.replication.checkpoints import read_offset_map
+    from mirrorflow.replication.checkpoint_stores import read_offset_map
 
     spec, _topology, policy = _spec_and_policy(request)
     # The failover first: one that failed is refused before any cluster is asked.
@@ -742,7 +742,8 @@ def group_sync(request: FailbackRequest, run: FailbackRun, record: StepRecord, l
     """The groups' offsets on ``T`` translated back and committed on ``S``."""
     from confluent_kafka import TopicPartition
 
-    from mirrorflow.replication.checkpoints import GroupOffsetSync, read_offset_map
+    from mirrorflow.replication.checkpoint_stores import read_offset_map
+    from mirrorflow.replication.checkpoints import GroupOffsetSync
 
     spec, _t, _p = _spec_and_policy(request)
     pre = run.details("preflight")

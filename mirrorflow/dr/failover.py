@@ -412,7 +412,7 @@ def preflight(request: FailoverRequest, run: FailoverRun, record: StepRecord, lo
 
 
 def _checkpointed_groups(spec: MirrorSpec, pattern: str) -> list[str]:
-    from mirrorflow.replication.checkpoints import read_checkpoints
+    from mirrorflow.replication.checkpoint_stores import read_checkpoints
 
     latest = read_checkpoints(spec).latest
     return sorted({g for g, _t, _p in latest if re.fullmatch(pattern, g)})
@@ -770,7 +770,8 @@ def _planned_group_sync(
 def _emergency_group_sync(
     spec: MirrorSpec, run: FailoverRun, groups: set[str], dry_run: bool, log: Log
 ) -> dict:
-    from mirrorflow.replication.checkpoints import GroupOffsetSync, read_checkpoints
+    from mirrorflow.replication.checkpoint_stores import read_checkpoints
+    from mirrorflow.replication.checkpoints import GroupOffsetSync
 
     reader = read_checkpoints(spec)
     latest = {k: c for k, c in reader.latest.items() if k[0] in groups}
