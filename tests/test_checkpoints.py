@@ -30,7 +30,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from mirrorflow.mm2.formats import Checkpoint
 from mirrorflow.replication import group_offsets_client
 from mirrorflow.replication.checkpoint_stores import read_checkpoints
-from mirrorflow.replication.checkpoints import GroupCheckpoints
+from mirrorflow.replication.checkpoint_task import GroupCheckpoints
 from mirrorflow.replication.offset_map import OffsetMap
 from mirrorflow.replication.positions import SourceOffsetReader
 from mirrorflow.replication.spec import spec_for_flow

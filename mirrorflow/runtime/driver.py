@@ -67,7 +67,8 @@ from mirrorflow.errors import ClusterUnreachable, MirrorflowError
 from mirrorflow.mm2.formats import OffsetSync
 from mirrorflow.replication import clients, lag
 from mirrorflow.replication.checkpoint_stores import OffsetMapReader, expire_offset_map
-from mirrorflow.replication.checkpoints import GroupCheckpoints, GroupOffsetSync
+from mirrorflow.replication.checkpoint_task import GroupCheckpoints
+from mirrorflow.replication.checkpoints import GroupOffsetSync
 from mirrorflow.replication.heartbeats import HeartbeatEmitter
 from mirrorflow.replication.lease import RENEW_S, FlowLease, Holder
 from mirrorflow.replication.offset_map import OFFSET_MAP_TOPIC_CONFIG, OffsetMap, Run, record_of
