@@ -78,7 +78,7 @@ from mirrorflow.dr.steps import Log, Partition, StepRecord, StepSkipped, safe_ru
 from mirrorflow.dr.steps import iso as _iso
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
 from mirrorflow.replication import clients
-from mirrorflow.replication.checkpoints import flow_positions
+from mirrorflow.replication.remote_cluster import flow_positions
 from mirrorflow.replication.spec import MirrorSpec
 from mirrorflow.replication.topics import ClusterAdmin, cluster_error
 from mirrorflow.runtime import jobs

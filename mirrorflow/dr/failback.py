@@ -875,8 +875,8 @@ def unfence(request: FailbackRequest, run: FailbackRun, record: StepRecord, log:
 @WORKFLOW.step("resume")
 def resume(request: FailbackRequest, run: FailbackRun, record: StepRecord, log: Log) -> None:
     """Release ``S->T``'s hold and unpause it (identity: its positions past the copies)."""
-    from mirrorflow.replication.checkpoints import flow_positions
     from mirrorflow.replication.positions import PositionWriter
+    from mirrorflow.replication.remote_cluster import flow_positions
 
     spec, _t, _p = _spec_and_policy(request)
     pre = run.details("preflight")

@@ -92,7 +92,7 @@ from mirrorflow.dr.steps import iso as _iso
 from mirrorflow.dr.steps import now as _now
 from mirrorflow.dr.steps import safe_run_id as safe_run_id  # as it was named here
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
-from mirrorflow.replication.checkpoints import flow_positions
+from mirrorflow.replication.remote_cluster import flow_positions
 from mirrorflow.replication.spec import MirrorSpec
 from mirrorflow.replication.topics import ClusterAdmin
 from mirrorflow.runtime import jobs

@@ -34,22 +34,27 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException
 
 from mirrorflow.errors import MirrorflowError
 from mirrorflow.mm2.formats import Checkpoint
 from mirrorflow.replication.checkpoint_stores import (
     GroupKey,
-    read_checkpoints,
     read_offset_map,
 )
-from mirrorflow.replication.checkpoint_task import GroupCheckpoints, GroupOffsets
+from mirrorflow.replication.checkpoint_task import GroupCheckpoints
 from mirrorflow.replication.group_offsets_client import (
     COORDINATOR_MOVING,
     COORDINATOR_WAIT_S,
     GroupOffsetsClient,
 )
-from mirrorflow.replication.offset_map import Partition
+from mirrorflow.replication.remote_cluster import (
+    PartitionTranslation,
+    checkpoint_offset,
+    flow_admins,
+    flow_positions,
+    translation_rows,
+)
 from mirrorflow.replication.scheduler import TaskFailed
 from mirrorflow.replication.spec import MirrorSpec
 from mirrorflow.replication.topics import (
@@ -177,7 +182,7 @@ class GroupOffsetSync:
                 write.append(c)
             if not write:
                 continue
-            offsets = [_offset(c) for c in write]
+            offsets = [checkpoint_offset(c) for c in write]
             if dry_run:
                 report.written[group] = {(c.topic, c.partition): c.downstream_offset for c in write}
                 continue
@@ -206,118 +211,6 @@ class GroupOffsetSync:
             raise TaskFailed(str(exc)) from None
         if report.written or report.active:
             log.info("%s: group offset sync: %s", self.spec.flow, report.describe())
-
-
-def _offset(checkpoint: Checkpoint) -> TopicPartition:
-    """A checkpoint as an offset to commit or seek to, with the group's commit metadata."""
-    c = checkpoint
-    if c.metadata:
-        return TopicPartition(c.topic, c.partition, c.downstream_offset, c.metadata)
-    return TopicPartition(c.topic, c.partition, c.downstream_offset)
-
-
-# -- tools for a failover: translate, list, sync now, seek ----------------------------------
-
-
-@dataclass(frozen=True)
-class PartitionTranslation:
-    """One partition of a group: where it stands on the source and where it resumes on the
-    target, and the latest checkpoint written for it."""
-
-    source_topic: str
-    partition: int
-    committed: int
-    target_topic: str
-    translated: int | None
-    exactness: str  # see Translation; "not-copied" when nothing of the partition is copied
-    checkpoint: int | None
-    checkpoint_age_s: float | None
-
-    def as_dict(self) -> dict[str, object]:
-        return dict(self.__dict__)
-
-
-def _admins(spec: MirrorSpec) -> dict[str, ClusterAdmin]:
-    return {
-        spec.source: ClusterAdmin(spec.source, spec.source_admin),
-        spec.target: ClusterAdmin(spec.target, spec.target_admin),
-    }
-
-
-def flow_positions(spec: MirrorSpec) -> dict[Partition, int]:
-    """The flow's positions on the target: the next source offset to copy, per partition."""
-    from mirrorflow.replication.positions import SourceOffsetReader
-
-    reader = SourceOffsetReader(
-        spec.target_consumer, spec.target_admin, spec.offsets_topic, spec.source, spec.target
-    )
-    reader.missing_ok = True
-    try:
-        return {tp: last + 1 for tp, last in reader.read_to_end().items()}
-    finally:
-        reader.close()
-
-
-def translate_group(spec: MirrorSpec, group: str) -> list[PartitionTranslation]:
-    """``group``'s committed offsets on the source, translated now with the flow's offset map,
-    beside the latest checkpoints (``mirrorflow translate``)."""
-    admins = _admins(spec)
-    for admin in admins.values():
-        admin.metadata()
-    offset_map = read_offset_map(spec)
-    positions = flow_positions(spec)
-    tool = GroupCheckpoints(spec, admins, offset_map, lambda: positions, producer=False)
-    offsets = tool.group_offsets(group)
-    checkpoints = read_checkpoints(spec)
-    return _translation_rows(spec, offsets, checkpoints.latest, checkpoints.written_ms)
-
-
-def _translation_rows(
-    spec: MirrorSpec,
-    offsets: GroupOffsets,
-    latest: dict[GroupKey, Checkpoint],
-    written_ms: Mapping[GroupKey, float],
-) -> list[PartitionTranslation]:
-    """A group's translated offsets beside its latest checkpoints (written when ``written_ms``)."""
-    now_ms = time.time() * 1000
-    rows = []
-    for (topic, partition), translation in sorted(offsets.translations.items()):
-        target_topic = spec.checkpoint_topic(topic)
-        key = (offsets.group, target_topic, partition)
-        checkpoint = latest.get(key)
-        written = written_ms.get(key)
-        rows.append(
-            PartitionTranslation(
-                topic,
-                partition,
-                translation.upstream if translation else -1,
-                target_topic,
-                translation.downstream if translation else None,
-                translation.exactness if translation else "not-copied",
-                checkpoint.downstream_offset if checkpoint else None,
-                round(max(0.0, now_ms - written) / 1000, 1) if written else None,
-            )
-        )
-    return rows
-
-
-def latest_checkpoints(spec: MirrorSpec, group: str | None = None) -> list[dict[str, object]]:
-    """The latest checkpoint per group and target partition (``mirrorflow checkpoints``)."""
-    reader = read_checkpoints(spec)
-    now_ms = time.time() * 1000
-    return [
-        {
-            "group": c.group,
-            "topic": c.topic,
-            "partition": c.partition,
-            "upstream_offset": c.upstream_offset,
-            "offset": c.downstream_offset,
-            "metadata": c.metadata,
-            "age_s": round((now_ms - reader.written_ms[key]) / 1000, 1),
-        }
-        for key, c in sorted(reader.latest.items())
-        if group is None or c.group == group
-    ]
 
 
 @dataclass
@@ -440,7 +333,7 @@ def run_group_sync(
     """Checkpoint the flow's groups (or ``groups``) now and, with ``sync_offsets``, commit the
     results into the target's idle groups: what a failover runs after the mirror caught up.
     A dry run only reads: it translates, and tells what it would write and commit."""
-    admins = _admins(spec)
+    admins = flow_admins(spec)
     for admin in admins.values():
         admin.metadata()  # an unreachable cluster fails here, named
     offset_map = read_offset_map(spec)
@@ -472,7 +365,7 @@ def run_group_sync(
         spec.flow, spec.target, dry_run, sync_offsets, checkpoints=tool.due, report=report
     )
     for group, offsets in tool.translated.items():
-        run.translations[group] = _translation_rows(spec, offsets, latest, written_ms)
+        run.translations[group] = translation_rows(spec, offsets, latest, written_ms)
     return run
 
 
@@ -484,23 +377,3 @@ def sync_now(
     checkpoints written and the sync's report."""
     run = run_group_sync(spec, groups, sync_offsets=sync_offsets)
     return len(run.checkpoints), run.report
-
-
-def failover_offsets(spec: MirrorSpec, group: str) -> list[TopicPartition]:
-    """Where ``group`` resumes on the target, from its latest checkpoints: partitions of the
-    remote topics with offsets (and the group's commit metadata), for a consumer's ``assign``
-    or ``seek``, or an admin's ``alter_consumer_group_offsets``."""
-    latest = read_checkpoints(spec).latest
-    return [_offset(c) for key, c in sorted(latest.items()) if key[0] == group]
-
-
-def seek_to_checkpoints(consumer, spec: MirrorSpec, group: str) -> list[TopicPartition]:
-    """Assign a confluent-kafka consumer on the target to ``group``'s checkpointed offsets."""
-    offsets = failover_offsets(spec, group)
-    if not offsets:
-        raise MirrorflowError(
-            f"no checkpoint of group {group} in {spec.checkpoints_topic} on {spec.target}",
-            "check the group name and that the flow emits checkpoints (`mirrorflow checkpoints`)",
-        )
-    consumer.assign(offsets)
-    return offsets
