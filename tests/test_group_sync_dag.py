@@ -10,7 +10,7 @@ import pytest
 from confluent_kafka import Consumer
 
 from mirrorflow.replication.checkpoint_stores import read_checkpoints
-from mirrorflow.replication.checkpoints import GroupSyncReport, GroupSyncRun
+from mirrorflow.replication.group_offset_sync import GroupSyncReport, GroupSyncRun
 from mirrorflow.replication.remote_cluster import PartitionTranslation, translate_group
 from mirrorflow.replication.spec import spec_for_flow
 from tests.conftest import create_topics

@@ -89,7 +89,7 @@ def _checkpoints(args: argparse.Namespace) -> int:
 
 
 def _sync_groups(args: argparse.Namespace) -> int:
-    from mirrorflow.replication.checkpoints import sync_now
+    from mirrorflow.replication.group_offset_sync import sync_now
     from mirrorflow.replication.spec import spec_for_flow
 
     groups = set(args.group) if args.group else None

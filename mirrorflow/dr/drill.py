@@ -601,7 +601,7 @@ def _continuous_then_kill(
         # once the flow has copied what it read (exact translation needs the copies).
         committed = _committed(spec.source, spec.source_admin, request.group)
         _wait_positions(spec, committed, request.timeout_s)
-        from mirrorflow.replication.checkpoints import run_group_sync
+        from mirrorflow.replication.group_offset_sync import run_group_sync
 
         run_group_sync(spec, {request.group}, sync_offsets=False)
         run.event(f"group {request.group}'s commit checkpointed on {spec.target}")
@@ -741,7 +741,7 @@ def failover_step(
     spec = request.spec()
     if request.mode == "non-destructive":
         trigger = run.event("failover triggered")
-        from mirrorflow.replication.checkpoints import run_group_sync
+        from mirrorflow.replication.group_offset_sync import run_group_sync
 
         result = run_group_sync(spec, {request.group}, sync_offsets=True)
         for line in result.lines():

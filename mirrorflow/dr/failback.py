@@ -743,7 +743,7 @@ def group_sync(request: FailbackRequest, run: FailbackRun, record: StepRecord, l
     from confluent_kafka import TopicPartition
 
     from mirrorflow.replication.checkpoint_stores import read_offset_map
-    from mirrorflow.replication.checkpoints import GroupOffsetSync
+    from mirrorflow.replication.group_offset_sync import GroupOffsetSync
 
     spec, _t, _p = _spec_and_policy(request)
     pre = run.details("preflight")

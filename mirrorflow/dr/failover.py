@@ -714,7 +714,7 @@ def _offsets_text(offsets: dict[str, int]) -> str:
 def _planned_group_sync(
     spec: MirrorSpec, run: FailoverRun, groups: set[str], dry_run: bool, log: Log
 ) -> dict:
-    from mirrorflow.replication.checkpoints import run_group_sync
+    from mirrorflow.replication.group_offset_sync import run_group_sync
 
     if not groups:
         return {"committed": {}, "active": [], "targets": {}, "checkpoints_written": 0}
@@ -771,7 +771,7 @@ def _emergency_group_sync(
     spec: MirrorSpec, run: FailoverRun, groups: set[str], dry_run: bool, log: Log
 ) -> dict:
     from mirrorflow.replication.checkpoint_stores import read_checkpoints
-    from mirrorflow.replication.checkpoints import GroupOffsetSync
+    from mirrorflow.replication.group_offset_sync import GroupOffsetSync
 
     reader = read_checkpoints(spec)
     latest = {k: c for k, c in reader.latest.items() if k[0] in groups}

@@ -1,20 +1,10 @@
-"""Consumer-group checkpoints and group offset sync, as MirrorMaker 2's checkpoint task does them,
-with exact translation.
+"""Group offset sync, MirrorMaker 2's ``sync.group.offsets`` (the part of its
+``MirrorCheckpointTask`` that commits checkpoints into the target's groups).
 
-:class:`GroupCheckpoints` is ``MirrorCheckpointTask``: every ``emit.checkpoints.interval.seconds``
-it reads the committed offsets of the flow's groups (``groups`` / ``groups.exclude``, the list
-refreshed every ``refresh.groups.interval.seconds``) on the source, translates those of replicated
-topics with the flow's :mod:`offset map <mirrorflow.replication.offset_map>` (exactly, where
-MirrorMaker 2 goes back to its nearest sampled sync), and writes the results in MirrorMaker 2's
-format to ``<source>.checkpoints.internal`` on the target, partition 0, where
-``RemoteClusterUtils.translateOffsets`` reads them. A group's checkpoint never moves backwards
-unless the group itself rewinds on the source (MirrorMaker 2's ``checkpointIsMoreRecent``); the
-checkpoints written before a restart are read back first.
-
-:class:`GroupOffsetSync` is ``sync.group.offsets``: every ``sync.group.offsets.interval.seconds``
-it commits the latest checkpoints into the target's groups that have no members there. A group
-absent from the target gets them all; an EMPTY group only moves forwards; a group with members on
-the target is never touched, and is reported.
+:class:`GroupOffsetSync`: every ``sync.group.offsets.interval.seconds`` it commits the latest
+checkpoints (:mod:`~mirrorflow.replication.checkpoint_task`) into the target's groups that have no
+members there. A group absent from the target gets them all; an EMPTY group only moves forwards; a
+group with members on the target is never touched, and is reported.
 
 A group deleted on the source (or left without committed offsets on the flow's partitions)
 leaves the checkpoints that are synced at the next checkpoint run, as does one the source no
@@ -38,10 +28,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from mirrorflow.errors import MirrorflowError
 from mirrorflow.mm2.formats import Checkpoint
-from mirrorflow.replication.checkpoint_stores import (
-    GroupKey,
-    read_offset_map,
-)
+from mirrorflow.replication.checkpoint_stores import GroupKey, read_offset_map
 from mirrorflow.replication.checkpoint_task import GroupCheckpoints
 from mirrorflow.replication.group_offsets_client import (
     COORDINATOR_MOVING,
@@ -57,11 +44,7 @@ from mirrorflow.replication.remote_cluster import (
 )
 from mirrorflow.replication.scheduler import TaskFailed
 from mirrorflow.replication.spec import MirrorSpec
-from mirrorflow.replication.topics import (
-    ADMIN_TIMEOUT_S,
-    ClusterAdmin,
-    cluster_error,
-)
+from mirrorflow.replication.topics import ADMIN_TIMEOUT_S, ClusterAdmin, cluster_error
 
 log = logging.getLogger(__name__)
 
