@@ -60,7 +60,8 @@ from mirrorflow.devtools.local_airflow import Api, LocalAirflow
 from mirrorflow.dr import drill
 from mirrorflow.errors import MirrorflowError
 from mirrorflow.paths import write_private
-from mirrorflow.replication.checkpoints import flow_positions, run_group_sync
+from mirrorflow.replication.group_offset_sync import run_group_sync
+from mirrorflow.replication.remote_cluster import flow_positions
 from mirrorflow.replication.spec import spec_for_flow
 from mirrorflow.runtime import guard, jobs, launch
 

@@ -28,8 +28,9 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from mirrorflow.mm2.formats import Checkpoint
-from mirrorflow.replication import checkpoints
-from mirrorflow.replication.checkpoints import GroupCheckpoints, read_checkpoints
+from mirrorflow.replication import group_offsets_client
+from mirrorflow.replication.checkpoint_stores import read_checkpoints
+from mirrorflow.replication.checkpoint_task import GroupCheckpoints
 from mirrorflow.replication.offset_map import OffsetMap
 from mirrorflow.replication.positions import SourceOffsetReader
 from mirrorflow.replication.spec import spec_for_flow
@@ -484,7 +485,7 @@ def test_exactly_once_a_far_behind_group_fails_over_with_nothing_lost_or_repeate
 def test_with_the_source_away_a_group_keeps_its_last_checkpoints(tmp_path, monkeypatch):
     """Emergency: the source does not answer, so it cannot say that a group is gone: the
     group's last checkpoints stay in what the group offset sync commits."""
-    monkeypatch.setattr(checkpoints, "COORDINATOR_WAIT_S", 2.0)
+    monkeypatch.setattr(group_offsets_client, "COORDINATOR_WAIT_S", 2.0)
     with socket.socket() as away:
         away.bind(("127.0.0.1", 0))  # bound, never listening: connections refused
         config = tmp_path / "mm2.properties"

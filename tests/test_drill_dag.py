@@ -19,7 +19,8 @@ from confluent_kafka import Consumer, TopicPartition
 from mirrorflow.devtools import sandbox as sandbox_mod
 from mirrorflow.dr import drill
 from mirrorflow.errors import MirrorflowError
-from mirrorflow.replication.checkpoints import flow_positions, run_group_sync
+from mirrorflow.replication.group_offset_sync import run_group_sync
+from mirrorflow.replication.remote_cluster import flow_positions
 from mirrorflow.replication.spec import spec_for_flow
 from mirrorflow.runtime import jobs
 from tests.conftest import create_topics

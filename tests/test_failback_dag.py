@@ -19,7 +19,7 @@ from confluent_kafka.admin import AclOperation, ResourceType
 
 from mirrorflow.dr.failover import FailoverRequest
 from mirrorflow.dr.failover import run_all as failover
-from mirrorflow.replication.checkpoints import flow_positions
+from mirrorflow.replication.remote_cluster import flow_positions
 from mirrorflow.replication.spec import spec_for_flow
 from mirrorflow.runtime import jobs
 from tests.conftest import allow, create_topics

@@ -37,7 +37,9 @@ from mirrorflow.dr import failback
 from mirrorflow.dr.failback import FailbackRequest
 from mirrorflow.dr.steps import safe_run_id
 from mirrorflow.errors import MirrorflowError
-from mirrorflow.replication.checkpoints import flow_positions, read_checkpoints, run_group_sync
+from mirrorflow.replication.checkpoint_stores import read_checkpoints
+from mirrorflow.replication.group_offset_sync import run_group_sync
+from mirrorflow.replication.remote_cluster import flow_positions
 from mirrorflow.replication.spec import spec_for_flow
 from mirrorflow.runtime import jobs, launch
 from tests.conftest import allow, create_topics

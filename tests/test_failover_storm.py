@@ -25,7 +25,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from mirrorflow.devtools import sandbox as sandbox_mod
 from mirrorflow.errors import MirrorflowError
-from mirrorflow.replication.checkpoints import flow_positions, read_checkpoints
+from mirrorflow.replication.checkpoint_stores import read_checkpoints
+from mirrorflow.replication.remote_cluster import flow_positions
 from mirrorflow.replication.spec import spec_for_flow
 from mirrorflow.runtime import jobs
 from tests.conftest import create_topics

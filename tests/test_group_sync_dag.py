@@ -9,13 +9,9 @@ import time
 import pytest
 from confluent_kafka import Consumer
 
-from mirrorflow.replication.checkpoints import (
-    GroupSyncReport,
-    GroupSyncRun,
-    PartitionTranslation,
-    read_checkpoints,
-    translate_group,
-)
+from mirrorflow.replication.checkpoint_stores import read_checkpoints
+from mirrorflow.replication.group_offset_sync import GroupSyncReport, GroupSyncRun
+from mirrorflow.replication.remote_cluster import PartitionTranslation, translate_group
 from mirrorflow.replication.spec import spec_for_flow
 from tests.conftest import create_topics
 from tests.dag_harness import finish, render_into_dags_folder, start_dag_test

@@ -145,15 +145,15 @@ def test_a_group_offset_fetch_that_times_out_is_reported_as_unreachable(monkeypa
     UnboundLocalError, ``cannot access local variable 'exc'``, and the task failed with that)."""
     import socket
 
-    from mirrorflow.replication import checkpoints
+    from mirrorflow.replication import group_offsets_client
 
     with socket.socket() as closed:  # a port nothing listens on: every request times out
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
-    monkeypatch.setattr(checkpoints, "COORDINATOR_WAIT_S", 1.0)
-    monkeypatch.setattr(checkpoints, "COMMITTED_WAIT_S", 0.5)
+    monkeypatch.setattr(group_offsets_client, "COORDINATOR_WAIT_S", 1.0)
+    monkeypatch.setattr(group_offsets_client, "COMMITTED_WAIT_S", 0.5)
     admin = SimpleNamespace(alias="dc1", principal="alice")
-    client = checkpoints.GroupOffsetsClient(
+    client = group_offsets_client.GroupOffsetsClient(
         admin, {"bootstrap.servers": f"127.0.0.1:{port}", "log_level": "0"}
     )
     with pytest.raises(ClusterUnreachable, match="cluster dc1 did not answer while reading"):

@@ -508,7 +508,7 @@ class GroupSyncOperator(BaseOperator):
     """The ``groups`` task of a site's sync DAG: for each of ``flows``, checkpoint its consumer
     groups now and, where the flow sets ``sync.group.offsets.enabled``, commit the translated
     offsets into the target's idle groups (``mirrorflow sync-groups``; the logic is
-    :func:`mirrorflow.replication.checkpoints.run_group_sync`).
+    :func:`mirrorflow.replication.group_offset_sync.run_group_sync`).
 
     Each group's translation table (source partition, committed offset, target partition,
     resume offset, exactness, what was done) is logged, with the groups skipped because they
@@ -532,7 +532,7 @@ class GroupSyncOperator(BaseOperator):
         self.flows, self.flow_files = list(flows), list(flow_files)
 
     def execute(self, context: Any) -> list[dict[str, Any]]:
-        from mirrorflow.replication.checkpoints import run_group_sync
+        from mirrorflow.replication.group_offset_sync import run_group_sync
         from mirrorflow.replication.spec import spec_for_flow
 
         dry_run = bool((context.get("params") or {}).get("dry_run"))

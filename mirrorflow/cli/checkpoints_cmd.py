@@ -45,7 +45,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def _translate(args: argparse.Namespace) -> int:
-    from mirrorflow.replication.checkpoints import translate_group
+    from mirrorflow.replication.remote_cluster import translate_group
     from mirrorflow.replication.spec import spec_for_flow
 
     rows = translate_group(spec_for_flow(args.files, args.flow), args.group)
@@ -71,7 +71,7 @@ def _translate(args: argparse.Namespace) -> int:
 
 
 def _checkpoints(args: argparse.Namespace) -> int:
-    from mirrorflow.replication.checkpoints import latest_checkpoints
+    from mirrorflow.replication.remote_cluster import latest_checkpoints
     from mirrorflow.replication.spec import spec_for_flow
 
     rows = latest_checkpoints(spec_for_flow(args.files, args.flow), args.group)
@@ -89,7 +89,7 @@ def _checkpoints(args: argparse.Namespace) -> int:
 
 
 def _sync_groups(args: argparse.Namespace) -> int:
-    from mirrorflow.replication.checkpoints import sync_now
+    from mirrorflow.replication.group_offset_sync import sync_now
     from mirrorflow.replication.spec import spec_for_flow
 
     groups = set(args.group) if args.group else None

@@ -410,7 +410,7 @@ def wrong_checkpoints(
     ``timeout`` for checkpoints of the ``committed`` offsets: exact means the checkpoint's
     upstream offset is the committed one and the target's record at its downstream offset is
     the source's record at that offset (a consumer failing over resumes at the same record)."""
-    from mirrorflow.replication.checkpoints import read_checkpoints
+    from mirrorflow.replication.checkpoint_stores import read_checkpoints
     from mirrorflow.replication.spec import spec_for_flow
 
     spec = spec_for_flow([config], flow)

@@ -78,7 +78,7 @@ from mirrorflow.dr.steps import Log, Partition, StepRecord, StepSkipped, safe_ru
 from mirrorflow.dr.steps import iso as _iso
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
 from mirrorflow.replication import clients
-from mirrorflow.replication.checkpoints import flow_positions
+from mirrorflow.replication.remote_cluster import flow_positions
 from mirrorflow.replication.spec import MirrorSpec
 from mirrorflow.replication.topics import ClusterAdmin, cluster_error
 from mirrorflow.runtime import jobs
@@ -338,7 +338,7 @@ def _real_group_offsets(
     clusters, on the replicated topics (the source's names, or their copies' on the target):
     group -> ``topic-partition`` -> offset. Read by consumers of the groups (the admin API's
     offset listing can crash the process: see GroupOffsetsClient)."""
-    from mirrorflow.replication.checkpoints import GroupOffsetsClient
+    from mirrorflow.replication.group_offsets_client import GroupOffsetsClient
 
     source = ClusterAdmin(spec.source, spec.source_admin)
     partitions = list(replicated_partitions(spec, source))
@@ -601,7 +601,7 @@ def _continuous_then_kill(
         # once the flow has copied what it read (exact translation needs the copies).
         committed = _committed(spec.source, spec.source_admin, request.group)
         _wait_positions(spec, committed, request.timeout_s)
-        from mirrorflow.replication.checkpoints import run_group_sync
+        from mirrorflow.replication.group_offset_sync import run_group_sync
 
         run_group_sync(spec, {request.group}, sync_offsets=False)
         run.event(f"group {request.group}'s commit checkpointed on {spec.target}")
@@ -741,7 +741,7 @@ def failover_step(
     spec = request.spec()
     if request.mode == "non-destructive":
         trigger = run.event("failover triggered")
-        from mirrorflow.replication.checkpoints import run_group_sync
+        from mirrorflow.replication.group_offset_sync import run_group_sync
 
         result = run_group_sync(spec, {request.group}, sync_offsets=True)
         for line in result.lines():

@@ -92,7 +92,7 @@ from mirrorflow.dr.records import (
 )
 from mirrorflow.dr.steps import Log, Partition, StepRecord, StepSkipped, safe_run_id
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
-from mirrorflow.replication.checkpoints import GroupOffsetsClient
+from mirrorflow.replication.group_offsets_client import GroupOffsetsClient
 from mirrorflow.replication.spec import MirrorSpec
 from mirrorflow.replication.topics import ADMIN_TIMEOUT_S, ClusterAdmin, cluster_error
 from mirrorflow.runtime import jobs
@@ -234,7 +234,7 @@ def _reverse_positions(spec: MirrorSpec) -> dict[Partition, int]:
 @WORKFLOW.step("preflight")
 def preflight(request: FailbackRequest, run: FailbackRun, record: StepRecord, log: Log) -> None:
     """The failover undone, both clusters, the policy, the ranges to copy back and set aside."""
-    from mirrorflow.replication.checkpoints import read_offset_map
+    from mirrorflow.replication.checkpoint_stores import read_offset_map
 
     spec, _topology, policy = _spec_and_policy(request)
     # The failover first: one that failed is refused before any cluster is asked.
@@ -742,7 +742,8 @@ def group_sync(request: FailbackRequest, run: FailbackRun, record: StepRecord, l
     """The groups' offsets on ``T`` translated back and committed on ``S``."""
     from confluent_kafka import TopicPartition
 
-    from mirrorflow.replication.checkpoints import GroupOffsetSync, read_offset_map
+    from mirrorflow.replication.checkpoint_stores import read_offset_map
+    from mirrorflow.replication.group_offset_sync import GroupOffsetSync
 
     spec, _t, _p = _spec_and_policy(request)
     pre = run.details("preflight")
@@ -874,8 +875,8 @@ def unfence(request: FailbackRequest, run: FailbackRun, record: StepRecord, log:
 @WORKFLOW.step("resume")
 def resume(request: FailbackRequest, run: FailbackRun, record: StepRecord, log: Log) -> None:
     """Release ``S->T``'s hold and unpause it (identity: its positions past the copies)."""
-    from mirrorflow.replication.checkpoints import flow_positions
     from mirrorflow.replication.positions import PositionWriter
+    from mirrorflow.replication.remote_cluster import flow_positions
 
     spec, _t, _p = _spec_and_policy(request)
     pre = run.details("preflight")

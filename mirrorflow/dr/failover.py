@@ -92,7 +92,7 @@ from mirrorflow.dr.steps import iso as _iso
 from mirrorflow.dr.steps import now as _now
 from mirrorflow.dr.steps import safe_run_id as safe_run_id  # as it was named here
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
-from mirrorflow.replication.checkpoints import flow_positions
+from mirrorflow.replication.remote_cluster import flow_positions
 from mirrorflow.replication.spec import MirrorSpec
 from mirrorflow.replication.topics import ClusterAdmin
 from mirrorflow.runtime import jobs
@@ -412,7 +412,7 @@ def preflight(request: FailoverRequest, run: FailoverRun, record: StepRecord, lo
 
 
 def _checkpointed_groups(spec: MirrorSpec, pattern: str) -> list[str]:
-    from mirrorflow.replication.checkpoints import read_checkpoints
+    from mirrorflow.replication.checkpoint_stores import read_checkpoints
 
     latest = read_checkpoints(spec).latest
     return sorted({g for g, _t, _p in latest if re.fullmatch(pattern, g)})
@@ -671,7 +671,7 @@ def _previous_offsets(
 ) -> dict[str, dict[str, int]]:
     """The groups' committed offsets on the target before the failover commits (best effort:
     a group whose offsets cannot be read is left out)."""
-    from mirrorflow.replication.checkpoints import GroupOffsetsClient
+    from mirrorflow.replication.group_offsets_client import GroupOffsetsClient
 
     client = GroupOffsetsClient(ClusterAdmin(spec.target, spec.target_admin), spec.target_consumer)
     before: dict[str, dict[str, int]] = {}
@@ -714,7 +714,7 @@ def _offsets_text(offsets: dict[str, int]) -> str:
 def _planned_group_sync(
     spec: MirrorSpec, run: FailoverRun, groups: set[str], dry_run: bool, log: Log
 ) -> dict:
-    from mirrorflow.replication.checkpoints import run_group_sync
+    from mirrorflow.replication.group_offset_sync import run_group_sync
 
     if not groups:
         return {"committed": {}, "active": [], "targets": {}, "checkpoints_written": 0}
@@ -770,7 +770,8 @@ def _planned_group_sync(
 def _emergency_group_sync(
     spec: MirrorSpec, run: FailoverRun, groups: set[str], dry_run: bool, log: Log
 ) -> dict:
-    from mirrorflow.replication.checkpoints import GroupOffsetSync, read_checkpoints
+    from mirrorflow.replication.checkpoint_stores import read_checkpoints
+    from mirrorflow.replication.group_offset_sync import GroupOffsetSync
 
     reader = read_checkpoints(spec)
     latest = {k: c for k, c in reader.latest.items() if k[0] in groups}

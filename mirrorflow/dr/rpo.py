@@ -14,7 +14,7 @@ from mirrorflow.dr.offsets import flat_offsets, nested_offsets, partition_key
 from mirrorflow.dr.records import positions_at_cut
 from mirrorflow.dr.steps import Partition, iso, now, stamp_ms
 from mirrorflow.errors import MirrorflowError
-from mirrorflow.replication.checkpoints import flow_positions
+from mirrorflow.replication.remote_cluster import flow_positions
 from mirrorflow.replication.spec import MirrorSpec
 from mirrorflow.replication.topics import ClusterAdmin, cluster_error
 from mirrorflow.runtime import jobs

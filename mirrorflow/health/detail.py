@@ -6,8 +6,8 @@ The partitions come from the job's ``progress.json`` (the source's end offsets a
 ``source_end_offsets_measured``, and the flow's positions, ``source_positions``): no cluster is
 asked.
 The checkpoints are read from the checkpoints topic on the target
-(:class:`mirrorflow.replication.checkpoints.CheckpointReader`), bounded in time: a cluster that
-does not answer within ``timeout_s`` gives a one-line note, not an error, and the page shows
+(:class:`mirrorflow.replication.checkpoint_stores.CheckpointReader`), bounded in time: a cluster
+that does not answer within ``timeout_s`` gives a one-line note, not an error, and the page shows
 the rest.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from mirrorflow.errors import MirrorflowError
-from mirrorflow.replication.checkpoints import CheckpointReader
+from mirrorflow.replication.checkpoint_stores import CheckpointReader
 from mirrorflow.replication.spec import MirrorSpec, spec_for_flow
 from mirrorflow.runtime import jobs
 

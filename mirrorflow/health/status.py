@@ -54,7 +54,7 @@ def measured_lag(files: Iterable[str], flow: str) -> dict | None:
 
 
 def _measure(key: tuple[str, ...]) -> None:
-    from mirrorflow.replication.checkpoints import flow_positions
+    from mirrorflow.replication.remote_cluster import flow_positions
     from mirrorflow.replication.spec import spec_for_flow
 
     *files, flow = key

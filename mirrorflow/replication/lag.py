@@ -7,7 +7,7 @@ partition's position (the first record the flow will copy there). :func:`measure
 from the source, for given positions: the mirror job measures its flows every
 :data:`MEASURE_EVERY_S` (busy, idle, paused, or while its target is away), and whoever renders a
 flow's health measures it when no job reports it (stalled, stopped), reading the positions from
-the target (:func:`~mirrorflow.replication.checkpoints.flow_positions`).
+the target (:func:`~mirrorflow.replication.remote_cluster.flow_positions`).
 
 The timestamps come from a consumer assigned at the positions of the partitions behind, which
 never joins nor commits its group (READ on the topics is all it needs, as the job's). A record

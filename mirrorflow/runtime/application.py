@@ -151,7 +151,7 @@ class FlowThread:
         self._measuring.start()
 
     def _measure(self) -> None:
-        from mirrorflow.replication.checkpoints import flow_positions
+        from mirrorflow.replication.remote_cluster import flow_positions
 
         spec = self.spec
         try:  # the stored positions: a cancelled batch may have committed some since

@@ -26,9 +26,9 @@ The driver plans every batch itself, with Spark's public API only:
 
 Every copy's source and target offsets go to the flow's offset map
 (:mod:`mirrorflow.replication.offset_map`) before the position moves past them (exactly-once: in
-the same transaction); the checkpoint task translates the flow's consumer groups with it,
-exactly, and the group offset sync commits the results on the target
-(:mod:`mirrorflow.replication.checkpoints`).
+the same transaction); the checkpoint task (:mod:`mirrorflow.replication.checkpoint_task`)
+translates the flow's consumer groups with it, exactly, and the group offset sync
+(:mod:`mirrorflow.replication.group_offset_sync`) commits the results on the target.
 
 A crash anywhere copies the unacknowledged batch again (at-least-once), never loses a record,
 and every offset sync stays exact because it pairs a record with the acknowledged offset of its
@@ -64,13 +64,10 @@ from mirrorflow.errors import ClusterUnreachable, MirrorflowError
 from mirrorflow.mm2 import configdefs
 from mirrorflow.mm2.formats import OffsetSync
 from mirrorflow.replication import clients, lag
-from mirrorflow.replication.checkpoints import (
-    GroupCheckpoints,
-    GroupOffsetsClient,
-    GroupOffsetSync,
-    OffsetMapReader,
-    expire_offset_map,
-)
+from mirrorflow.replication.checkpoint_stores import OffsetMapReader, expire_offset_map
+from mirrorflow.replication.checkpoint_task import GroupCheckpoints
+from mirrorflow.replication.group_offset_sync import GroupOffsetSync
+from mirrorflow.replication.group_offsets_client import GroupOffsetsClient
 from mirrorflow.replication.heartbeats import HeartbeatEmitter
 from mirrorflow.replication.lease import RENEW_S, FlowLease, Holder
 from mirrorflow.replication.offset_map import OFFSET_MAP_TOPIC_CONFIG, OffsetMap, Run, record_of
