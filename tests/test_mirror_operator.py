@@ -159,7 +159,7 @@ def control(tmp_path):
 def test_params_give_the_start_position():
     from airflow.sdk.exceptions import AirflowException
 
-    from mirrorflow.airflow.operators.mirror import start_position
+    from mirrorflow.airflow.operators.flow_control import start_position
 
     assert start_position({"starting_offsets": "default"}) is None
     assert start_position({}) is None
