@@ -1,4 +1,5 @@
-"""What the operators share: a task's flow files, resolved when it runs."""
+"""What the operators share: a task's flows, checked when its DAG is parsed, and its flow
+files, resolved when it runs."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 from airflow.sdk.exceptions import AirflowException
 
 from mirrorflow.paths import project_root
+from mirrorflow.runtime import jobs
 
 
 def flow_file_paths(flow_files: Sequence[str], label: str) -> list[Path]:
@@ -22,3 +24,13 @@ def flow_file_paths(flow_files: Sequence[str], label: str) -> list[Path]:
             f"(relative paths are read from {root})"
         )
     return resolved
+
+
+def check_flows(operator: str, flows: Sequence[str], flow_files: Sequence[str]) -> None:
+    """Check a task's ``flows`` (``"SOURCE->TARGET"`` each) and ``flow_files`` as its DAG is
+    parsed: a malformed flow raises MirrorflowError, none of either a ValueError naming
+    ``operator``."""
+    for flow in flows:
+        jobs.split_flow(flow)
+    if not flows or not flow_files:
+        raise ValueError(f"{operator} needs flows and flow_files")

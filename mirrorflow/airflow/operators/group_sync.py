@@ -11,10 +11,9 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
-from mirrorflow.airflow.operators.flow_files import flow_file_paths
+from mirrorflow.airflow.operators.flow_files import check_flows, flow_file_paths
 from mirrorflow.errors import MirrorflowError
 from mirrorflow.paths import project_root
-from mirrorflow.runtime import jobs
 
 
 class GroupSyncOperator(BaseOperator):
@@ -37,10 +36,7 @@ class GroupSyncOperator(BaseOperator):
     ui_color = "#e0e8f0"
 
     def __init__(self, *, flows: Sequence[str], flow_files: Sequence[str], **kwargs: Any) -> None:
-        for flow in flows:
-            jobs.split_flow(flow)
-        if not flows or not flow_files:
-            raise ValueError("GroupSyncOperator needs flows and flow_files")
+        check_flows("GroupSyncOperator", flows, flow_files)
         super().__init__(**kwargs)
         self.flows, self.flow_files = list(flows), list(flow_files)
 
