@@ -72,13 +72,13 @@ from mirrorflow.replication.checkpoints import (
     OffsetMapReader,
     expire_offset_map,
 )
+from mirrorflow.replication.config_sync import AclSync, TopicSync
 from mirrorflow.replication.heartbeats import HeartbeatEmitter
 from mirrorflow.replication.lease import RENEW_S, FlowLease, Holder
 from mirrorflow.replication.offset_map import OFFSET_MAP_TOPIC_CONFIG, OffsetMap, Run, record_of
 from mirrorflow.replication.positions import PositionWriter, SourceOffsetReader, legacy_progress
 from mirrorflow.replication.scheduler import Scheduler, TaskFailed
 from mirrorflow.replication.spec import MirrorSpec
-from mirrorflow.replication.sync import AclSync, TopicSync
 from mirrorflow.replication.topics import (
     ClusterAdmin,
     RemoteTopics,

@@ -1,5 +1,5 @@
 """The operator of the ``sync`` task of a site's sync DAG (``sync__<target>``): the
-topic-config, partition and ACL sync of its flows (:mod:`mirrorflow.replication.sync`).
+topic-config, partition and ACL sync of its flows (:mod:`mirrorflow.replication.config_sync`).
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ class SyncOperator(BaseOperator):
         self.flows, self.flow_files = list(flows), list(flow_files)
 
     def execute(self, context: Any) -> list[dict[str, Any]]:
+        from mirrorflow.replication.config_sync import run_syncs
         from mirrorflow.replication.spec import spec_for_flow
-        from mirrorflow.replication.sync import run_syncs
 
         dry_run = bool((context.get("params") or {}).get("dry_run"))
         paths = flow_file_paths(self.flow_files, ", ".join(self.flows))
