@@ -85,7 +85,7 @@ def test_a_job_that_ignores_the_stop_request_is_killed_after_the_grace_period(op
 
 
 def test_pausing_the_dag_while_the_job_runs_asks_it_to_stop(operator):
-    from mirrorflow.airflow.operators import _JobWatcher
+    from mirrorflow.airflow.operators.mirror import _JobWatcher
 
     answers = iter([False, False, True])
     ti = SimpleNamespace(
@@ -106,7 +106,7 @@ def test_pausing_the_dag_while_the_job_runs_asks_it_to_stop(operator):
 
 
 def test_a_dag_already_paused_when_the_run_starts_keeps_its_job_running(operator):
-    from mirrorflow.airflow.operators import _JobWatcher
+    from mirrorflow.airflow.operators.mirror import _JobWatcher
 
     ti = SimpleNamespace(dag_id="d", get_dag=lambda dag_id: SimpleNamespace(is_paused=True))
     watcher = _JobWatcher(operator, SimpleNamespace(process=None), operator._job_files, {"ti": ti})
@@ -117,7 +117,7 @@ def test_a_dag_already_paused_when_the_run_starts_keeps_its_job_running(operator
 
 
 def test_a_flow_is_paused_while_its_own_dag_is_and_resumed_when_unpaused(operator):
-    from mirrorflow.airflow.operators import _JobWatcher
+    from mirrorflow.airflow.operators.mirror import _JobWatcher
 
     paused = {"mirror__secondary": False, "flow__tertiary__secondary": True}
     ti = SimpleNamespace(
@@ -159,7 +159,7 @@ def control(tmp_path):
 def test_params_give_the_start_position():
     from airflow.sdk.exceptions import AirflowException
 
-    from mirrorflow.airflow.operators import start_position
+    from mirrorflow.airflow.operators.flow_control import start_position
 
     assert start_position({"starting_offsets": "default"}) is None
     assert start_position({}) is None
@@ -270,7 +270,7 @@ def test_a_standalone_master_without_its_secret_fails_the_task_in_one_line(opera
 
 
 def test_a_flow_held_by_a_failover_stays_paused_though_its_dag_is_unpaused(operator):
-    from mirrorflow.airflow.operators import _JobWatcher
+    from mirrorflow.airflow.operators.mirror import _JobWatcher
 
     ti = SimpleNamespace(
         dag_id="mirror__secondary", get_dag=lambda dag_id: SimpleNamespace(is_paused=False)

@@ -14,6 +14,8 @@ from typing import Any
 
 PACKAGE = "mirrorflow"
 INTEGRATION = "mirrorflow"
+# mirrorflow.airflow.operators' modules, one per concept
+OPERATORS = ("mirror", "flow_control", "config_sync", "group_sync", "dr")
 
 
 def get_provider_info() -> dict[str, Any]:
@@ -39,6 +41,9 @@ def get_provider_info() -> dict[str, Any]:
             {"integration-name": INTEGRATION, "python-modules": ["mirrorflow.airflow.hooks"]}
         ],
         "operators": [
-            {"integration-name": INTEGRATION, "python-modules": ["mirrorflow.airflow.operators"]}
+            {
+                "integration-name": INTEGRATION,
+                "python-modules": [f"mirrorflow.airflow.operators.{name}" for name in OPERATORS],
+            }
         ],
     }

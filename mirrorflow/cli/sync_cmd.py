@@ -32,8 +32,8 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def _sync(args: argparse.Namespace) -> int:
+    from mirrorflow.replication.config_sync import run_syncs
     from mirrorflow.replication.spec import spec_for_flow
-    from mirrorflow.replication.sync import run_syncs
 
     topology = load_topology(args.files)
     names = list(dict.fromkeys(args.flow or [f.name for f in topology.flows]))

@@ -642,7 +642,7 @@ def final_sync(request: FailoverRequest, run: FailoverRun, record: StepRecord, l
 
 def _topic_syncs(spec: MirrorSpec, run: FailoverRun, dry_run: bool, log: Log) -> list[dict]:
     """The flow's config and ACL syncs, each change in the ledger as soon as its sync ran."""
-    from mirrorflow.replication.sync import AclSync, Change, TopicSync
+    from mirrorflow.replication.config_sync import AclSync, Change, TopicSync
 
     reports = []
     for enabled, sync, kind in (

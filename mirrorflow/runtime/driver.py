@@ -66,6 +66,7 @@ from mirrorflow.mm2.formats import OffsetSync
 from mirrorflow.replication import clients, lag
 from mirrorflow.replication.checkpoint_stores import OffsetMapReader, expire_offset_map
 from mirrorflow.replication.checkpoint_task import GroupCheckpoints
+from mirrorflow.replication.config_sync import AclSync, TopicSync
 from mirrorflow.replication.group_offset_sync import GroupOffsetSync
 from mirrorflow.replication.group_offsets_client import GroupOffsetsClient
 from mirrorflow.replication.heartbeats import HeartbeatEmitter
@@ -74,7 +75,6 @@ from mirrorflow.replication.offset_map import OFFSET_MAP_TOPIC_CONFIG, OffsetMap
 from mirrorflow.replication.positions import PositionWriter, SourceOffsetReader, legacy_progress
 from mirrorflow.replication.scheduler import Scheduler, TaskFailed
 from mirrorflow.replication.spec import MirrorSpec
-from mirrorflow.replication.sync import AclSync, TopicSync
 from mirrorflow.replication.topics import (
     ClusterAdmin,
     RemoteTopics,
