@@ -10,13 +10,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from mirrorflow.dr.clusters import replicated_partitions
+from mirrorflow.dr.clusters import replicated_groups, replicated_partitions
 from mirrorflow.dr.drill_request import DrillRequest
 from mirrorflow.dr.drill_traffic import DRILL_PARTITIONS, GroupReader, client_config, end_offsets
 from mirrorflow.dr.offsets import partition_key
 from mirrorflow.replication import clients
 from mirrorflow.replication.spec import MirrorSpec
-from mirrorflow.replication.topics import ClusterAdmin, cluster_error
+from mirrorflow.replication.topics import ClusterAdmin
 
 
 def real_group_offsets(
@@ -32,16 +32,11 @@ def real_group_offsets(
     partitions = list(replicated_partitions(spec, source))
     if admin.alias == spec.target:
         partitions = [(spec.remote_topic(t), p) for t, p in partitions]
-    try:
-        listed = admin.client.list_consumer_groups(request_timeout=30).result()
-    except Exception as exc:
-        raise cluster_error(
-            admin, "listing consumer groups", exc, "DESCRIBE on the groups"
-        ) from None
+    groups = replicated_groups(spec, admin, "(?s).*")  # every group the flow checkpoints
     client = GroupOffsetsClient(admin, config)
     offsets: dict[str, dict[str, int]] = {}
-    for group in sorted(g.group_id for g in listed.valid):
-        if spec.should_replicate_group(group) and not group.startswith(request.group_prefix):
+    for group in groups:
+        if not group.startswith(request.group_prefix):
             found = client.committed(group, partitions)
             offsets[group] = {partition_key(tp): o for tp, (o, _m) in sorted(found.items())}
     return offsets
