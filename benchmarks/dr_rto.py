@@ -57,7 +57,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from mirrorflow.airflow import rendering
 from mirrorflow.devtools import sandbox as sandbox_mod
 from mirrorflow.devtools.local_airflow import Api, LocalAirflow
-from mirrorflow.dr import drill
+from mirrorflow.dr.drill_traffic import DRILL_TOPIC
 from mirrorflow.errors import MirrorflowError
 from mirrorflow.paths import write_private
 from mirrorflow.replication.group_offset_sync import run_group_sync
@@ -230,12 +230,12 @@ class Scenario:
             for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
                 future.result(30)
         admin = AdminClient(box["primary"].client_config())
-        for future in admin.create_topics([NewTopic(drill.DRILL_TOPIC, 2, 1)]).values():
+        for future in admin.create_topics([NewTopic(DRILL_TOPIC, 2, 1)]).values():
             future.result(30)
         lines = box.mm2_lines(names)
         lines += [
             f"{FLOW}.enabled = true",
-            f"{FLOW}.topics = {TOPIC}, {drill.DRILL_TOPIC}",
+            f"{FLOW}.topics = {TOPIC}, {DRILL_TOPIC}",
             f"{FLOW}.groups = app-.*, mirrorflow-drill-.*",
             f"{OTHER}.enabled = true",
             f"{OTHER}.topics = {OTHER_TOPIC}",

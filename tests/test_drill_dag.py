@@ -18,6 +18,9 @@ from confluent_kafka import Consumer, TopicPartition
 
 from mirrorflow.devtools import sandbox as sandbox_mod
 from mirrorflow.dr import drill
+from mirrorflow.dr.drill_request import DrillRequest
+from mirrorflow.dr.drill_sandbox import sandbox_cluster
+from mirrorflow.dr.drill_traffic import DRILL_PARTITIONS, DRILL_TOPIC
 from mirrorflow.errors import MirrorflowError
 from mirrorflow.replication.group_offset_sync import run_group_sync
 from mirrorflow.replication.remote_cluster import flow_positions
@@ -67,8 +70,8 @@ def end_offsets(cluster) -> list[int]:
     consumer = Consumer({**cluster.client_config(), "group.id": "probe"})
     try:
         return [
-            consumer.get_watermark_offsets(TopicPartition(drill.DRILL_TOPIC, p), timeout=30)[1]
-            for p in range(drill.DRILL_PARTITIONS)
+            consumer.get_watermark_offsets(TopicPartition(DRILL_TOPIC, p), timeout=30)[1]
+            for p in range(DRILL_PARTITIONS)
         ]
     finally:
         consumer.close()
@@ -89,13 +92,13 @@ def test_sandbox_cluster_is_recognised_by_its_bootstrap_port(tmp_path):
     (tmp_path / "clusters.json").write_text(
         json.dumps({"clusters": {"primary": {"broker_port": 19092}}})
     )
-    assert drill.sandbox_cluster("127.0.0.1:19092", tmp_path) == "primary"
-    assert drill.sandbox_cluster("localhost:19094", tmp_path) == "primary"  # its TLS listener
-    assert drill.sandbox_cluster("10.0.0.5:19092", tmp_path) is None
-    assert drill.sandbox_cluster("127.0.0.1:29092", tmp_path) is None
-    assert drill.sandbox_cluster("127.0.0.1:19092", tmp_path / "none") is None
+    assert sandbox_cluster("127.0.0.1:19092", tmp_path) == "primary"
+    assert sandbox_cluster("localhost:19094", tmp_path) == "primary"  # its TLS listener
+    assert sandbox_cluster("10.0.0.5:19092", tmp_path) is None
+    assert sandbox_cluster("127.0.0.1:29092", tmp_path) is None
+    assert sandbox_cluster("127.0.0.1:19092", tmp_path / "none") is None
     with pytest.raises(MirrorflowError, match="drill mode 'chaos' is not one of"):
-        drill.DrillRequest(FLOW, ("f",), "r", mode="chaos")
+        DrillRequest(FLOW, ("f",), "r", mode="chaos")
 
 
 @pytest.mark.kafka
@@ -113,7 +116,7 @@ def test_drills_non_destructive_then_destructive_with_the_source_broker_killed_m
     config = flow_file(
         tmp_path,
         sandbox,
-        f"{t}, {drill.DRILL_TOPIC}",
+        f"{t}, {DRILL_TOPIC}",
         f"{FLOW}.groups = {group}, mirrorflow-drill-.*",
         f"{FLOW}.sync.topic.configs.enabled = false",
         f"{FLOW}.sync.topic.acls.enabled = false",
@@ -182,7 +185,7 @@ def test_drills_non_destructive_then_destructive_with_the_source_broker_killed_m
         # Deleted on both clusters by the restore, and the running job's group offset sync
         # does not commit it again on the target (it did, a moment later: issue 24).
         time.sleep(5)
-        assert target_group_offsets(secondary, shadow, f"primary.{drill.DRILL_TOPIC}") == {}
+        assert target_group_offsets(secondary, shadow, f"primary.{DRILL_TOPIC}") == {}
         assert shadow not in groups_on(secondary) | groups_on(primary)
         assert "**0 record(s)**" in markdown
         assert "DR drill of primary-&gt;secondary: success" in html
@@ -255,7 +258,7 @@ def test_drills_non_destructive_then_destructive_with_the_source_broker_killed_m
         assert data["restore"]["flow_caught_up"] is data["restore"]["mirror_job_running"]
         if job.poll() is not None:
             job = start_mirror(config, FLOW, flows, tmp_path / "job2.log")
-        ends = {(drill.DRILL_TOPIC, p): o for p, o in enumerate(end_offsets(primary))}
+        ends = {(DRILL_TOPIC, p): o for p, o in enumerate(end_offsets(primary))}
         wait_for(
             lambda: all(positions(spec).get(tp, 0) >= o for tp, o in ends.items()),
             180,
@@ -280,8 +283,8 @@ def test_a_destructive_drill_refuses_a_source_that_is_not_a_sandbox_cluster(
     sandbox, tmp_path, monkeypatch
 ):
     monkeypatch.setenv("MIRRORFLOW_STATE", str(tmp_path / "state"))
-    config = flow_file(tmp_path, sandbox, drill.DRILL_TOPIC, f"{FLOW}.groups = mirrorflow-drill-.*")
-    request = drill.DrillRequest(
+    config = flow_file(tmp_path, sandbox, DRILL_TOPIC, f"{FLOW}.groups = mirrorflow-drill-.*")
+    request = DrillRequest(
         FLOW, (str(config),), "refused", mode="destructive", sandbox_dir=str(tmp_path / "other")
     )
     with pytest.raises(MirrorflowError) as refused:
@@ -291,8 +294,8 @@ def test_a_destructive_drill_refuses_a_source_that_is_not_a_sandbox_cluster(
         f"cluster (none in {tmp_path / 'other'} listens at its bootstrap servers)"
     )
     # The flow must checkpoint the drill's groups: said in one line naming the setting.
-    config = flow_file(tmp_path, sandbox, drill.DRILL_TOPIC, f"{FLOW}.groups = billing")
-    request = drill.DrillRequest(FLOW, (str(config),), "refused-2")
+    config = flow_file(tmp_path, sandbox, DRILL_TOPIC, f"{FLOW}.groups = billing")
+    request = DrillRequest(FLOW, (str(config),), "refused-2")
     with pytest.raises(MirrorflowError, match="does not checkpoint the drill group") as refused:
         drill.preflight(request, log=lambda _line: None)
     assert f"add mirrorflow-drill-.* to {FLOW}.groups" in refused.value.hint

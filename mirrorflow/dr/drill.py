@@ -3,11 +3,11 @@ verify end-to-end message flow there, and measure RPO and RTO, so the runbook is
 before it is needed (seed 003). The drill DAG's tasks run :data:`STEPS` in order, sharing a run
 record on disk, as the failover's do.
 
-Both modes write only to the drill's own topic, :data:`DRILL_TOPIC` (``mirrorflow-drill-canary``
-on the source; the flow's ``topics`` must replicate it, else the drill refuses in one line), and
-use only their own consumer group (the *group prefix* and the run id, e.g.
-``mirrorflow-drill-manual__2026-…``; the flow's ``groups`` must checkpoint it). No user topic is
-written and no real group is moved.
+Both modes write only to the drill's own topic, ``mirrorflow-drill-canary`` on the source
+(:data:`~mirrorflow.dr.drill_traffic.DRILL_TOPIC`; the flow's ``topics`` must replicate it, else
+the drill refuses in one line), and use only their own consumer group (the *group prefix* and
+the run id, e.g. ``mirrorflow-drill-manual__2026-…``; the flow's ``groups`` must checkpoint it).
+No user topic is written and no real group is moved.
 
 ``non-destructive`` (any cluster, production included)
     ``traffic``: N canary records on the source; the drill's *shadow group* reads and commits
@@ -48,190 +48,57 @@ Measured per run (``verify``):
 
 ``report``: Markdown and HTML from ``templates/drill_report.{md,html}.j2`` and JSON in
 ``$MIRRORFLOW_STATE/reports/drill/<run id>/`` (mode 0600), with the timeline, the ledger and
-what the drill could not rehearse (:data:`NOT_REHEARSED`). ``restore`` and
-``report`` run however the steps before ended; ``restore`` also deletes the drill group on both
-clusters. A dry run checks that the drill can run (``preflight``) and changes nothing.
+what the drill could not rehearse (:data:`~mirrorflow.dr.drill_report.NOT_REHEARSED`). ``restore``
+and ``report`` run however the steps before ended; ``restore`` also deletes the drill group on
+both clusters. A dry run checks that the drill can run (``preflight``) and changes nothing.
+
+Here: the workflow and its steps. The request is in :mod:`mirrorflow.dr.drill_request`, the
+run's record and report in :mod:`~mirrorflow.dr.drill_report`, the traffic in
+:mod:`~mirrorflow.dr.drill_traffic`, the counting in :mod:`~mirrorflow.dr.drill_verify`, the
+sandbox a destructive drill kills and restarts in :mod:`~mirrorflow.dr.drill_sandbox`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import re
-import subprocess
-import sys
-import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
-from mirrorflow import paths
 from mirrorflow.dr import failover, steps
-from mirrorflow.dr.clusters import reachable, replicated_partitions
+from mirrorflow.dr.clusters import reachable
+from mirrorflow.dr.drill_report import DrillRun, step_timings
+from mirrorflow.dr.drill_request import DrillRequest
+from mirrorflow.dr.drill_sandbox import run_sandbox, source_sandbox
+from mirrorflow.dr.drill_traffic import (
+    DRILL_PARTITIONS,
+    DRILL_TOPIC,
+    DrillProducer,
+    GroupReader,
+    commit_group,
+    continuous_then_kill,
+    delete_group,
+    end_offsets,
+    ensure_topic,
+    send_canaries,
+    wait_copied,
+)
+from mirrorflow.dr.drill_verify import (
+    count,
+    read_on_target,
+    real_group_offsets,
+    records_on_target,
+    rto,
+)
 from mirrorflow.dr.offsets import key_partition, partition_key
 from mirrorflow.dr.records import positions_at_cut
-from mirrorflow.dr.steps import Log, Partition, StepRecord, StepSkipped, safe_run_id
+from mirrorflow.dr.steps import Log, StepRecord, StepSkipped, safe_run_id
 from mirrorflow.dr.steps import iso as _iso
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
-from mirrorflow.replication import clients
 from mirrorflow.replication.remote_cluster import flow_positions
-from mirrorflow.replication.spec import MirrorSpec
-from mirrorflow.replication.topics import ClusterAdmin, cluster_error
+from mirrorflow.replication.topics import ClusterAdmin
 from mirrorflow.runtime import jobs
 
-DRILL_TOPIC = "mirrorflow-drill-canary"
-DRILL_PARTITIONS = 2
-MODES = ("non-destructive", "destructive")
 STEPS = ("preflight", "traffic", "failover", "verify", "restore", "report")
-
-
-@dataclass(frozen=True)
-class DrillRequest(steps.DRRequest):
-    """What a drill run was asked to do (a DAG run's Params)."""
-
-    mode: str = "non-destructive"
-    canaries: int = 100  # non-destructive: canary records
-    group_prefix: str = "mirrorflow-drill-"
-    dry_run: bool = False
-    traffic_seconds: float = 12.0  # destructive: how long the producer writes before the cut
-    rate: int = 200  # destructive: records per second
-    timeout_s: float = 120.0  # each wait (the flow copying, the group reading)
-    sandbox_dir: str | None = None
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.mode not in MODES:
-            raise MirrorflowError(
-                f"drill mode {self.mode!r} is not one of {', '.join(MODES)}",
-                "choose non-destructive (canaries, a shadow group) or destructive (sandbox)",
-            )
-        if not re.fullmatch(r"[A-Za-z0-9._\-]{1,100}", self.group_prefix):
-            raise MirrorflowError(
-                f"drill group prefix {self.group_prefix!r} is not a group name prefix",
-                "use letters, digits, '.', '_' and '-' (e.g. mirrorflow-drill-)",
-            )
-        for name, value, low in (
-            ("canary count", self.canaries, 2),
-            ("traffic seconds", self.traffic_seconds, 2),
-            ("rate", self.rate, 1),
-        ):
-            if value < low:
-                raise MirrorflowError(f"drill {name} {value} is below {low}")
-
-    PARAMS = {
-        "mode": ("mode", str, "non-destructive"),
-        "canaries": ("canaries", int, 100),
-        "group_prefix": ("group_prefix", str, "mirrorflow-drill-"),
-        "dry_run": ("dry_run", bool, False),
-        "traffic_seconds": ("traffic_seconds", float, 12),
-        "rate": ("rate", int, 200),
-    }
-
-    @property
-    def group(self) -> str:
-        """The drill's own consumer group (its shadow group, non-destructive)."""
-        return self.group_prefix + safe_run_id(self.run_id)
-
-    def record(self) -> dict[str, Any]:
-        return {
-            "mode": self.mode,
-            "canaries": self.canaries,
-            "group": self.group,
-            "dry_run": self.dry_run,
-            "traffic_seconds": self.traffic_seconds,
-            "rate": self.rate,
-        }
-
-    def failover_request(self) -> failover.FailoverRequest:
-        """The emergency failover of the drill group (destructive), recorded under
-        ``reports/failover/drill__<run id>/``: the failover's own steps with its own defaults
-        (its stop timeout included), as ``mirrorflow failover --mode emergency`` runs them."""
-        return failover.FailoverRequest(
-            flow=self.flow,
-            flow_files=self.flow_files,
-            run_id="drill__" + safe_run_id(self.run_id),
-            mode="emergency",
-            group_pattern=re.escape(self.group),
-            state_dir=self.state_dir,
-        )
-
-
-def reports_dir() -> Path:
-    """Where drill runs keep their record and report: ``$MIRRORFLOW_STATE/reports/drill``."""
-    return steps.reports_dir("drill")
-
-
-def sandbox_dir(request: DrillRequest) -> Path:
-    """The sandbox directory a destructive drill looks its source cluster up in."""
-    if request.sandbox_dir:
-        return Path(request.sandbox_dir)
-    if os.environ.get("MIRRORFLOW_SANDBOX"):
-        return Path(os.environ["MIRRORFLOW_SANDBOX"])
-    return paths.state_dir() / "sandbox"
-
-
-PORTS_PER_SANDBOX_CLUSTER = 10  # as mirrorflow.devtools.sandbox lays out its listeners
-
-
-def sandbox_cluster(bootstrap_servers: str, directory: Path) -> str | None:
-    """The name of the sandbox cluster (recorded in ``directory/clusters.json``) that
-    ``bootstrap_servers`` point at, None when they are not all loopback ports of one."""
-    try:
-        clusters = json.loads((directory / "clusters.json").read_text())["clusters"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    found = set()
-    for server in filter(None, (s.strip() for s in bootstrap_servers.split(","))):
-        address = urlsplit("//" + server.split("://")[-1])
-        if address.hostname not in ("127.0.0.1", "localhost", "::1") or address.port is None:
-            return None
-        names = [
-            name
-            for name, c in clusters.items()
-            if int(c["broker_port"]) <= address.port < int(c["broker_port"]) + 10
-        ]
-        if len(names) != 1:
-            return None
-        found.add(names[0])
-    return found.pop() if len(found) == 1 else None
-
-
-class DrillRun(steps.Run):
-    """A drill run's record, ``run.json`` in its report directory (as a failover's), with the
-    run's timeline (:meth:`~mirrorflow.dr.steps.Run.event`)."""
-
-    KIND = "drill"
-    request: DrillRequest  # a drill's own (Run holds any workflow's request)
-
-    def new_record(self) -> dict:
-        return {**super().new_record(), "timeline": []}
-
-    def report_context(self) -> dict:
-        return report_context(self)
-
-    def report_lines(self, context: dict) -> list[str]:
-        figures = context["figures"]
-        if not figures:
-            return []
-        return [
-            f"drill figures: RPO {figures['rpo_records']} record(s), RTO "
-            f"{figures['rto_s']}s, per group "
-            + ", ".join(
-                f"{g}: {r['lost']} lost, {r['repeated']} repeated"
-                for g, r in figures["groups"].items()
-            )
-        ]
-
-
 WORKFLOW = steps.Workflow(DrillRun, DrillRequest, STEPS, always=("restore", "report"))
-
-
-def _client(config: dict[str, str], **extra: object) -> dict:
-    return {**config, **extra}
 
 
 def _skip_when_dry(request: DrillRequest) -> None:
@@ -279,24 +146,14 @@ def preflight(request: DrillRequest, run: DrillRun, record: StepRecord, log: Log
         "exactly_once": spec.exactly_once,
     }
     if request.mode == "destructive":
-        directory = sandbox_dir(request)
-        name = sandbox_cluster(spec.source_admin.get("bootstrap.servers", ""), directory)
-        if name is None:
-            raise MirrorflowError(
-                f"a destructive drill kills {spec.source}'s broker, and {spec.source} is not "
-                f"a mirrorflow sandbox cluster (none in {directory} listens at its "
-                "bootstrap servers)",
-                "run the non-destructive drill on this flow, or point MIRRORFLOW_SANDBOX "
-                "at the sandbox that runs it",
-            )
-        details["sandbox"] = {"directory": str(directory), "cluster": name}
+        details["sandbox"] = source_sandbox(spec, request.sandbox_dir)
     source = ClusterAdmin(spec.source, spec.source_admin)
     target = ClusterAdmin(spec.target, spec.target_admin)
-    details["real_groups_before"] = _real_group_offsets(spec, target, spec.target_admin, request)
-    details["real_source_groups_before"] = _real_group_offsets(
+    details["real_groups_before"] = real_group_offsets(spec, target, spec.target_admin, request)
+    details["real_source_groups_before"] = real_group_offsets(
         spec, source, spec.source_admin, request
     )
-    if not request.dry_run and _ensure_topic(source):
+    if not request.dry_run and ensure_topic(source):
         run.change(
             "topic-created",
             f"created topic {DRILL_TOPIC} on {spec.source} ({DRILL_PARTITIONS} partitions)",
@@ -312,170 +169,7 @@ def preflight(request: DrillRequest, run: DrillRun, record: StepRecord, log: Log
     log(record.summary)
 
 
-def _ensure_topic(admin: ClusterAdmin) -> bool:
-    """Create the drill topic unless it exists; whether this created it."""
-    from confluent_kafka import KafkaError, KafkaException
-    from confluent_kafka.admin import NewTopic
-
-    if DRILL_TOPIC in admin.metadata().topics:
-        return False
-    futures = admin.client.create_topics([NewTopic(DRILL_TOPIC, DRILL_PARTITIONS)])
-    try:
-        futures[DRILL_TOPIC].result(timeout=30)
-    except KafkaException as exc:
-        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-            raise cluster_error(
-                admin, f"creating {DRILL_TOPIC}", exc, "CREATE on the topic"
-            ) from None
-        return False
-    return True
-
-
-def _real_group_offsets(
-    spec: MirrorSpec, admin: ClusterAdmin, config: dict[str, str], request: DrillRequest
-) -> dict[str, dict[str, int]]:
-    """The committed offsets of the groups the flow checkpoints (not the drill's) on one of its
-    clusters, on the replicated topics (the source's names, or their copies' on the target):
-    group -> ``topic-partition`` -> offset. Read by consumers of the groups (the admin API's
-    offset listing can crash the process: see GroupOffsetsClient)."""
-    from mirrorflow.replication.group_offsets_client import GroupOffsetsClient
-
-    source = ClusterAdmin(spec.source, spec.source_admin)
-    partitions = list(replicated_partitions(spec, source))
-    if admin.alias == spec.target:
-        partitions = [(spec.remote_topic(t), p) for t, p in partitions]
-    try:
-        listed = admin.client.list_consumer_groups(request_timeout=30).result()
-    except Exception as exc:
-        raise cluster_error(
-            admin, "listing consumer groups", exc, "DESCRIBE on the groups"
-        ) from None
-    client = GroupOffsetsClient(admin, config)
-    offsets: dict[str, dict[str, int]] = {}
-    for group in sorted(g.group_id for g in listed.valid):
-        if spec.should_replicate_group(group) and not group.startswith(request.group_prefix):
-            found = client.committed(group, partitions)
-            offsets[group] = {partition_key(tp): o for tp, (o, _m) in sorted(found.items())}
-    return offsets
-
-
 # -- traffic -------------------------------------------------------------------------------
-
-
-class _Producer:
-    """Writes drill records (value ``<run>:<seq>``) and keeps each acknowledged offset."""
-
-    def __init__(self, cluster: str, config: dict[str, str], tag: str) -> None:
-        self.producer = clients.producer(
-            cluster,
-            _client(
-                config,
-                **{
-                    "enable.idempotence": True,
-                    "acks": "all",
-                    "linger.ms": 5,
-                    "message.timeout.ms": 5000,
-                },
-            ),
-        )
-        self.tag = tag
-        self.sent = 0
-        self.acked: dict[str, list[int]] = {}  # seq -> [partition, offset]
-        self.failed = 0
-        self.last_ack = 0.0
-
-    def _delivered(self, err, msg) -> None:
-        if err is None:
-            seq = msg.value().decode().rsplit(":", 1)[1]
-            self.acked[seq] = [msg.partition(), msg.offset()]
-            self.last_ack = time.time()
-        else:
-            self.failed += 1
-
-    def produce(self) -> None:
-        seq = self.sent
-        self.producer.produce(
-            DRILL_TOPIC,
-            key=str(seq).encode(),
-            value=f"{self.tag}:{seq}".encode(),
-            partition=seq % DRILL_PARTITIONS,
-            on_delivery=self._delivered,
-        )
-        self.sent += 1
-        self.producer.poll(0)
-
-    def flush(self, timeout: float) -> None:
-        self.producer.flush(timeout)
-
-    def drop(self, timeout: float) -> None:
-        """Wait ``timeout`` for the answers on their way, then drop what is left unanswered:
-        its deliveries fail (counted in ``failed``), none is counted as acknowledged."""
-        self.producer.flush(timeout)
-        self.producer.purge()
-        self.producer.flush(0)
-
-
-def _end_offsets(
-    cluster: str, config: dict[str, str], topic: str, partitions: int
-) -> dict[int, int]:
-    from confluent_kafka import TopicPartition
-
-    consumer = clients.consumer(cluster, _client(config, **{"group.id": "mirrorflow-drill-probe"}))
-    try:
-        return {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
-            for p in range(partitions)
-        }
-    finally:
-        consumer.close()
-
-
-class _GroupReader:
-    """The drill group reading on one cluster: each record read is committed (synchronously)
-    before it counts as read, so what it read is what its group has committed."""
-
-    def __init__(
-        self, cluster: str, config: dict[str, str], group: str, tag: str, topic: str
-    ) -> None:
-        self.consumer = clients.consumer(
-            cluster,
-            _client(
-                config,
-                **{
-                    "group.id": group,
-                    "enable.auto.commit": False,
-                    "auto.offset.reset": "earliest",
-                    "isolation.level": "read_committed",
-                },
-            ),
-        )
-        self.consumer.subscribe([topic])
-        self.tag = tag
-        self.read: list[str] = []  # seqs, in order read
-        self.first_read: float | None = None
-
-    def poll(self, timeout: float = 0.5, most: int = 500) -> int:
-        from confluent_kafka import KafkaException
-
-        messages = self.consumer.consume(most, timeout)
-        got = [m for m in messages if m.error() is None]
-        if not got:
-            return 0
-        try:
-            self.consumer.commit(asynchronous=False)
-        except KafkaException:
-            return 0  # not committed: not counted as read (it will be read again)
-        if self.first_read is None:
-            self.first_read = time.time()
-        for m in got:
-            tag, _, seq = (m.value() or b"").decode().rpartition(":")
-            if tag == self.tag:
-                self.read.append(seq)
-        return len(got)
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.consumer.close()
 
 
 @WORKFLOW.step("traffic", xcom_details=False)
@@ -487,22 +181,22 @@ def traffic(request: DrillRequest, run: DrillRun, record: StepRecord, log: Log) 
     tag = safe_run_id(request.run_id)
     # The drill group starts at the topic's end: earlier runs' records are not its own.
     source = spec.source, spec.source_admin
-    start = _end_offsets(*source, DRILL_TOPIC, DRILL_PARTITIONS)
-    _commit(*source, request.group, start)
+    start = end_offsets(*source, DRILL_TOPIC, DRILL_PARTITIONS)
+    commit_group(*source, request.group, start)
     run.change(
         "group-offsets",
         f"committed group {request.group} on {spec.source} at {DRILL_TOPIC}'s end: "
         + ", ".join(f"{DRILL_TOPIC}-{p}@{o}" for p, o in sorted(start.items())),
         undo={"cluster": spec.source, "group": request.group},
     )
-    producer = _Producer(*source, tag)
-    reader = _GroupReader(*source, request.group, tag, DRILL_TOPIC)
+    producer = DrillProducer(*source, tag)
+    reader = GroupReader(*source, request.group, tag, DRILL_TOPIC)
     run.event("traffic started")
     try:
         if request.mode == "non-destructive":
-            details = _canaries(request, spec, run, producer, reader, log)
+            details = send_canaries(request, spec, run, producer, reader, log)
         else:
-            details = _continuous_then_kill(request, spec, run, producer, reader, log)
+            details = continuous_then_kill(request, spec, run, producer, reader, log)
     finally:
         reader.close()
         run.change(
@@ -523,185 +217,6 @@ def traffic(request: DrillRequest, run: DrillRun, record: StepRecord, log: Log) 
         + (f"; {spec.source} killed at {_iso(details['cut'])}" if "cut" in details else "")
     )
     log(record.summary)
-
-
-def _commit(cluster: str, config: dict[str, str], group: str, offsets: dict[int, int]) -> None:
-    from confluent_kafka import TopicPartition
-
-    settings = _client(config, **{"group.id": group, "enable.auto.commit": False})
-    consumer = clients.consumer(cluster, settings)
-    try:
-        consumer.commit(
-            offsets=[TopicPartition(DRILL_TOPIC, p, o) for p, o in offsets.items()],
-            asynchronous=False,
-        )
-    finally:
-        consumer.close()
-
-
-def _canaries(
-    request: DrillRequest,
-    spec: MirrorSpec,
-    run: DrillRun,
-    producer: _Producer,
-    reader: _GroupReader,
-    log: Log,
-) -> dict:
-    for _ in range(request.canaries):
-        producer.produce()
-    producer.flush(30)
-    run.event(f"{len(producer.acked)} canaries acknowledged by {spec.source}")
-    half = len(producer.acked) // 2
-    deadline = time.monotonic() + request.timeout_s
-    while len(reader.read) < half and time.monotonic() < deadline:
-        reader.poll(most=half - len(reader.read))  # the first half exactly
-    run.event(f"shadow group read {len(reader.read)} canaries on {spec.source}")
-    log(f"shadow group {request.group} read and committed {len(reader.read)} on {spec.source}")
-    copied_at = _wait_copied(spec, producer.acked, request.timeout_s)
-    if copied_at is not None:
-        run.event(f"the flow copied every canary to {spec.target}", copied_at)
-    return {
-        "replication_latency_s": None
-        if copied_at is None
-        else round(max(0.0, copied_at - producer.last_ack), 3)
-    }
-
-
-def _continuous_then_kill(
-    request: DrillRequest,
-    spec: MirrorSpec,
-    run: DrillRun,
-    producer: _Producer,
-    reader: _GroupReader,
-    log: Log,
-) -> dict:
-    stop = threading.Event()
-    errors: list[BaseException] = []
-
-    def write() -> None:
-        try:
-            interval = 1.0 / request.rate
-            following = time.monotonic()
-            while not stop.is_set():
-                producer.produce()
-                following += interval
-                time.sleep(max(0.0, following - time.monotonic()))
-        except BaseException as exc:  # BufferError once the broker is gone a while
-            errors.append(exc)
-
-    writer = threading.Thread(target=write, name="drill-producer", daemon=True)
-    writer.start()
-    started = time.monotonic()
-    try:
-        while time.monotonic() - started < request.traffic_seconds / 2:
-            reader.poll(0.2)
-        reader.close()
-        run.event(f"group {request.group} stopped reading on {spec.source} ({len(reader.read)})")
-        # Its commit checkpointed as the job does every emit.checkpoints.interval.seconds,
-        # once the flow has copied what it read (exact translation needs the copies).
-        committed = _committed(spec.source, spec.source_admin, request.group)
-        _wait_positions(spec, committed, request.timeout_s)
-        from mirrorflow.replication.group_offset_sync import run_group_sync
-
-        run_group_sync(spec, {request.group}, sync_offsets=False)
-        run.event(f"group {request.group}'s commit checkpointed on {spec.target}")
-        log(f"group {request.group} read {len(reader.read)} on {spec.source}; checkpointed")
-        while time.monotonic() - started < request.traffic_seconds:
-            time.sleep(0.1)
-        sandbox = run.details("preflight")["sandbox"]
-        cut = _sandbox("kill", sandbox)
-        run.event(f"{spec.source} broker killed (SIGKILL): the cut", cut)
-        run.change(
-            "broker-killed",
-            f"killed {spec.source}'s broker (sandbox cluster {sandbox['cluster']}, SIGKILL)",
-            undo={"sandbox": sandbox},
-        )
-        log(f"{spec.source}'s broker ({sandbox['cluster']}) killed mid-traffic at {_iso(cut)}")
-    finally:
-        stop.set()
-        writer.join(10)
-    # The failover starts now, as an emergency's does at the kill: the source acknowledged
-    # what it will ever acknowledge before its SIGKILL (on loopback those answers are in at
-    # once), so what is still in flight is dropped, not waited for (message.timeout.ms).
-    producer.drop(0.5)
-    return {"cut": cut, "producer_error": str(errors[0]) if errors else None}
-
-
-def _sandbox(action: str, sandbox: dict) -> float:
-    """Kill (``kill``) or restart (``up``) the sandbox cluster with ``mirrorflow sandbox``;
-    returns when it was done (epoch seconds; for a kill the moment its signal was sent, as the
-    command prints it)."""
-    command = [
-        sys.executable,
-        "-m",
-        "mirrorflow.cli",
-        "sandbox",
-        "--dir",
-        sandbox["directory"],
-        action,
-        "--clusters",
-        sandbox["cluster"],
-    ]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=180)
-    if result.returncode != 0:
-        raise MirrorflowError(
-            f"mirrorflow sandbox {action} {sandbox['cluster']} failed: "
-            + (result.stderr.strip().splitlines() or ["no output"])[-1]
-        )
-    if action == "kill":
-        sent = re.search(r"SIGKILL at ([0-9.]+)", result.stdout)
-        if sent is None:
-            raise MirrorflowError(
-                f"mirrorflow sandbox kill {sandbox['cluster']}: its broker was not running",
-                "start it with mirrorflow sandbox up, then run the drill again",
-            )
-        return float(sent.group(1))
-    return time.time()
-
-
-def _committed(cluster: str, config: dict[str, str], group: str) -> dict[Partition, int]:
-    from confluent_kafka import TopicPartition
-
-    settings = _client(config, **{"group.id": group, "enable.auto.commit": False})
-    consumer = clients.consumer(cluster, settings)
-    try:
-        found = consumer.committed(
-            [TopicPartition(DRILL_TOPIC, p) for p in range(DRILL_PARTITIONS)], timeout=30
-        )
-        return {(tp.topic, tp.partition): tp.offset for tp in found if tp.offset >= 0}
-    finally:
-        consumer.close()
-
-
-def _wait_positions(spec: MirrorSpec, wanted: dict[Partition, int], timeout: float) -> float:
-    """Wait until the flow's positions reach ``wanted``; when they did (epoch seconds)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            positions = flow_positions(spec)
-        except ClusterUnreachable:  # its offsets topic just created, a leader moving
-            positions = {}
-        if all(positions.get(tp, 0) >= o for tp, o in wanted.items()):
-            return time.time()
-        if time.monotonic() > deadline:
-            behind = {partition_key(tp): o - positions.get(tp, 0) for tp, o in wanted.items()}
-            raise MirrorflowError(
-                f"{spec.flow} did not copy the drill's records within {timeout:.0f}s "
-                f"(behind: {behind})",
-                "check that the mirror job runs the flow (mirror DAG, progress.json)",
-            )
-        time.sleep(0.5)
-
-
-def _wait_copied(spec: MirrorSpec, acked: dict[str, list[int]], timeout: float) -> float | None:
-    wanted: dict[Partition, int] = {}
-    for partition, offset in acked.values():
-        tp = (DRILL_TOPIC, partition)
-        wanted[tp] = max(wanted.get(tp, 0), offset + 1)
-    try:
-        return _wait_positions(spec, wanted, timeout)
-    except MirrorflowError:
-        return None  # verify counts what is missing
 
 
 # -- failover ------------------------------------------------------------------------------
@@ -804,7 +319,7 @@ def failover_step(
             "failover_estimate": (final.get("rpo") or {}).get("summary_short"),
             "failover_run_id": inner.run_id,
             "failover_report": str(inner_run.directory / "report.md"),
-            "failover_steps": _step_timings(inner_run),
+            "failover_steps": step_timings(inner_run),
             "held": bool(inner_run.details("stop-mirror").get("held")),
             "positions_at_cut": {
                 partition_key((t, int(p))): o
@@ -826,14 +341,6 @@ def failover_step(
     log(record.summary)
 
 
-def _step_timings(run: steps.Run) -> list[dict]:
-    """A run's steps as its report lists them: step, status, seconds, what happened."""
-    return [
-        {k: s[k] for k in ("step", "status", "seconds", "summary")}
-        for s in run.report_header(step_details=False)["steps"]
-    ]
-
-
 # -- verify --------------------------------------------------------------------------------
 
 
@@ -846,27 +353,20 @@ def verify(request: DrillRequest, run: DrillRun, record: StepRecord, log: Log) -
     if not sent or not over:
         raise MirrorflowError("the traffic or failover step did not run: nothing to verify")
     remote = pre["remote_topic"]
-    target_client = spec.target, spec.target_admin
+    tag = safe_run_id(request.run_id)
     # The group reads first, as an application restarted on the target would: what is
     # counted below (nothing moves now: the flow is held or its canaries copied) comes after.
-    reader = _GroupReader(*target_client, request.group, safe_run_id(request.run_id), remote)
-    deadline = time.monotonic() + request.timeout_s
-    try:
-        while reader.first_read is None and time.monotonic() < deadline:
-            reader.poll(0.5)
-        ends = _end_offsets(*target_client, remote, DRILL_PARTITIONS)
-        while time.monotonic() < deadline and not _at_ends(reader, remote, ends):
-            reader.poll(0.5)
-    finally:
-        reader.close()
+    reader = read_on_target(
+        spec.target, spec.target_admin, request.group, tag, remote, request.timeout_s
+    )
     acked: dict[str, list[int]] = sent["acked"]
     positions = {key_partition(k)[1]: o for k, o in over["positions_at_cut"].items()}
     if request.mode == "destructive":  # the source is still down: what its last reads
         # before the cut brought (a batch in flight at the kill lands after it)
         positions = {p: o for (t, p), o in flow_positions(spec).items() if t == DRILL_TOPIC}
-    copied = {s for s, (p, o) in acked.items() if o < positions.get(p, 0)}
     read_on_source = set(sent["read_on_source"])
-    expected = copied - read_on_source
+    read = reader.read
+    counts = count(acked, positions, read_on_source, read)
     if reader.first_read is not None:
         run.event(f"first record read by {request.group} on {spec.target}", reader.first_read)
         run.change(
@@ -875,25 +375,22 @@ def verify(request: DrillRequest, run: DrillRun, record: StepRecord, log: Log) -
             f"{spec.target} ({remote}) and committed its reads there",
             undo={"cluster": spec.target, "group": request.group},
         )
-    read = reader.read
-    lost = sorted(expected - set(read), key=int)
-    repeated = len(read) - len(set(read)) + len(set(read) & read_on_source)
-    on_target = _records_on_target(spec, remote, run, safe_run_id(request.run_id))
-    trigger = sent.get("cut") or over["trigger"]
-    rto = None if reader.first_read is None else round(reader.first_read - trigger, 3)
-    rpo = len(acked) - len(copied)
+    lost, repeated = counts.lost, counts.repeated
+    on_target = records_on_target(spec, remote, acked, tag)
+    rto_s = rto(reader.first_read, sent.get("cut") or over["trigger"])
+    rpo = counts.rpo
     details = {
         "rpo_records": rpo,
-        "rto_s": rto,
+        "rto_s": rto_s,
         "rto_basis": "the source broker's kill"
         if request.mode == "destructive"
         else "the start of the failover step",
         "acked": len(acked),
-        "copied_at_cut": len(copied),
+        "copied_at_cut": len(counts.copied),
         "groups": {
             request.group: {
                 "read_on_source": len(read_on_source),
-                "expected_on_target": len(expected),
+                "expected_on_target": len(counts.expected),
                 "read_on_target": len(read),
                 "lost": len(lost),
                 "lost_examples": lost[:10],
@@ -906,8 +403,8 @@ def verify(request: DrillRequest, run: DrillRun, record: StepRecord, log: Log) -
     if request.mode == "non-destructive":
         target = ClusterAdmin(spec.target, spec.target_admin)
         source = ClusterAdmin(spec.source, spec.source_admin)
-        after = _real_group_offsets(spec, target, spec.target_admin, request)
-        after_source = _real_group_offsets(spec, source, spec.source_admin, request)
+        after = real_group_offsets(spec, target, spec.target_admin, request)
+        after_source = real_group_offsets(spec, source, spec.source_admin, request)
         details["real_groups_unchanged"] = (
             after == pre["real_groups_before"] and after_source == pre["real_source_groups_before"]
         )
@@ -915,7 +412,7 @@ def verify(request: DrillRequest, run: DrillRun, record: StepRecord, log: Log) -
     record.details = details
     record.summary = (
         f"RPO {rpo} record(s) (acknowledged by {spec.source}, not on {spec.target} at the "
-        f"cut); RTO {'-' if rto is None else f'{rto:.1f}s'} (from {details['rto_basis']} "
+        f"cut); RTO {'-' if rto_s is None else f'{rto_s:.1f}s'} (from {details['rto_basis']} "
         f"to the first read on {spec.target}); group {request.group}: {len(read)} read on "
         f"{spec.target}, {len(lost)} lost, {repeated} repeated"
     )
@@ -940,55 +437,6 @@ def verify(request: DrillRequest, run: DrillRun, record: StepRecord, log: Log) -
         )
 
 
-def _at_ends(reader: _GroupReader, topic: str, ends: dict[int, int]) -> bool:
-    from confluent_kafka import TopicPartition
-
-    positions = reader.consumer.position([TopicPartition(topic, p) for p in ends])
-    return all(tp.offset >= ends[tp.partition] for tp in positions if ends[tp.partition] > 0)
-
-
-def _records_on_target(spec: MirrorSpec, remote: str, run: DrillRun, tag: str) -> dict:
-    """Each acknowledged record of this run found on the target's copy: once, missing, more."""
-    from confluent_kafka import TopicPartition
-
-    acked = run.details("traffic")["acked"]
-    consumer = clients.consumer(
-        spec.target,
-        _client(
-            spec.target_admin,
-            **{
-                "group.id": "mirrorflow-drill-probe",
-                "enable.auto.commit": False,
-                "isolation.level": "read_committed",
-            },
-        ),
-    )
-    ends = _end_offsets(spec.target, spec.target_admin, remote, DRILL_PARTITIONS)
-    counts: dict[str, int] = {}
-    try:
-        consumer.assign([TopicPartition(remote, p, 0) for p in ends])  # 0: from the start
-        deadline = time.monotonic() + 60
-        done: set[int] = {p for p, e in ends.items() if e == 0}
-        while len(done) < len(ends) and time.monotonic() < deadline:
-            for m in consumer.consume(1000, 1.0):
-                if m.error() is not None:
-                    continue
-                t, _, seq = (m.value() or b"").decode().rpartition(":")
-                if t == tag:
-                    counts[seq] = counts.get(seq, 0) + 1
-            # positions, not offsets read: an exactly-once copy ends with a commit marker
-            for tp in consumer.position([TopicPartition(remote, p) for p in ends]):
-                if tp.offset >= ends[tp.partition]:
-                    done.add(tp.partition)
-    finally:
-        consumer.close()
-    return {
-        "once": sum(1 for s in acked if counts.get(s) == 1),
-        "missing": sum(1 for s in acked if s not in counts),
-        "duplicated": sum(1 for n in counts.values() if n > 1),
-    }
-
-
 # -- restore -------------------------------------------------------------------------------
 
 
@@ -1001,7 +449,7 @@ def restore(request: DrillRequest, run: DrillRun, record: StepRecord, log: Log) 
     details: dict = {}
     pre = run.details("preflight")
     if request.mode == "destructive" and pre.get("sandbox"):
-        _sandbox("up", pre["sandbox"])
+        run_sandbox("up", pre["sandbox"])
         run.event(f"{spec.source} broker restarted")
         run.change(
             "broker-restarted",
@@ -1034,7 +482,7 @@ def restore(request: DrillRequest, run: DrillRun, record: StepRecord, log: Log) 
                 f"no mirror job runs {request.flow} now: it resumes when the mirror DAG "
                 "starts its job again"
             )
-        caught = _wait_copied(spec, acked, request.timeout_s) if running else None
+        caught = wait_copied(spec, acked, request.timeout_s) if running else None
         details["mirror_job_running"] = bool(running)
         details["flow_caught_up"] = caught is not None
         if caught is not None:
@@ -1043,7 +491,7 @@ def restore(request: DrillRequest, run: DrillRun, record: StepRecord, log: Log) 
             f"{request.flow} "
             + ("copied the rest after the restore" if caught else "has not caught up yet")
         )
-    details["deleted_groups"] = _delete_group(spec, request.group)
+    details["deleted_groups"] = delete_group(spec, request.group)
     for alias in details["deleted_groups"]:
         run.change("group-deleted", f"deleted group {request.group} on {alias}")
     record.details = details
@@ -1055,86 +503,7 @@ def restore(request: DrillRequest, run: DrillRun, record: StepRecord, log: Log) 
     log(record.summary)
 
 
-def _delete_group(spec: MirrorSpec, group: str) -> list[str]:
-    """Delete the drill group on the source, then on the target (the clusters it was deleted
-    on). The source goes first: a running mirror job's group offset sync creates a group
-    absent from the target as long as the source still has its offsets."""
-    deleted = []
-    for alias, config in ((spec.source, spec.source_admin), (spec.target, spec.target_admin)):
-        admin = ClusterAdmin(alias, config)
-        try:
-            admin.client.delete_consumer_groups([group], request_timeout=30)[group].result(30)
-            deleted.append(alias)
-        except Exception:  # no such group there: nothing to delete
-            continue
-    return deleted
-
-
 # -- report --------------------------------------------------------------------------------
-
-
-NOT_REHEARSED = {
-    "non-destructive": [
-        "the source's loss: it stays up, and the shadow group is checkpointed now with exact "
-        "translation (a planned failover's way), not from the checkpoints stored on the target",
-        "stop-mirror: the flow is not held, the mirror job keeps copying",
-        "fencing producers",
-        "moving real consumer groups: the shadow group alone moves (the real groups' offsets "
-        "are only compared)",
-        "the time people take to notice, decide and trigger the failover",
-        "the failback",
-    ],
-    "destructive": [
-        "fencing producers: an emergency failover cannot (the source is away)",
-        "moving real consumer groups: the drill group alone moves",
-        "the time people take to notice and decide: the failover starts right after the kill",
-        "the loss of more than the source's broker (the DR cluster, the network, the machine "
-        "running the mirror job and Airflow all stay up), on sandbox clusters only",
-        "the failback: the restore restarts the broker and releases the hold; nothing written "
-        "on the DR cluster is copied back",
-    ],
-}
-
-
-def report_context(run: DrillRun) -> dict:
-    """What the templates show, from the run record (without the per-record lists): the
-    timeline, the figures, the ledger (``changes``), what the drill could not rehearse, and,
-    destructive, the failover's own steps with their seconds and its ledger."""
-    data = run.data
-    figures = run.details("verify")
-    over = run.details("failover")
-    restore = run.details("restore")
-    mode = data["request"]["mode"]
-    failover_changes: list[dict] = []
-    measured = restore.get("measured_rpo")
-    failover_steps = over.get("failover_steps") or []
-    if over.get("failover_run_id"):
-        inner_run = failover.FailoverRun(run.request.failover_request())
-        inner = inner_run.data
-        failover_changes = list(inner.get("changes") or [])
-        measured = measured or inner.get("measured_rpo")
-        failover_steps = _step_timings(inner_run)  # its report step too, wherever it ran
-    steps_seconds = [s["seconds"] for s in failover_steps if s["seconds"]]
-    return {
-        **run.report_header(step_details=False, ended=False),
-        "mode": mode,
-        "timeline": sorted(
-            ({"at": e["at"], "event": e["event"]} for e in data["timeline"]),
-            key=lambda e: e["at"],
-        ),
-        "preflight": {
-            k: v for k, v in run.details("preflight").items() if not k.startswith("real_")
-        },
-        "figures": figures,
-        "committed": over.get("committed") or {},
-        "failover_report": over.get("failover_report"),
-        "failover_steps": failover_steps,
-        "failover_seconds": round(sum(steps_seconds), 3) if steps_seconds else None,
-        "failover_changes": failover_changes,
-        "measured_rpo": measured,
-        "not_rehearsed": NOT_REHEARSED[mode],
-        "restore": restore,
-    }
 
 
 report = WORKFLOW.report
