@@ -154,7 +154,7 @@ def test_a_converted_mirror_maker_1_command_mirrors_from_where_its_group_stopped
     a, b, other = topic_name("mm1-a"), topic_name("mm1-b"), topic_name("mm1-other")
     for topic in (a, b, other):
         create_topics(primary, topic, partitions=2)
-        produce(primary, topic, 2, 100)
+        produce(primary, topic, 2, 200)  # offsets 0-99 in each partition
     group = topic_name("mm1-group")
     committed = {(a, 0): 30, (a, 1): 40, (b, 0): 50}  # b-1: never committed
     consumer = Consumer({**primary.client_config(), "group.id": group})
@@ -186,8 +186,8 @@ def test_a_converted_mirror_maker_1_command_mirrors_from_where_its_group_stopped
             assert [r[1:] for r in copies[partition]] == expected, (topic, partition)
     assert other not in topic_names(secondary)
 
-    produce(primary, a, 2, 10, start=100)
-    produce(primary, b, 2, 10, start=100)
+    produce(primary, a, 2, 20, start=200)
+    produce(primary, b, 2, 20, start=200)
     run_mirror_once(config, "primary->secondary", state)
     for topic in (a, b):
         copies = read_topic(secondary, topic)
