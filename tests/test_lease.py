@@ -102,3 +102,46 @@ def test_one_holder_a_frozen_one_is_fenced_and_a_released_or_dead_one_frees_the_
     dead.kill()
     dead.wait()
     taken_at_once("/state/5")
+
+
+def test_a_holder_whose_target_went_away_mid_renewal_renews_once_it_is_back(
+    sandbox, topic_name, monkeypatch
+):
+    """The target stops while a renewal commits: the renewal fails as an unreachable cluster
+    (retried by the flow), and once the target is back the holder renews again. (A timed-out
+    commit used to leave librdkafka refusing every later transaction, "Conflicting
+    commit_transaction API call is already in progress", so the flow failed even with its
+    target back.)"""
+    from mirrorflow.devtools import sandbox as sandbox_mod
+    from mirrorflow.errors import ClusterUnreachable
+
+    monkeypatch.setattr(lease, "TIMEOUT_S", 3.0)  # a commit gives up sooner than 30 s
+    secondary = sandbox["secondary"]
+    flow = f"{topic_name('away')}->secondary"
+    config = secondary.client_config()
+    lease.FlowLease.ensure_topic(ClusterAdmin("secondary", config), 1)
+    held = lease.FlowLease(
+        flow, "secondary", config, config, config, lease.Holder.this_process("/state/away")
+    )
+    held.take()
+    try:
+        sandbox_mod.down(sandbox.directory, ["secondary"])
+        for _ in range(2):  # the commit times out, then the next one finds it still pending
+            with pytest.raises(ClusterUnreachable) as away:
+                held.renew()
+            line = away.value.message
+            assert line.startswith("cluster secondary did not answer while renewing the lease"), (
+                line
+            )
+    finally:
+        sandbox_mod.up(["secondary"], sandbox.directory)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            held.renew()
+            break
+        except ClusterUnreachable:
+            assert time.monotonic() < deadline, "the holder never renewed with its target back"
+            time.sleep(1)
+    assert held.current().holder == held.holder
+    held.release()

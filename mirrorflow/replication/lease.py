@@ -36,11 +36,12 @@ from datetime import UTC, datetime
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from mirrorflow.errors import ClusterUnreachable, MirrorflowError
+from mirrorflow.errors import MirrorflowError
 from mirrorflow.replication import clients
 from mirrorflow.replication.topic_reader import TopicReader
 from mirrorflow.replication.topics import (
     client_principal,
+    did_not_answer,
     ensure_internal_topic,
     refusal,
     unauthorized,
@@ -159,6 +160,7 @@ class FlowLease:
         self.principal = client_principal(producer_config)
         self._producer: Producer | None = None
         self._lock = threading.Lock()  # one transaction at a time: renewals and positions
+        self._commit_pending = False  # a commit timed out: finished before the next transaction
         self.renewed = 0.0  # monotonic time of the last renewal that committed
 
     @property
@@ -226,6 +228,7 @@ class FlowLease:
                     f"{EXPIRY_S:.0f}s after its last renewal",
                 )
             time.sleep(RENEW_S)
+        self._commit_pending = False
         self._producer = clients.producer(
             self.target,
             {
@@ -272,13 +275,17 @@ class FlowLease:
                     "start the flow again: it takes the lease if no other job holds it",
                 )
             try:
+                if self._commit_pending:  # an earlier commit timed out: librdkafka takes no
+                    self._commit(producer)  # other call until it is finished
                 producer.begin_transaction()
                 for topic, value, key in records:
                     producer.produce(topic, value, key)
                 producer.produce(LEASES_TOPIC, _encode(holder), self.flow.encode(), partition=0)
-                producer.commit_transaction(TIMEOUT_S)
+                self._commit(producer)
             except KafkaException as exc:
                 error = exc.args[0]
+                if error.txn_requires_abort() or _fenced(error):
+                    self._commit_pending = False
                 if _fenced(error):
                     self._producer = None
                     raise LeaseLost(
@@ -292,6 +299,14 @@ class FlowLease:
                         producer.abort_transaction(TIMEOUT_S)
                 raise self._failure(error, "renewing") from None
 
+    def _commit(self, producer: Producer) -> None:
+        """Commit the open transaction. One that times out (the target away) stays pending,
+        and the next transaction finishes it first: what it holds was written in order (a
+        renewal, positions of copies already acknowledged), so it may land late."""
+        self._commit_pending = True
+        producer.commit_transaction(TIMEOUT_S)
+        self._commit_pending = False
+
     def _failure(self, error: KafkaError, doing: str) -> MirrorflowError:
         if unauthorized(error):
             return refusal(
@@ -301,10 +316,7 @@ class FlowLease:
                 error.str(),
                 f"WRITE on TransactionalId {self.transactional_id} and on topic {LEASES_TOPIC}",
             )
-        return ClusterUnreachable(
-            f"{doing} the lease of flow {self.flow} on {self.target}: {error.str()}",
-            "check the target cluster; the flow retries",
-        )
+        return did_not_answer(self.target, f"{doing} the lease of flow {self.flow}", error.str())
 
 
 def _fenced(error: KafkaError) -> bool:

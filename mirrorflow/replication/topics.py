@@ -138,11 +138,16 @@ def cluster_error(
     if code in (KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN) or (
         err is not None and err.retriable()  # e.g. a leader moving after a broker restart
     ):
-        return ClusterUnreachable(
-            f"cluster {admin.alias} did not answer while {action}: {text}",
-            f"check {admin.alias}.bootstrap.servers and that the cluster is up",
-        )
+        return did_not_answer(admin.alias, action, text)
     return MirrorflowError(f"cluster {admin.alias}: {action} failed: {text}")
+
+
+def did_not_answer(alias: str, action: str, text: str) -> ClusterUnreachable:
+    """Cluster ``alias`` did not answer while ``action``: the one line every such error reads."""
+    return ClusterUnreachable(
+        f"cluster {alias} did not answer while {action}: {text}",
+        f"check {alias}.bootstrap.servers and that the cluster is up",
+    )
 
 
 def _text(err: KafkaError) -> str:
