@@ -6,6 +6,7 @@ on free loopback ports in a temporary directory, so a developer's own sandbox ke
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import subprocess
@@ -84,6 +85,56 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if slow:
         config.hook.pytest_deselected(items=slow)
         items[:] = [item for item in items if item not in slow]
+
+
+def _mirror_jobs() -> dict[int, str]:
+    """The mirror jobs' drivers this test run started that still run: pid -> command line."""
+    import psutil
+
+    from mirrorflow.runtime import launch
+    from tests import leftovers
+
+    run = os.environ[leftovers.VARIABLE]
+    found = {}
+    for process in psutil.process_iter(["cmdline", "environ"]):
+        argv = process.info["cmdline"] or []
+        environment = process.info["environ"] or {}
+        if environment.get(leftovers.VARIABLE) != run or not argv:
+            continue
+        if "java" not in Path(argv[0]).name and any(
+            a.endswith(launch.MIRROR_JOB.name) for a in argv[1:3]
+        ):
+            found[process.pid] = " ".join(argv)[:200]
+    return found
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_mirror_job_outlives_its_module(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A mirror job a module started (a DAG's, left in the grace period its Airflow task's end
+    gives it) is stopped when the module ends: it would hold its flow's lease on the shared
+    sandbox's target, and the next module's job of that flow would wait, then fail, naming it."""
+    import psutil
+
+    before = set(_mirror_jobs())
+    yield
+    left = {pid: line for pid, line in _mirror_jobs().items() if pid not in before}
+    if not left:
+        return
+    processes = []
+    for pid in left:
+        with contextlib.suppress(psutil.Error):
+            process = psutil.Process(pid)
+            process.terminate()  # the job stops after its batch and releases the lease
+            processes.append(process)
+    _gone, alive = psutil.wait_procs(processes, timeout=60)
+    for process in alive:
+        with contextlib.suppress(psutil.Error):
+            process.kill()  # a dead holder of this host frees the lease at once
+    warnings.warn(
+        f"{request.module.__name__} left {len(left)} mirror job(s) running, stopped now: "
+        + "; ".join(f"pid {pid}: {line}" for pid, line in left.items()),
+        stacklevel=1,
+    )
 
 
 @pytest.fixture(scope="session")
