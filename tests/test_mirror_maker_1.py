@@ -147,6 +147,7 @@ def test_a_converted_mirror_maker_1_command_mirrors_from_where_its_group_stopped
     partition starts where MirrorMaker 1's group committed (a partition it never committed
     starts at the end, MirrorMaker 1's ``latest``), a topic the regex leaves out stays, and the
     records that arrive later follow."""
+    from mirrorflow.devtools import sandbox as sandbox_mod
     from tests.conftest import create_topics
     from tests.mirror_harness import produce, read_topic, run_mirror_once, topic_names
 
@@ -172,7 +173,8 @@ def test_a_converted_mirror_maker_1_command_mirrors_from_where_its_group_stopped
                  "--target", "secondary"]) == 0  # fmt: skip
     out, _err = capsys.readouterr()
     config = tmp_path / "mirror.properties"
-    write_private(config, out + "emit.heartbeats.interval.seconds = 1\n")
+    single_broker = "".join(f"{name} = 1\n" for name in sandbox_mod.SINGLE_BROKER_FACTORS)
+    write_private(config, out + single_broker + "emit.heartbeats.interval.seconds = 1\n")
     assert primary.passwords["admin"] not in out
 
     state = tmp_path / "state"
