@@ -115,7 +115,7 @@ def test_a_holder_whose_target_went_away_mid_renewal_renews_once_it_is_back(
     from mirrorflow.devtools import sandbox as sandbox_mod
     from mirrorflow.errors import ClusterUnreachable
 
-    monkeypatch.setattr(lease, "TIMEOUT_S", 3.0)  # a commit gives up sooner than 30 s
+    monkeypatch.setattr(lease, "COMMIT_TIMEOUT_S", 3.0)  # a commit gives up sooner than 10 s
     secondary = sandbox["secondary"]
     flow = f"{topic_name('away')}->secondary"
     config = secondary.client_config()

@@ -50,7 +50,11 @@ from mirrorflow.replication.topics import (
 LEASES_TOPIC = "mirrorflow-leases.internal"
 RENEW_S = 2.0
 EXPIRY_S = 10.0
-TIMEOUT_S = 30.0
+TIMEOUT_S = 30.0  # taking the lease (fencing earlier holders), reading the leases topic
+# A transaction (a renewal, positions) gives up after this long: by then the lease is as good
+# as lost anyway (EXPIRY_S), and the flow retries.
+COMMIT_TIMEOUT_S = EXPIRY_S
+RELEASE_TIMEOUT_S = 3.0  # a stop waits at most this long (twice) to give the lease up
 
 
 class FlowBusy(MirrorflowError):
@@ -259,52 +263,73 @@ class FlowLease:
         self.renewed = time.monotonic()
 
     def release(self) -> None:
-        """Give the lease up at a clean stop: the next start takes it at once."""
+        """Give the lease up at a stop: the next start takes it at once. Bounded (the target
+        away, or a renewal waiting for it): the lease then expires, or is free at once to a
+        start on this host once this process is gone."""
         if self._producer is None:
             return
         with contextlib.suppress(MirrorflowError):  # taken, or the target is away: it expires
-            self._transaction(None, [])
+            self._transaction(None, [], RELEASE_TIMEOUT_S)
         self._producer = None
 
-    def _transaction(self, holder: Holder | None, records: list[tuple[str, bytes, bytes]]) -> None:
-        with self._lock:
-            producer = self._producer
-            if producer is None:
-                raise LeaseLost(
-                    f"flow {self.flow} does not hold its lease on {self.target}",
-                    "start the flow again: it takes the lease if no other job holds it",
-                )
-            try:
-                if self._commit_pending:  # an earlier commit timed out: librdkafka takes no
-                    self._commit(producer)  # other call until it is finished
-                producer.begin_transaction()
-                for topic, value, key in records:
-                    producer.produce(topic, value, key)
-                producer.produce(LEASES_TOPIC, _encode(holder), self.flow.encode(), partition=0)
-                self._commit(producer)
-            except KafkaException as exc:
-                error = exc.args[0]
-                if error.txn_requires_abort() or _fenced(error):
-                    self._commit_pending = False
-                if _fenced(error):
-                    self._producer = None
-                    raise LeaseLost(
-                        f"flow {self.flow} lost its lease on {self.target} to another job (this "
-                        f"one had not renewed it for over {EXPIRY_S:.0f}s: frozen, or cut off "
-                        "from the target)",
-                        "nothing more of this job lands; the other job copies the flow",
-                    ) from None
-                with contextlib.suppress(KafkaException):
-                    if error.txn_requires_abort():
-                        producer.abort_transaction(TIMEOUT_S)
-                raise self._failure(error, "renewing") from None
+    def _transaction(
+        self,
+        holder: Holder | None,
+        records: list[tuple[str, bytes, bytes]],
+        timeout_s: float | None = None,
+    ) -> None:
+        timeout = COMMIT_TIMEOUT_S if timeout_s is None else timeout_s
+        if not self._lock.acquire(timeout=timeout):
+            raise did_not_answer(
+                self.target,
+                f"writing the lease of flow {self.flow}",
+                f"its previous transaction still waits for the target after {timeout:.0f}s",
+            )
+        try:
+            self._locked_transaction(holder, records, timeout)
+        finally:
+            self._lock.release()
 
-    def _commit(self, producer: Producer) -> None:
+    def _locked_transaction(
+        self, holder: Holder | None, records: list[tuple[str, bytes, bytes]], timeout: float
+    ) -> None:
+        producer = self._producer
+        if producer is None:
+            raise LeaseLost(
+                f"flow {self.flow} does not hold its lease on {self.target}",
+                "start the flow again: it takes the lease if no other job holds it",
+            )
+        try:
+            if self._commit_pending:  # an earlier commit timed out: librdkafka takes no
+                self._commit(producer, timeout)  # other call until it is finished
+            producer.begin_transaction()
+            for topic, value, key in records:
+                producer.produce(topic, value, key)
+            producer.produce(LEASES_TOPIC, _encode(holder), self.flow.encode(), partition=0)
+            self._commit(producer, timeout)
+        except KafkaException as exc:
+            error = exc.args[0]
+            if error.txn_requires_abort() or _fenced(error):
+                self._commit_pending = False
+            if _fenced(error):
+                self._producer = None
+                raise LeaseLost(
+                    f"flow {self.flow} lost its lease on {self.target} to another job (this "
+                    f"one had not renewed it for over {EXPIRY_S:.0f}s: frozen, or cut off "
+                    "from the target)",
+                    "nothing more of this job lands; the other job copies the flow",
+                ) from None
+            with contextlib.suppress(KafkaException):
+                if error.txn_requires_abort():
+                    producer.abort_transaction(timeout)
+            raise self._failure(error, "renewing") from None
+
+    def _commit(self, producer: Producer, timeout: float) -> None:
         """Commit the open transaction. One that times out (the target away) stays pending,
         and the next transaction finishes it first: what it holds was written in order (a
         renewal, positions of copies already acknowledged), so it may land late."""
         self._commit_pending = True
-        producer.commit_transaction(TIMEOUT_S)
+        producer.commit_transaction(timeout)
         self._commit_pending = False
 
     def _failure(self, error: KafkaError, doing: str) -> MirrorflowError:
