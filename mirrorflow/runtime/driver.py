@@ -975,7 +975,14 @@ class MirrorJob:
         partitions = self._partitions()
         new = [tp for tp in partitions if tp not in self.positions]
         if new:
-            self.positions.update(self._starts(new))
+            starts = self._starts(new)
+            self.positions.update(starts)
+            if self.spec.starting_offsets != "earliest" or self.spec.starting_offsets_group:
+                # Where these start depends on when they were first seen (the end then, a
+                # group's offsets then): kept at once, so that a restart resumes there rather
+                # than at a later end, skipping what arrived while the job was down.
+                assert self.writer is not None
+                self.writer.write(starts)
         ends = self._once_ends if self._once_ends is not None else self._ends(partitions)
         self.backlog.planned_ends, self.backlog.plan_at = ends, plan_at
         self.backlog.observe(ends, self.positions, int(plan_at * 1000))
