@@ -14,7 +14,6 @@ the rest.
 from __future__ import annotations
 
 import concurrent.futures
-import time
 from pathlib import Path
 from typing import Any
 
@@ -83,18 +82,7 @@ def _read_checkpoints(spec: MirrorSpec, timeout_s: float) -> list[dict[str, obje
         reader.read_to_end(timeout_s)
     finally:
         reader.close()
-    now_ms = time.time() * 1000
-    return [
-        {
-            "group": c.group,
-            "topic": c.topic,
-            "partition": c.partition,
-            "upstream_offset": c.upstream_offset,
-            "offset": c.downstream_offset,
-            "age_s": round((now_ms - reader.written_ms[key]) / 1000, 1),
-        }
-        for key, c in sorted(reader.latest.items())
-    ]
+    return reader.rows(metadata=False)
 
 
 def checkpoints(

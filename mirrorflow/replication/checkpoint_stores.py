@@ -12,6 +12,8 @@ runs whose records the source no longer has, in memory and in that topic.
 
 from __future__ import annotations
 
+import time
+
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from mirrorflow.errors import MirrorflowError
@@ -85,6 +87,27 @@ class CheckpointReader(TopicReader):
         key = (checkpoint.group, checkpoint.topic, checkpoint.partition)
         self.latest[key] = checkpoint
         self.written_ms[key] = msg.timestamp()[1]
+
+    def rows(self, group: str | None = None, metadata: bool = True) -> list[dict[str, object]]:
+        """The latest checkpoints (of ``group``; None: all) as rows, with their age now
+        (``mirrorflow checkpoints``, a flow's page; the page leaves out the metadata)."""
+        now_ms = time.time() * 1000
+        rows: list[dict[str, object]] = []
+        for key, c in sorted(self.latest.items()):
+            if group is not None and c.group != group:
+                continue
+            row: dict[str, object] = {
+                "group": c.group,
+                "topic": c.topic,
+                "partition": c.partition,
+                "upstream_offset": c.upstream_offset,
+                "offset": c.downstream_offset,
+            }
+            if metadata:
+                row["metadata"] = c.metadata
+            row["age_s"] = round((now_ms - self.written_ms[key]) / 1000, 1)
+            rows.append(row)
+        return rows
 
 
 def read_offset_map(spec: MirrorSpec) -> OffsetMap:

@@ -116,21 +116,7 @@ def translation_rows(
 
 def latest_checkpoints(spec: MirrorSpec, group: str | None = None) -> list[dict[str, object]]:
     """The latest checkpoint per group and target partition (``mirrorflow checkpoints``)."""
-    reader = read_checkpoints(spec)
-    now_ms = time.time() * 1000
-    return [
-        {
-            "group": c.group,
-            "topic": c.topic,
-            "partition": c.partition,
-            "upstream_offset": c.upstream_offset,
-            "offset": c.downstream_offset,
-            "metadata": c.metadata,
-            "age_s": round((now_ms - reader.written_ms[key]) / 1000, 1),
-        }
-        for key, c in sorted(reader.latest.items())
-        if group is None or c.group == group
-    ]
+    return read_checkpoints(spec).rows(group)
 
 
 def failover_offsets(spec: MirrorSpec, group: str) -> list[TopicPartition]:
