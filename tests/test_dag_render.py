@@ -11,6 +11,7 @@ import pytest
 
 from mirrorflow.airflow import rendering
 from mirrorflow.cli import main
+from mirrorflow.dr import failback, failover
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -298,16 +299,8 @@ def test_generated_dags_import_into_airflow_without_errors(tmp_path, record_prop
             if kind == "failover":  # the runbook, one task per step, triggered by hand
                 flow = "{}->{}".format(*names)
                 assert dag.schedule is None and dag.max_active_runs == 1
-                assert [t.task_id for t in dag.topological_sort()] == [
-                    "preflight",
-                    "fence-producers",
-                    "catch-up",
-                    "stop-mirror",
-                    "final-sync",
-                    "rollback",
-                    "measure-rpo",
-                    "report",
-                ]
+                # the runbook's steps in its order (mirrorflow.dr.failover)
+                assert [t.task_id for t in dag.topological_sort()] == list(failover.STEPS)
                 assert set(dag.params) == {
                     "mode",
                     "group_pattern",
@@ -334,16 +327,8 @@ def test_generated_dags_import_into_airflow_without_errors(tmp_path, record_prop
             if kind == "failback":  # back after a failover, one task per step, by hand
                 flow = "{}->{}".format(*names)
                 assert dag.schedule is None and dag.max_active_runs == 1
-                assert [t.task_id for t in dag.topological_sort()] == [
-                    "preflight",
-                    "fence-producers",
-                    "set-aside",
-                    "reverse-copy",
-                    "group-sync",
-                    "unfence",
-                    "resume",
-                    "report",
-                ]
+                # the failback's steps in its order (mirrorflow.dr.failback)
+                assert [t.task_id for t in dag.topological_sort()] == list(failback.STEPS)
                 assert set(dag.params) == {
                     "group_pattern",
                     "fence_principals",

@@ -17,6 +17,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AclOperation, ResourceType
 
+from mirrorflow.dr import failback
 from mirrorflow.dr.failover import FailoverRequest
 from mirrorflow.dr.failover import run_all as failover
 from mirrorflow.replication.remote_cluster import flow_positions
@@ -29,16 +30,7 @@ from tests.test_checkpoints import consume_and_commit, produce_keys, read_as_gro
 from tests.test_failover_dag import deny_acls, produce_as, run_dag
 
 FLOW = "primary->secondary"
-STEPS = [
-    "preflight",
-    "fence-producers",
-    "set-aside",
-    "reverse-copy",
-    "group-sync",
-    "unfence",
-    "resume",
-    "report",
-]
+STEPS = list(failback.STEPS)  # the DAG's tasks, in order
 IDENTITY = "replication.policy.class = org.apache.kafka.connect.mirror.IdentityReplicationPolicy"
 
 

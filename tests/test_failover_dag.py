@@ -33,7 +33,7 @@ from confluent_kafka.admin import (
 )
 
 from mirrorflow.devtools import sandbox as sandbox_mod
-from mirrorflow.dr import failback
+from mirrorflow.dr import failback, failover
 from mirrorflow.dr.failback import FailbackRequest
 from mirrorflow.dr.steps import safe_run_id
 from mirrorflow.errors import MirrorflowError
@@ -62,16 +62,7 @@ from tests.test_checkpoints import (
 )
 
 FLOW = "primary->secondary"
-STEPS = [
-    "preflight",
-    "fence-producers",
-    "catch-up",
-    "stop-mirror",
-    "final-sync",
-    "rollback",
-    "measure-rpo",
-    "report",
-]
+STEPS = list(failover.STEPS)  # the DAG's tasks, in order
 # Each task's state and try number: a step that does not apply is skipped by the step before
 # it, its task never started (try 0): in an emergency each task is a process and a hand-off.
 FAILOVER_TASKS = {
