@@ -225,22 +225,24 @@ class RenderOptions:
     def cli_args(self) -> list[str]:
         """The ``render`` options that differ from the defaults (for the re-render hint)."""
         defaults = RenderOptions()
-        flags = {
-            "spark_conn_id": "--spark-conn-id",
-            "retries": "--retries",
-            "retry_delay_seconds": "--retry-delay",
-            "max_retry_delay_seconds": "--max-retry-delay",
-            "stop_grace_seconds": "--stop-grace",
-            "metrics_port": "--metrics-port",
-            "retry_timeout_seconds": "--retry-timeout",
-            "drill_schedule": "--drill-schedule",
-        }
         args: list[str] = []
-        for name, flag in flags.items():
+        for name, flag in OPTION_FLAGS.items():
             if getattr(self, name) != getattr(defaults, name):
                 args += [flag, shlex.quote(str(getattr(self, name)))]
         return args
 
+
+# Each field of RenderOptions and its ``mirrorflow render`` option, in the order of its --help.
+OPTION_FLAGS = {
+    "spark_conn_id": "--spark-conn-id",
+    "retries": "--retries",
+    "retry_delay_seconds": "--retry-delay",
+    "max_retry_delay_seconds": "--max-retry-delay",
+    "stop_grace_seconds": "--stop-grace",
+    "metrics_port": "--metrics-port",
+    "retry_timeout_seconds": "--retry-timeout",
+    "drill_schedule": "--drill-schedule",
+}
 
 _PRESETS = ("@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly")
 

@@ -16,6 +16,37 @@ alone, generated ones that no flow renders any more are removed (or, with --chec
 exit codes: 0 up to date (or written), 1 --check found stale, missing or extra files,
 2 errors (a flow file that cannot be read or does not validate)"""
 
+# The metavar and help of each RenderOptions field's option (rendering.OPTION_FLAGS), {default}
+# its default.
+_OPTION_HELP = {
+    "spark_conn_id": (None, "Airflow connection of the Spark master (default {default})"),
+    "retries": (None, "restarts of a failed job within one run (default {default})"),
+    "retry_delay_seconds": (
+        "SECONDS",
+        "first restart delay, doubled each time (default {default})",
+    ),
+    "max_retry_delay_seconds": ("SECONDS", "longest restart delay (default {default})"),
+    "stop_grace_seconds": (
+        "SECONDS",
+        "how long a stop waits for the batch in progress (default {default})",
+    ),
+    "metrics_port": (
+        "PORT",
+        "the site jobs serve Prometheus metrics on 127.0.0.1: the first mirror DAG (in target "
+        "order) on PORT, the next on PORT+1, ... (default 0: off)",
+    ),
+    "retry_timeout_seconds": (
+        "SECONDS",
+        "how long the mirror job retries a cluster that does not answer before it fails the "
+        "task; -1: forever (default {default})",
+    ),
+    "drill_schedule": (
+        "CRON",
+        "run each flow's DR drill DAG, non-destructive, on this schedule (a cron expression or "
+        "a preset such as @weekly; default: only when triggered)",
+    ),
+}
+
 
 def register(commands: argparse._SubParsersAction) -> None:
     defaults = rendering.RenderOptions()
@@ -35,75 +66,23 @@ def register(commands: argparse._SubParsersAction) -> None:
         action="store_true",
         help="write nothing; exit 1 listing stale, missing and extra generated files",
     )
-    parser.add_argument(
-        "--spark-conn-id",
-        default=defaults.spark_conn_id,
-        help=f"Airflow connection of the Spark master (default {defaults.spark_conn_id})",
-    )
-    parser.add_argument(
-        "--retries",
-        type=int,
-        default=defaults.retries,
-        help=f"restarts of a failed job within one run (default {defaults.retries})",
-    )
-    parser.add_argument(
-        "--retry-delay",
-        type=int,
-        default=defaults.retry_delay_seconds,
-        metavar="SECONDS",
-        help=f"first restart delay, doubled each time (default {defaults.retry_delay_seconds})",
-    )
-    parser.add_argument(
-        "--max-retry-delay",
-        type=int,
-        default=defaults.max_retry_delay_seconds,
-        metavar="SECONDS",
-        help=f"longest restart delay (default {defaults.max_retry_delay_seconds})",
-    )
-    parser.add_argument(
-        "--stop-grace",
-        type=int,
-        default=defaults.stop_grace_seconds,
-        metavar="SECONDS",
-        help="how long a stop waits for the batch in progress "
-        f"(default {defaults.stop_grace_seconds})",
-    )
-    parser.add_argument(
-        "--metrics-port",
-        type=int,
-        default=defaults.metrics_port,
-        metavar="PORT",
-        help="the site jobs serve Prometheus metrics on 127.0.0.1: the first mirror DAG (in "
-        "target order) on PORT, the next on PORT+1, ... (default 0: off)",
-    )
-    parser.add_argument(
-        "--retry-timeout",
-        type=int,
-        default=defaults.retry_timeout_seconds,
-        metavar="SECONDS",
-        help="how long the mirror job retries a cluster that does not answer before it fails "
-        f"the task; -1: forever (default {defaults.retry_timeout_seconds})",
-    )
-    parser.add_argument(
-        "--drill-schedule",
-        default=defaults.drill_schedule,
-        metavar="CRON",
-        help="run each flow's DR drill DAG, non-destructive, on this schedule (a cron expression "
-        "or a preset such as @weekly; default: only when triggered)",
-    )
+    for name, flag in rendering.OPTION_FLAGS.items():
+        metavar, text = _OPTION_HELP[name]
+        default = getattr(defaults, name)
+        parser.add_argument(
+            flag,
+            dest=name,
+            type=type(default),
+            default=default,
+            metavar=metavar,
+            help=text.format(default=default),
+        )
     parser.set_defaults(handler=_render)
 
 
 def _render(args: argparse.Namespace) -> int:
     options = rendering.RenderOptions(
-        spark_conn_id=args.spark_conn_id,
-        retries=args.retries,
-        retry_delay_seconds=args.retry_delay,
-        max_retry_delay_seconds=args.max_retry_delay,
-        stop_grace_seconds=args.stop_grace,
-        metrics_port=args.metrics_port,
-        retry_timeout_seconds=args.retry_timeout,
-        drill_schedule=args.drill_schedule,
+        **{name: getattr(args, name) for name in rendering.OPTION_FLAGS}
     )
     result = rendering.render(args.files, options)
     for finding in result.warnings:
