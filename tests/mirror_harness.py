@@ -6,6 +6,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -141,6 +142,20 @@ def stop_job(job: subprocess.Popen, timeout: float = 90) -> int:
             os.killpg(job.pid, signal.SIGKILL)
             job.wait(30)
     return job.returncode
+
+
+def fake_job(files: jobs.JobFiles, obeys_stop_file: bool) -> subprocess.Popen:
+    """A process like the mirror job: its own group, the stop file on its command line."""
+    loop = (
+        "import pathlib, sys, time\n"
+        "stop = pathlib.Path(sys.argv[2])\n"
+        f"while not ({obeys_stop_file} and stop.exists()): time.sleep(0.1)\n"
+        "time.sleep(1)  # finishing its batch\n"
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", loop, "--stop-file", str(files.stop_file)],
+        start_new_session=True,
+    )
 
 
 def mirror_command(

@@ -18,6 +18,7 @@ from tests.conftest import create_topics
 from tests.dag_harness import finish, render_into_dags_folder, start_dag_test
 from tests.mirror_harness import (
     copied,
+    fake_job,
     flow_file,
     produce,
     progress,
@@ -194,20 +195,7 @@ def test_a_stop_request_lets_a_job_finish_and_one_that_hangs_is_killed_after_its
     files = jobs.JobFiles.for_flow("a->b", tmp_path)
     files.directory.mkdir(parents=True)
 
-    def fake_job(obeys_stop_file: bool) -> subprocess.Popen:
-        # Like the mirror job: its own process group, the stop file on its command line.
-        loop = (
-            "import pathlib, sys, time\n"
-            "stop = pathlib.Path(sys.argv[2])\n"
-            f"while not ({obeys_stop_file} and stop.exists()): time.sleep(0.1)\n"
-            "time.sleep(1)  # finishing its batch\n"
-        )
-        return subprocess.Popen(
-            [sys.executable, "-c", loop, "--stop-file", str(files.stop_file)],
-            start_new_session=True,
-        )
-
-    polite = fake_job(obeys_stop_file=True)
+    polite = fake_job(files, obeys_stop_file=True)
     files.record(polite.pid)
     wait_for(lambda: files.running_pid() == polite.pid, 10, "the job to start", interval=0.1)
     started = time.monotonic()
@@ -215,7 +203,7 @@ def test_a_stop_request_lets_a_job_finish_and_one_that_hangs_is_killed_after_its
     assert polite.wait(1) == 0 and time.monotonic() - started < 10  # it ended by itself
 
     files.clear_stop_request()
-    stubborn = fake_job(obeys_stop_file=False)
+    stubborn = fake_job(files, obeys_stop_file=False)
     files.record(stubborn.pid)
     started = time.monotonic()
     assert jobs.stop_job(files, stubborn.pid, grace=2, log=lambda _line: None) is False

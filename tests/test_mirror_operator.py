@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from mirrorflow.runtime import jobs
+from tests.mirror_harness import fake_job
 
 pytestmark = pytest.mark.airflow
 
@@ -41,20 +42,6 @@ def operator(tmp_path, monkeypatch):
     op._job_files = jobs.JobFiles.for_flows(op.flows, op.state_dir)
     op._job_files.directory.mkdir(parents=True)
     return op
-
-
-def fake_job(files: jobs.JobFiles, obeys_stop_file: bool) -> subprocess.Popen:
-    """A process like the mirror job: its own group, the stop file on its command line."""
-    loop = (
-        "import pathlib, sys, time\n"
-        "stop = pathlib.Path(sys.argv[2])\n"
-        f"while not ({obeys_stop_file} and stop.exists()): time.sleep(0.1)\n"
-        "time.sleep(1)  # finishing its batch\n"
-    )
-    return subprocess.Popen(
-        [sys.executable, "-c", loop, "--stop-file", str(files.stop_file)],
-        start_new_session=True,
-    )
 
 
 def test_killing_the_task_lets_the_job_finish_its_batch_instead_of_killing_it(operator):
