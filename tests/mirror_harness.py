@@ -144,6 +144,21 @@ def stop_job(job: subprocess.Popen, timeout: float = 90) -> int:
     return job.returncode
 
 
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess:
+    """``mirrorflow ARGS`` in a fresh Python from the checkout, its output captured; ``env`` is
+    the command's whole environment (default: this process's)."""
+    return subprocess.run(
+        [sys.executable, "-m", "mirrorflow.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=env,
+    )
+
+
 def fake_job(files: jobs.JobFiles, obeys_stop_file: bool) -> subprocess.Popen:
     """A process like the mirror job: its own group, the stop file on its command line."""
     loop = (

@@ -33,6 +33,7 @@ from tests.mirror_harness import (
     ROOT,
     produce,
     read_topic,
+    run_cli,
     topic_names,
     wait_for,
     write_flow_file,
@@ -257,14 +258,7 @@ def scram_flow_file(directory: Path, box, topic: str, *lines: str) -> Path:
 
 
 def mirrorflow(*args: str, env: dict[str, str], timeout: float = 120):
-    return subprocess.run(
-        [sys.executable, "-m", "mirrorflow.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        env={**os.environ, **env},
-    )
+    return run_cli(*args, env={**os.environ, **env}, timeout=timeout)
 
 
 @pytest.mark.kafka

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,14 @@ import pytest
 from mirrorflow.devtools import certificates
 from mirrorflow.runtime import launch
 from tests.conftest import create_topics
-from tests.mirror_harness import ROOT, mirror_command, produce, read_topic, write_flow_file
+from tests.mirror_harness import (
+    ROOT,
+    mirror_command,
+    produce,
+    read_topic,
+    run_cli,
+    write_flow_file,
+)
 
 pytestmark = pytest.mark.kafka
 SEEDS = ROOT / "tests" / "data" / "seeds"
@@ -44,14 +50,7 @@ def tls_flow_file(
 
 
 def mirrorflow(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "mirrorflow.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        env=launch.job_environment(),
-    )
+    return run_cli(*args, env=launch.job_environment(), timeout=timeout)
 
 
 @pytest.mark.parametrize("store_type", certificates.STORE_TYPES)
