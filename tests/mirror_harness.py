@@ -317,6 +317,13 @@ def watermarks(
             time.sleep(0.5)
 
 
+def end_offsets(cluster: sandbox_mod.Cluster, topic: str, partitions: int) -> dict[int, int]:
+    """The end offset of each of ``topic``'s partitions ``0..partitions-1`` (see
+    :func:`watermarks`)."""
+    bounds = watermarks(cluster, topic, list(range(partitions)))
+    return {p: end for p, (_start, end) in bounds.items()}
+
+
 def topic_names(cluster: sandbox_mod.Cluster) -> set[str]:
     return set(AdminClient(cluster.client_config()).list_topics(timeout=10).topics)
 

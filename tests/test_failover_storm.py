@@ -31,7 +31,7 @@ from mirrorflow.replication.spec import spec_for_flow
 from mirrorflow.runtime import jobs
 from tests.conftest import create_topics
 from tests.dag_harness import finish, render_into_dags_folder, start_dag_test
-from tests.mirror_harness import start_mirror, stop_job, wait_for, write_flow_file
+from tests.mirror_harness import end_offsets, start_mirror, stop_job, wait_for, write_flow_file
 from tests.test_checkpoints import consume_and_commit, read_as_group
 from tests.test_mirror_job import EXACTLY_ONCE
 
@@ -62,20 +62,9 @@ def produce_bulk(cluster, topic: str, keys: range, size: int = 1024) -> set[byte
     return {b"k%d" % i for i in keys}
 
 
-def ends(cluster, topic: str, partitions: int) -> dict[int, int]:
-    consumer = Consumer({**cluster.client_config(), "group.id": "storm-probe"})
-    try:
-        return {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
-            for p in range(partitions)
-        }
-    finally:
-        consumer.close()
-
-
 def committed_keys(cluster, topic: str, partitions: int) -> list[bytes]:
     """Every committed record's key of ``topic`` (read_committed), from the start."""
-    stop = ends(cluster, topic, partitions)
+    stop = end_offsets(cluster, topic, partitions)
     consumer = Consumer(
         {
             **cluster.client_config(),
@@ -205,10 +194,10 @@ def test_an_emergency_failover_with_the_source_broker_killed_mid_batch(
         jobs.set_paused(flow_dir, True)
         wait_for(lambda: jobs.read_progress(flow_dir).get("state") == "PAUSED", 60, "PAUSED")
         keys |= produce_bulk(primary, t, range(4000, 4000 + BACKLOG))
-        before = sum(ends(secondary, remote, PARTITIONS).values())
+        before = sum(end_offsets(secondary, remote, PARTITIONS).values())
         jobs.set_paused(flow_dir, False)
         wait_for(
-            lambda: sum(ends(secondary, remote, PARTITIONS).values()) > before,
+            lambda: sum(end_offsets(secondary, remote, PARTITIONS).values()) > before,
             120,
             "the backlog's batch to start",
             interval=0.05,
@@ -219,7 +208,7 @@ def test_an_emergency_failover_with_the_source_broker_killed_mid_batch(
         else:
             os.kill(broker, signal.SIGSTOP)
         killed_at = time.time()
-        other_at_kill = sum(ends(secondary, other_remote, 2).values())
+        other_at_kill = sum(end_offsets(secondary, other_remote, 2).values())
 
         log = tmp_path / "failover.log"
         run = start_dag_test(dag_file, state, log, {"mode": "emergency", "group_pattern": group})
@@ -235,11 +224,11 @@ def test_an_emergency_failover_with_the_source_broker_killed_mid_batch(
         assert re.search(ended, job_log), job_log[-4000:]
 
         # The other flow copied throughout: while the source was gone and the flow was held.
-        assert sum(ends(secondary, other_remote, 2).values()) > other_at_kill
+        assert sum(end_offsets(secondary, other_remote, 2).values()) > other_at_kill
         assert jobs.read_progress(flows / "tertiary-secondary")["state"] in ("RUNNING", "IDLE")
 
         # What the target holds of the held flow at the cut, and the group on the target.
-        at_cut = ends(secondary, remote, PARTITIONS)
+        at_cut = end_offsets(secondary, remote, PARTITIONS)
         on_target = committed_keys(secondary, remote, PARTITIONS)
         assert len(on_target) == len(set(on_target)), "a record was copied twice"
         read = read_as_group(secondary, remote, group)
@@ -260,7 +249,7 @@ def test_an_emergency_failover_with_the_source_broker_killed_mid_batch(
             os.kill(broker, signal.SIGCONT)
         wait_for(lambda: sandbox_mod.load(sandbox.directory)["primary"].is_running(), 60, "primary")
         time.sleep(15)  # a running flow would have copied from primary by now
-        assert ends(secondary, remote, PARTITIONS) == at_cut
+        assert end_offsets(secondary, remote, PARTITIONS) == at_cut
         assert jobs.read_progress(flow_dir)["state"] == "PAUSED"
 
         # Released, the flow copies the rest, each record once.

@@ -8,7 +8,6 @@ import time
 import urllib.request
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
 from mirrorflow.errors import MirrorflowError
@@ -17,6 +16,7 @@ from mirrorflow.runtime import metrics as metrics_mod
 from tests import exposure
 from tests.conftest import create_topics
 from tests.mirror_harness import (
+    end_offsets,
     flow_file,
     free_port,
     produce,
@@ -50,17 +50,6 @@ def per_partition(samples: dict[str, list], name: str, topic: str) -> dict[int, 
         and s.labels["source"] == "primary"
         and s.labels["target"] == "secondary"
     }
-
-
-def end_offsets(cluster, topic: str, partitions: int) -> dict[int, int]:
-    consumer = Consumer({**cluster.client_config(), "group.id": "metrics-test"})
-    try:
-        return {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-            for p in range(partitions)
-        }
-    finally:
-        consumer.close()
 
 
 def test_port_comes_from_the_option_else_the_environment(monkeypatch):
