@@ -44,6 +44,7 @@ logging.getLogger("py4j").setLevel(logging.WARNING)
 
 from confluent_kafka.admin import (  # noqa: E402
     AclBinding,
+    AclBindingFilter,
     AclOperation,
     AclPermissionType,
     AdminClient,
@@ -222,3 +223,22 @@ def allow(
     ]
     for future in admin.create_acls(bindings).values():
         future.result(timeout=30)
+
+
+def topic_acls(
+    cluster: sandbox_mod.Cluster, topic: str, permission: AclPermissionType = AclPermissionType.ANY
+) -> list[AclBinding]:
+    """The ACLs of one literal topic of a sandbox cluster, every operation, of ``permission``."""
+    admin = AdminClient(cluster.client_config())
+    return admin.describe_acls(
+        AclBindingFilter(
+            ResourceType.TOPIC,
+            topic,
+            ResourcePatternType.LITERAL,
+            None,
+            None,
+            AclOperation.ANY,
+            permission,
+        ),
+        request_timeout=30,
+    ).result(timeout=60)

@@ -21,14 +21,12 @@ from pathlib import Path
 import pytest
 from confluent_kafka import KafkaError, Producer
 from confluent_kafka.admin import (
-    AclBindingFilter,
     AclOperation,
     AclPermissionType,
     AdminClient,
     AlterConfigOpType,
     ConfigEntry,
     ConfigResource,
-    ResourcePatternType,
     ResourceType,
 )
 
@@ -42,7 +40,7 @@ from mirrorflow.replication.group_offset_sync import run_group_sync
 from mirrorflow.replication.remote_cluster import flow_positions
 from mirrorflow.replication.spec import spec_for_flow
 from mirrorflow.runtime import jobs, launch
-from tests.conftest import allow, create_topics
+from tests.conftest import allow, create_topics, topic_acls
 from tests.dag_harness import finish, render_into_dags_folder, start_dag_test
 from tests.mirror_harness import (
     ROOT,
@@ -90,19 +88,7 @@ def produce_as(cluster, user: str, topic: str, keys: range) -> KafkaError | None
 
 
 def deny_acls(cluster, topic: str) -> list:
-    admin = AdminClient(cluster.client_config())
-    found = admin.describe_acls(
-        AclBindingFilter(
-            ResourceType.TOPIC,
-            topic,
-            ResourcePatternType.LITERAL,
-            None,
-            None,
-            AclOperation.ANY,
-            AclPermissionType.DENY,
-        ),
-        request_timeout=30,
-    ).result()
+    found = topic_acls(cluster, topic, AclPermissionType.DENY)
     return sorted((a.principal, a.operation.name) for a in found)
 
 

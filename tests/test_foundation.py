@@ -13,16 +13,13 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import (
-    AclBindingFilter,
     AclOperation,
-    AclPermissionType,
     AdminClient,
-    ResourcePatternType,
     ResourceType,
 )
 
 from mirrorflow.runtime import spark_session
-from tests.conftest import allow, create_topics
+from tests.conftest import allow, create_topics, topic_acls
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -81,21 +78,10 @@ def test_acls_are_enforced_for_principals_that_are_not_super_users(sandbox, topi
     topic = topic_name("payments")
     create_topics(cluster, topic)
     _produce(cluster, topic, [(b"k", b"v")])
-    admin = AdminClient(cluster.client_config())
     allow(cluster, "alice", ResourceType.TOPIC, topic, AclOperation.READ, AclOperation.DESCRIBE)
     allow(cluster, "alice", ResourceType.GROUP, "*", AclOperation.READ)
 
-    described = admin.describe_acls(
-        AclBindingFilter(
-            ResourceType.TOPIC,
-            topic,
-            ResourcePatternType.LITERAL,
-            None,
-            None,
-            AclOperation.ANY,
-            AclPermissionType.ANY,
-        )
-    ).result(timeout=30)
+    described = topic_acls(cluster, topic)
     assert {(b.principal, b.operation) for b in described} == {
         ("User:alice", AclOperation.READ),
         ("User:alice", AclOperation.DESCRIBE),
