@@ -4,18 +4,16 @@ topic-config, partition and ACL sync of its flows (:mod:`mirrorflow.replication.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
-from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
-from mirrorflow.airflow.operators.flow_files import check_flows, flow_file_paths
+from mirrorflow.airflow.operators.flow_files import FlowsOperator, flow_file_paths
 from mirrorflow.errors import MirrorflowError
 from mirrorflow.paths import project_root
 
 
-class SyncOperator(BaseOperator):
+class SyncOperator(FlowsOperator):
     """The task of a site's sync DAG: the topic-config, partition and ACL sync of ``flows``
     (``mirrorflow sync``), each change logged, the reports returned (XCom).
 
@@ -27,11 +25,6 @@ class SyncOperator(BaseOperator):
     """
 
     ui_color = "#e8f0e0"
-
-    def __init__(self, *, flows: Sequence[str], flow_files: Sequence[str], **kwargs: Any) -> None:
-        check_flows("SyncOperator", flows, flow_files)
-        super().__init__(**kwargs)
-        self.flows, self.flow_files = list(flows), list(flow_files)
 
     def execute(self, context: Any) -> list[dict[str, Any]]:
         from mirrorflow.replication.config_sync import run_syncs

@@ -1,11 +1,13 @@
 """What the operators share: a task's flows, checked when its DAG is parsed, and its flow
-files, resolved when it runs."""
+files, resolved when it runs; the base of the sync DAG's tasks (several flows each)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
 from mirrorflow.paths import project_root
@@ -34,3 +36,17 @@ def check_flows(operator: str, flows: Sequence[str], flow_files: Sequence[str]) 
         jobs.split_flow(flow)
     if not flows or not flow_files:
         raise ValueError(f"{operator} needs flows and flow_files")
+
+
+class FlowsOperator(BaseOperator):
+    """A task over several flows of the same flow files (the sync DAG's ``sync`` and
+    ``groups``): ``flows`` and ``flow_files`` checked when its DAG is parsed (:func:`check_flows`).
+
+    :param flows: the flows (``"SOURCE->TARGET"`` each)
+    :param flow_files: their flow files (mm2.properties or YAML), merged in order
+    """
+
+    def __init__(self, *, flows: Sequence[str], flow_files: Sequence[str], **kwargs: Any) -> None:
+        check_flows(type(self).__name__, flows, flow_files)
+        super().__init__(**kwargs)
+        self.flows, self.flow_files = list(flows), list(flow_files)

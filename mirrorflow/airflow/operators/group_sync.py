@@ -5,18 +5,16 @@ consumer-group checkpoints and offset sync of its flows
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
-from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
-from mirrorflow.airflow.operators.flow_files import check_flows, flow_file_paths
+from mirrorflow.airflow.operators.flow_files import FlowsOperator, flow_file_paths
 from mirrorflow.errors import MirrorflowError
 from mirrorflow.paths import project_root
 
 
-class GroupSyncOperator(BaseOperator):
+class GroupSyncOperator(FlowsOperator):
     """The ``groups`` task of a site's sync DAG: for each of ``flows``, checkpoint its consumer
     groups now and, where the flow sets ``sync.group.offsets.enabled``, commit the translated
     offsets into the target's idle groups (``mirrorflow sync-groups``; the logic is
@@ -34,11 +32,6 @@ class GroupSyncOperator(BaseOperator):
     """
 
     ui_color = "#e0e8f0"
-
-    def __init__(self, *, flows: Sequence[str], flow_files: Sequence[str], **kwargs: Any) -> None:
-        check_flows("GroupSyncOperator", flows, flow_files)
-        super().__init__(**kwargs)
-        self.flows, self.flow_files = list(flows), list(flow_files)
 
     def execute(self, context: Any) -> list[dict[str, Any]]:
         from mirrorflow.replication.group_offset_sync import run_group_sync
