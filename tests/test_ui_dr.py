@@ -18,11 +18,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 
 from mirrorflow.devtools.local_airflow import UI_USER, LocalAirflow
 from tests.conftest import create_topics
 from tests.mirror_harness import flow_file, produce, run_mirror_once
+from tests.test_least_privilege import commit
 from tests.ui_harness import (
     CHROMIUM,
     CHROMIUM_ARGS,
@@ -88,14 +88,7 @@ def failover_dry_run(config: Path, airflow: LocalAirflow) -> str:
 def commit_and_checkpoint(cluster, config: Path, topic: str, group: str, offsets: dict) -> None:
     """``group`` commits ``offsets`` of ``topic`` on the source, and ``mirrorflow sync-groups
     --checkpoints-only`` writes its checkpoints to the target."""
-    consumer = Consumer({**cluster.client_config(), "group.id": group})
-    try:
-        consumer.commit(
-            offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()],
-            asynchronous=False,
-        )
-    finally:
-        consumer.close()
+    commit(cluster, group, {(topic, p): o for p, o in offsets.items()})
     result = subprocess.run(
         [
             sys.executable,
