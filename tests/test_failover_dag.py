@@ -152,18 +152,7 @@ def test_a_planned_failover_fences_producers_and_a_group_resumes_with_nothing_lo
         dag_file = render_into_dags_folder(config, "failover")
 
         # A dry run (from a shell: the same steps) computes everything and changes nothing.
-        dry = mirrorflow_cli(
-            state,
-            "failover",
-            str(config),
-            "--flow",
-            FLOW,
-            "--fence",
-            "alice",
-            "--dry-run",
-            "--state-dir",
-            str(flows),
-        )
+        dry = failover_cli(config, state, "--fence", "alice", "--dry-run")
         output = dry.stdout
         assert dry.returncode == 0, output + dry.stderr
         assert "rollback: skipped: mode planned: nothing to roll back" in output
@@ -197,20 +186,8 @@ def test_a_planned_failover_fences_producers_and_a_group_resumes_with_nothing_lo
         (driver,) = jobs.mirror_processes(flows, FLOW)
         os.kill(driver, signal.SIGSTOP)
         try:
-            frozen = mirrorflow_cli(
-                state,
-                "failover",
-                str(config),
-                "--flow",
-                FLOW,
-                "--fence",
-                "alice",
-                "--stop-timeout",
-                "2",
-                "--state-dir",
-                str(flows),
-                "--run-id",
-                "frozen",
+            frozen = failover_cli(
+                config, state, "--fence", "alice", "--stop-timeout", "2", "--run-id", "frozen"
             )
             assert frozen.returncode == 2, frozen.stdout + frozen.stderr
             error, hint = cli_error(frozen)
@@ -247,19 +224,7 @@ def test_a_planned_failover_fences_producers_and_a_group_resumes_with_nothing_lo
 
             # The rollback (mode rollback, here from a shell: the DAG's rollback task runs the
             # same step) releases exactly what that run held; the other steps skip.
-            rolled = mirrorflow_cli(
-                state,
-                "failover",
-                str(config),
-                "--flow",
-                FLOW,
-                "--mode",
-                "rollback",
-                "--state-dir",
-                str(flows),
-                "--run-id",
-                "undo",
-            )
+            rolled = failover_cli(config, state, "--mode", "rollback", "--run-id", "undo")
             assert rolled.returncode == 0, rolled.stdout + rolled.stderr
             for step in STEPS[:5]:
                 assert f"{step}: skipped: mode rollback: no failover in this run" in rolled.stdout
@@ -468,17 +433,7 @@ def test_an_emergency_failover_with_the_source_down_commits_checkpoints_and_esti
     # The source back: the RPO measured there, the records written up to the cut and never
     # copied, exactly the 21 the job had observed (nothing was written after the cut).
     assert watermarks(primary, t, [0, 1]) == {0: (0, 61), 1: (0, 60)}
-    measured = mirrorflow_cli(
-        state,
-        "failover",
-        str(config),
-        "--flow",
-        FLOW,
-        "--mode",
-        "measure-rpo",
-        "--state-dir",
-        str(flows),
-    )
+    measured = failover_cli(config, state, "--mode", "measure-rpo")
     assert measured.returncode == 0, measured.stdout + measured.stderr
     assert "measured RPO: 21 record(s) written on primary up to the cut" in measured.stdout
     the_report(state)  # the measuring run's own
