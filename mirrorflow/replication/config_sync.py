@@ -215,6 +215,11 @@ class _FlowSync:
         """Apply ``changes`` on the target; the number applied and one line per failure."""
         raise NotImplementedError
 
+    def failure(self, doing: str, exc: KafkaException, needs: str) -> str:
+        """The line of a change the target refused or failed while ``doing`` it (``needs``: the
+        ACL it takes), for :meth:`apply`'s failures."""
+        return str(cluster_error(self.target, doing, exc, needs))
+
     def run(self, dry_run: bool = False) -> SyncReport:
         """Compute the diff, and apply it unless ``dry_run``."""
         report = SyncReport(self.flow, dry_run, self.what)
@@ -316,13 +321,8 @@ class TopicSync(_FlowSync):
                     if exc.args[0].code() == KafkaError.INVALID_PARTITIONS:
                         applied += 1  # grown meanwhile (by the mirror job): as MM2, not an error
                     else:
-                        error = cluster_error(
-                            self.target,
-                            f"adding partitions to {topic}",
-                            exc,
-                            f"ALTER on topic {topic}",
-                        )
-                        failures.append(str(error))
+                        doing = f"adding partitions to {topic}"
+                        failures.append(self.failure(doing, exc, f"ALTER on topic {topic}"))
         by_topic: dict[str, list[Change]] = {}
         for change in changes:
             if change.kind == "config":
@@ -353,13 +353,9 @@ class TopicSync(_FlowSync):
                     future.result()
                     applied += len(by_topic[resource.name])
                 except KafkaException as exc:
-                    error = cluster_error(
-                        self.target,
-                        f"altering the configs of {resource.name}",
-                        exc,
-                        f"ALTER_CONFIGS on topic {resource.name}",
-                    )
-                    failures.append(str(error))
+                    doing = f"altering the configs of {resource.name}"
+                    needs = f"ALTER_CONFIGS on topic {resource.name}"
+                    failures.append(self.failure(doing, exc, needs))
         return applied, failures
 
 
@@ -492,9 +488,8 @@ class AclSync(_FlowSync):
                     applied += 1
                     ledger.append((change.ledger_key(), b"created"))
                 except KafkaException as exc:
-                    action = f"creating ACL {change.describe()}"
-                    error = cluster_error(self.target, action, exc, "ALTER on the cluster")
-                    failures.append(str(error))
+                    doing = f"creating ACL {change.describe()}"
+                    failures.append(self.failure(doing, exc, "ALTER on the cluster"))
         for change in removes:
             binding = change.binding()
             exact = AclBindingFilter(
@@ -513,9 +508,8 @@ class AclSync(_FlowSync):
                 applied += 1
                 ledger.append((replace(change, action="create").ledger_key(), None))
             except KafkaException as exc:
-                action = f"removing ACL {change.describe()}"
-                error = cluster_error(self.target, action, exc, "ALTER on the cluster")
-                failures.append(str(error))
+                doing = f"removing ACL {change.describe()}"
+                failures.append(self.failure(doing, exc, "ALTER on the cluster"))
         if ledger:
             self._record(ledger)
         return applied, failures
