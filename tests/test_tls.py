@@ -19,10 +19,10 @@ from mirrorflow.runtime import launch
 from tests.conftest import create_topics
 from tests.mirror_harness import (
     ROOT,
-    mirror_command,
     produce,
     read_topic,
     run_cli,
+    run_mirror_once,
     write_flow_file,
 )
 
@@ -115,18 +115,10 @@ def test_the_mirror_job_copies_over_tls(mode, source, target, sandbox, topic_nam
         f"primary->secondary.topics = {topic}",
         *(exactly_once if mode == "exactly-once" else []),
     )
-    result = subprocess.run(
-        mirror_command(config, "primary->secondary", tmp_path / "state", "--once"),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=launch.job_environment(),
-        cwd=ROOT,
-    )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    output = run_mirror_once(config, "primary->secondary", tmp_path / "state", timeout=300)
     copies = read_topic(sandbox["secondary"], f"primary.{topic}")
     assert sum(len(records) for records in copies.values()) == 200
-    assert not any(w in result.stdout + result.stderr for w in ("Traceback", "Exception in"))
+    assert not any(w in output for w in ("Traceback", "Exception in"))
 
 
 @pytest.fixture(scope="module")
