@@ -182,7 +182,7 @@ def test_identity_policy_on_a_cycle_of_flows_is_an_error(tmp_path):
         ("error", 6, "A->B.replication.policy.class",
          "flow A->B uses IdentityReplicationPolicy on the cycle A->B->A: it cannot tell copies "
          "from originals, so records loop forever; fix: use DefaultReplicationPolicy for A->B, "
-         "or break the cycle"),
+         "break the cycle, or set provenance.header.enabled = true for every flow on it"),
     ]  # fmt: skip
     one_way = _check(tmp_path, f"A->B.enabled = true\nreplication.policy.class = {identity}\n")
     assert one_way == []

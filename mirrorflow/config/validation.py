@@ -639,10 +639,15 @@ def _config_providers(topology: Topology) -> list[Finding]:
 
 
 def _identity_cycles(topology: Topology) -> list[Finding]:
-    """A cycle of enabled flows with an identity policy on it replicates records forever."""
+    """A cycle of enabled flows with an identity policy on it replicates records forever, unless
+    every flow on it runs in provenance mode (``provenance.header.enabled``), which never copies
+    a record to the cluster it was first written on."""
     edges: dict[str, list[str]] = defaultdict(list)
+    plain: list[tuple[str, str]] = []  # flows without provenance mode
     for flow in topology.flows:
         edges[flow.source].append(flow.target)
+        if not flow.setting(configdefs.PROVENANCE):
+            plain.append((flow.source, flow.target))
     found = []
     for flow in topology.flows:
         try:
@@ -650,6 +655,17 @@ def _identity_cycles(topology: Topology) -> list[Finding]:
         except MirrorflowError:
             continue  # reported with the class key
         path = _path(edges, flow.target, flow.source) if identity else None
+        if path and flow.setting(configdefs.PROVENANCE):
+            # looping needs a flow on the cycle that neither marks nor checks the origin
+            path = next(
+                (
+                    [*before, *after]
+                    for u, v in plain
+                    if (before := _path(edges, flow.target, u))
+                    and (after := _path(edges, v, flow.source))
+                ),
+                None,
+            )
         if path:
             setting = flow.config["replication.policy.class"]
             loop = "->".join([flow.source, *path])
@@ -660,9 +676,45 @@ def _identity_cycles(topology: Topology) -> list[Finding]:
                     setting.source_key or "replication.policy.class",
                     f"flow {flow.name} uses IdentityReplicationPolicy on the cycle {loop}: it "
                     "cannot tell copies from originals, so records loop forever",
-                    f"use DefaultReplicationPolicy for {flow.name}, or break the cycle",
+                    f"use DefaultReplicationPolicy for {flow.name}, break the cycle, or set "
+                    f"{configdefs.PROVENANCE} = true for every flow on it",
                 )
             )
+    return found + _provenance_paths(topology)
+
+
+def _provenance_paths(topology: Topology) -> list[Finding]:
+    """In provenance mode a record goes on along every flow that does not lead back to where it
+    was first written: two paths from one cluster to another copy it there twice."""
+    edges: dict[str, list[str]] = defaultdict(list)
+    for flow in topology.flows:
+        if flow.setting(configdefs.PROVENANCE):
+            edges[flow.source].append(flow.target)
+    found = []
+    for origin in sorted(edges):
+        arrivals: dict[str, list[list[str]]] = defaultdict(list)
+        stack = [[origin]]
+        while stack:
+            path = stack.pop()
+            for nxt in edges.get(path[-1], []):
+                if nxt != origin and nxt not in path:
+                    arrivals[nxt].append([*path, nxt])
+                    stack.append([*path, nxt])
+        for target, paths in sorted(arrivals.items()):
+            if len(paths) > 1:
+                setting = topology.props["clusters"]
+                shown = ", ".join("->".join(p) for p in sorted(paths, key=len)[:2])
+                found.append(
+                    Finding(
+                        "warning",
+                        setting.location,
+                        "clusters",
+                        f"in provenance mode, records first written on {origin} reach {target} "
+                        f"by {len(paths)} paths ({shown}): each is copied there "
+                        f"{len(paths)} times where the paths' topics overlap",
+                        "keep one path between two clusters (or disjoint topics per path)",
+                    )
+                )
     return found
 
 

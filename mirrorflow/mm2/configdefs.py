@@ -35,6 +35,7 @@ REMOVED_IN_4 = {
 FILTER_ONLY = {"use.defaults.from": "target"}
 STARTING_OFFSETS_GROUP = "starting.offsets.group"
 RECORD_FILTER = "record.filter"
+PROVENANCE = "provenance.header.enabled"
 # mirrorflow's own flow settings (MirrorMaker 2 ignores them): name -> (type, default).
 MIRRORFLOW_ONLY = {
     # Checkpoint, for the source, the groups that consumed the copies of the source's topics
@@ -58,6 +59,10 @@ MIRRORFLOW_ONLY = {
     # remote_topic, partition, offset, timestamp, key, value, headers): only records for which
     # it is true are copied (see mirrorflow.mm2.transforms). Empty: every record.
     RECORD_FILTER: ("STRING", ""),
+    # Provenance mode (Confluent Replicator's approach): each copy carries a header naming the
+    # cluster its record was first written on, and a record is never copied to that cluster,
+    # so the identity policy may run on a cycle (same topic names in active/active).
+    PROVENANCE: ("BOOLEAN", "false"),
 }
 
 CLIENT_ROLES = ("consumer", "producer", "admin")

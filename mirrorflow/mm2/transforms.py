@@ -38,10 +38,16 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from mirrorflow.mm2.configdefs import RECORD_FILTER
+from mirrorflow.mm2.configdefs import PROVENANCE, RECORD_FILTER
 from mirrorflow.mm2.filters import JavaRegexError, compile_java_regex
 
-__all__ = ["RECORD_FILTER", "RecordTransform", "TransformError", "compile_transforms"]
+__all__ = [
+    "PROVENANCE",
+    "RECORD_FILTER",
+    "RecordTransform",
+    "TransformError",
+    "compile_transforms",
+]
 
 COLUMNS = (
     ("topic", "STRING"),
@@ -62,6 +68,30 @@ PREDICATES = ("TopicNameMatches", "HasHeaderKey", "RecordIsTombstone")
 
 _NO_NULL_HEADERS = "coalesce(headers, CAST(array() AS ARRAY<STRUCT<key: STRING, value: BINARY>>))"
 """A record's headers, an empty array when it has none (Spark's Kafka source gives null)."""
+
+
+ORIGIN_HEADER = "mirrorflow.origin"
+"""Provenance mode's header: the alias of the cluster where the record was first written."""
+
+
+def _hex(text: str) -> str:
+    return "X'" + text.encode().hex().upper() + "'"
+
+
+def _not_from(target: str) -> str:
+    """True unless the record's origin header names ``target`` (it would loop back there)."""
+    origin = f"h.key = {sql_string(ORIGIN_HEADER)} AND h.value = {_hex(target)}"
+    return f"NOT coalesce(exists(headers, h -> {origin}), false)"
+
+
+def _with_origin(headers: str, source: str) -> str:
+    """``headers`` (after the flow's transforms) with the source record's origin header, or one
+    naming ``source`` when it has none (it was first written there)."""
+    named = f"h.key = {sql_string(ORIGIN_HEADER)}"
+    base = _NO_NULL_HEADERS if headers == "headers" else headers
+    new = f"array(named_struct('key', {sql_string(ORIGIN_HEADER)}, 'value', {_hex(source)}))"
+    origin = f"IF(exists(headers, h -> {named}), filter(headers, h -> {named}), {new})"
+    return f"concat(filter({base}, h -> NOT ({named})), {origin})"
 
 
 class TransformError(ValueError):
@@ -155,12 +185,15 @@ def _predicate(config: Mapping[str, str], alias: str, headers: str) -> str:
 
 
 def compile_transforms(
-    config: Mapping[str, str], record_filter: str = ""
+    config: Mapping[str, str],
+    record_filter: str = "",
+    provenance: tuple[str, str] | None = None,
 ) -> RecordTransform | None:
     """The chain of a flow's connector config (MirrorMaker 2's ``transforms``, ``predicates``
     and their ``transforms.<alias>.*`` / ``predicates.<alias>.*`` keys, as the flow's
-    connector sees them) plus ``record_filter``; None when the flow copies records unchanged.
-    Raises :class:`TransformError` for what cannot be honoured."""
+    connector sees them) plus ``record_filter`` and, with ``provenance`` (the flow's source and
+    target aliases), the provenance header (:data:`ORIGIN_HEADER`); None when the flow copies
+    records unchanged. Raises :class:`TransformError` for what cannot be honoured."""
     aliases = _list(config.get("transforms", ""))
     duplicates = sorted({a for a in aliases if aliases.count(a) > 1})
     if duplicates:
@@ -212,8 +245,8 @@ def compile_transforms(
                 raise TransformError(
                     prefix + "value.literal", "missing: the header's value", "set it"
                 )
-            literal = config[prefix + "value.literal"].encode().hex().upper()
-            added = f"array(named_struct('key', {sql_string(name)}, 'value', X'{literal}'))"
+            literal = _hex(config[prefix + "value.literal"])
+            added = f"array(named_struct('key', {sql_string(name)}, 'value', {literal}))"
             changed = f"concat({base}, {added})"
             steps.append(f"{alias}: add header {name}")
         headers = changed if applies == "true" else f"IF({applies}, {changed}, {headers})"
@@ -226,6 +259,11 @@ def compile_transforms(
     if text:
         keep.append(f"coalesce(({text}), false)")
         steps.append(f"{RECORD_FILTER}: {text}")
+    if provenance is not None:
+        source, target = provenance
+        keep.insert(0, _not_from(target))
+        headers = _with_origin(headers, source)
+        steps.append(f"{PROVENANCE}: drop records from {target}, mark the others")
     if not keep and headers == "headers":
         return None
     return RecordTransform(

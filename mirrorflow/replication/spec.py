@@ -68,6 +68,7 @@ class MirrorSpec:
     starting_offsets_group: str = ""
     # The flow's record transforms (Connect's transforms and record.filter), None: unchanged
     transform: RecordTransform | None = None
+    provenance: bool = False  # provenance mode (provenance.header.enabled)
     retry_backoff_s: float = 2.0  # first wait after a cluster did not answer, doubling
     retry_backoff_max_s: float = 120.0
     # How long a cluster that does not answer is retried before the flow fails (-1: forever);
@@ -194,6 +195,7 @@ def spec_for_flow(
         else str(flow.setting(configdefs.STARTING_OFFSETS_GROUP) or ""),
         exactly_once=exactly_once,
         transform=_transform(flow),
+        provenance=bool(flow.setting(configdefs.PROVENANCE)),
         offsets_topic=offsets_topic(flow.source),
         offsets_partitions=_worker_int(flow, "offset.storage.partitions", OFFSETS_TOPIC_PARTITIONS),
         offsets_replication_factor=_worker_int(flow, "offset.storage.replication.factor", 3),
@@ -260,6 +262,10 @@ def _exactly_once(flow: Flow, source_consumer: dict[str, str]) -> bool:
 def _transform(flow: Flow) -> RecordTransform | None:
     """The flow's record transforms (see :mod:`mirrorflow.mm2.transforms`)."""
     try:
-        return compile_transforms(flow.values, str(flow.setting(configdefs.RECORD_FILTER) or ""))
+        return compile_transforms(
+            flow.values,
+            str(flow.setting(configdefs.RECORD_FILTER) or ""),
+            (flow.source, flow.target) if flow.setting(configdefs.PROVENANCE) else None,
+        )
     except TransformError as exc:
         raise MirrorflowError(f"flow {flow.name}: {exc.key}: {exc.problem}", exc.fix) from None
