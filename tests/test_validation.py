@@ -182,7 +182,7 @@ def test_identity_policy_on_a_cycle_of_flows_is_an_error(tmp_path):
         ("error", 6, "A->B.replication.policy.class",
          "flow A->B uses IdentityReplicationPolicy on the cycle A->B->A: it cannot tell copies "
          "from originals, so records loop forever; fix: use DefaultReplicationPolicy for A->B, "
-         "or break the cycle"),
+         "break the cycle, or set provenance.header.enabled = true for every flow on it"),
     ]  # fmt: skip
     one_way = _check(tmp_path, f"A->B.enabled = true\nreplication.policy.class = {identity}\n")
     assert one_way == []
@@ -230,7 +230,7 @@ def test_settings_mirrorflow_does_not_act_on_are_reported_as_not_honoured(tmp_pa
             a->b.sync.topic.configs.interval.seconds = 60
             sync.topic.acls.enabled = true
             use.incremental.alter.configs = never
-            a->b.transforms = drop
+            a->b.errors.tolerance = all
             a->b.offset.lag.max = 10
             tasks.max = 4
             """
@@ -239,7 +239,7 @@ def test_settings_mirrorflow_does_not_act_on_are_reported_as_not_honoured(tmp_pa
     found = {key: problem for _s, _line, key, problem in _findings(path, not_honoured=True)}
     assert set(found) == {
         "use.incremental.alter.configs",
-        "a->b.transforms",
+        "a->b.errors.tolerance",
         "tasks.max",
     }, "an honoured setting was reported, or a setting mirrorflow ignores was not"
     assert all(problem.startswith(NOT_HONOURED) for problem in found.values())

@@ -18,9 +18,9 @@ from typing import Literal
 
 from mirrorflow.config import flowfiles, providers
 from mirrorflow.config.properties import Location, Property
-from mirrorflow.config.topology import Topology, closest
+from mirrorflow.config.topology import Flow, Setting, Topology, closest
 from mirrorflow.errors import MirrorflowError
-from mirrorflow.mm2 import configdefs, filters, policy
+from mirrorflow.mm2 import configdefs, filters, policy, transforms
 
 Severity = Literal["error", "warning"]
 EXIT_OK, EXIT_WARNINGS, EXIT_ERRORS = 0, 1, 2
@@ -87,6 +87,7 @@ def validate(topology: Topology) -> list[Finding]:
         findings += _definition(prop, aliases)
     findings += _bootstrap_servers(topology)
     findings += _identity_cycles(topology)
+    findings += _transforms(topology)
     findings += _config_providers(topology)
     order = {f: i for i, f in enumerate(topology.files)}
     return sorted(findings, key=lambda f: (order.get(f.location.file, 0), f.location.line))
@@ -268,7 +269,6 @@ NOT_HONOURED: dict[str, str] = {
 }
 """MirrorMaker 2 settings mirrorflow accepts but does not (yet) act on, with what it does."""
 _NOT_HONOURED_PREFIXES = {
-    ("transforms", "predicates"): "mirrorflow copies records unchanged: no Connect transforms",
     ("errors.",): "mirrorflow stops a flow at a record it cannot copy: no Connect error handling",
     ("key.converter", "value.converter", "header.converter"): "mirrorflow copies bytes as "
     "MirrorMaker 2's default ByteArrayConverter does",
@@ -305,6 +305,8 @@ def _flow_key(prop: Property, rest: str) -> list[Finding]:
         return []
     if rest.startswith(("source.cluster.", "target.cluster.")):
         return []
+    if rest.startswith(("transforms.", "predicates.")):
+        return []  # a transform's or predicate's own settings: checked by _transforms
     candidates = [*configdefs.flow_settings(), *_role_keys("")]
     return [_unknown(prop, rest, candidates)]
 
@@ -637,10 +639,15 @@ def _config_providers(topology: Topology) -> list[Finding]:
 
 
 def _identity_cycles(topology: Topology) -> list[Finding]:
-    """A cycle of enabled flows with an identity policy on it replicates records forever."""
+    """A cycle of enabled flows with an identity policy on it replicates records forever, unless
+    every flow on it runs in provenance mode (``provenance.header.enabled``), which never copies
+    a record to the cluster it was first written on."""
     edges: dict[str, list[str]] = defaultdict(list)
+    plain: list[tuple[str, str]] = []  # flows without provenance mode
     for flow in topology.flows:
         edges[flow.source].append(flow.target)
+        if not flow.setting(configdefs.PROVENANCE):
+            plain.append((flow.source, flow.target))
     found = []
     for flow in topology.flows:
         try:
@@ -648,6 +655,17 @@ def _identity_cycles(topology: Topology) -> list[Finding]:
         except MirrorflowError:
             continue  # reported with the class key
         path = _path(edges, flow.target, flow.source) if identity else None
+        if path and flow.setting(configdefs.PROVENANCE):
+            # looping needs a flow on the cycle that neither marks nor checks the origin
+            path = next(
+                (
+                    [*before, *after]
+                    for u, v in plain
+                    if (before := _path(edges, flow.target, u))
+                    and (after := _path(edges, v, flow.source))
+                ),
+                None,
+            )
         if path:
             setting = flow.config["replication.policy.class"]
             loop = "->".join([flow.source, *path])
@@ -658,9 +676,45 @@ def _identity_cycles(topology: Topology) -> list[Finding]:
                     setting.source_key or "replication.policy.class",
                     f"flow {flow.name} uses IdentityReplicationPolicy on the cycle {loop}: it "
                     "cannot tell copies from originals, so records loop forever",
-                    f"use DefaultReplicationPolicy for {flow.name}, or break the cycle",
+                    f"use DefaultReplicationPolicy for {flow.name}, break the cycle, or set "
+                    f"{configdefs.PROVENANCE} = true for every flow on it",
                 )
             )
+    return found + _provenance_paths(topology)
+
+
+def _provenance_paths(topology: Topology) -> list[Finding]:
+    """In provenance mode a record goes on along every flow that does not lead back to where it
+    was first written: two paths from one cluster to another copy it there twice."""
+    edges: dict[str, list[str]] = defaultdict(list)
+    for flow in topology.flows:
+        if flow.setting(configdefs.PROVENANCE):
+            edges[flow.source].append(flow.target)
+    found = []
+    for origin in sorted(edges):
+        arrivals: dict[str, list[list[str]]] = defaultdict(list)
+        stack = [[origin]]
+        while stack:
+            path = stack.pop()
+            for nxt in edges.get(path[-1], []):
+                if nxt != origin and nxt not in path:
+                    arrivals[nxt].append([*path, nxt])
+                    stack.append([*path, nxt])
+        for target, paths in sorted(arrivals.items()):
+            if len(paths) > 1:
+                setting = topology.props["clusters"]
+                shown = ", ".join("->".join(p) for p in sorted(paths, key=len)[:2])
+                found.append(
+                    Finding(
+                        "warning",
+                        setting.location,
+                        "clusters",
+                        f"in provenance mode, records first written on {origin} reach {target} "
+                        f"by {len(paths)} paths ({shown}): each is copied there "
+                        f"{len(paths)} times where the paths' topics overlap",
+                        "keep one path between two clusters (or disjoint topics per path)",
+                    )
+                )
     return found
 
 
@@ -680,3 +734,73 @@ def _path(edges: dict[str, list[str]], start: str, goal: str) -> list[str] | Non
                 previous[nxt] = node
                 queue.append(nxt)
     return None
+
+
+def _transforms(topology: Topology) -> list[Finding]:
+    """A flow's Connect transforms and ``record.filter`` (see :mod:`mirrorflow.mm2.transforms`):
+    an error for what mirrorflow cannot honour, a warning where MirrorMaker 2 differs."""
+    return [f for flow in topology.flows for f in _flow_transforms(topology, flow)]
+
+
+def _flow_transforms(topology: Topology, flow: Flow) -> list[Finding]:
+    config = flow.values
+
+    def at(key: str, severity: Severity, problem: str, fix: str) -> Finding:
+        setting = flow.originals.get(key) or flow.originals.get(
+            key.split(".", 1)[0], Setting("", "")
+        )
+        return Finding(
+            severity,
+            setting.location or topology.props["clusters"].location,
+            setting.source_key or f"{flow.name}.{key}",
+            f"flow {flow.name}: {problem}",
+            fix,
+        )
+
+    try:
+        chain = transforms.compile_transforms(config, config.get(transforms.RECORD_FILTER, ""))
+    except transforms.TransformError as exc:
+        return [at(exc.key, "error", exc.problem, exc.fix)]
+    found = []
+    aliases = [a.strip() for a in config.get("transforms", "").split(",") if a.strip()]
+    listed = {"transforms": aliases, "predicates": config.get("predicates", "").split(",")}
+    for key in sorted(config):
+        kind, _, rest = key.partition(".")
+        alias = rest.split(".", 1)[0] if kind in listed else ""
+        if alias and alias not in [a.strip() for a in listed[kind]]:
+            found.append(
+                at(
+                    key,
+                    "warning",
+                    f"{alias} is not listed in {kind}: neither MirrorMaker 2 nor mirrorflow "
+                    "applies it",
+                    f"add {alias} to {kind}, or remove the key",
+                )
+            )
+    if chain is None or not aliases:
+        return found
+    kinds = [transforms.transform_kind(config.get(f"transforms.{a}.type", "")) for a in aliases]
+    if "Filter" in kinds:
+        found.append(
+            at(
+                "transforms",
+                "warning",
+                "MirrorMaker 2 also runs the flow's transforms over its heartbeat and "
+                "checkpoint records, where a Filter may drop them; mirrorflow transforms "
+                "only the records it copies",
+                "keep them, knowing that mirrorflow never drops heartbeats or checkpoints",
+            )
+        )
+    for alias, stage in zip(aliases, kinds, strict=True):
+        if stage == "InsertHeader":
+            found.append(
+                at(
+                    f"transforms.{alias}.type",
+                    "warning",
+                    "MirrorMaker 2 fails every record with InsertHeader (its header "
+                    "converter, ByteArrayConverter, takes bytes, not the literal's string); "
+                    "mirrorflow writes the literal as UTF-8 text",
+                    "keep it for mirrorflow, not for MirrorMaker 2",
+                )
+            )
+    return found

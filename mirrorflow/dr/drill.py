@@ -115,6 +115,7 @@ def preflight(request: DrillRequest, run: DrillRun, record: StepRecord, log: Log
     group; destructive: the source is a sandbox cluster. Creates the drill topic (not in a dry
     run) and notes where the target's copy ends and the real groups' offsets there."""
     spec = request.spec()
+    steps.refuse_provenance_mode(spec, "a drill")
     for alias, config in ((spec.target, spec.target_admin), (spec.source, spec.source_admin)):
         down = reachable(alias, config, 15.0)
         if down:

@@ -237,6 +237,7 @@ def preflight(request: FailbackRequest, run: FailbackRun, record: StepRecord, lo
     from mirrorflow.replication.checkpoint_stores import read_offset_map
 
     spec, _topology, policy = _spec_and_policy(request)
+    steps.refuse_provenance_mode(spec, "a failback")
     # The failover first: one that failed is refused before any cluster is asked.
     failover = latest_failover(request.flow, request.failover_run_id, jobs.held(request.flow_dir()))
     for alias, config in ((spec.source, spec.source_admin), (spec.target, spec.target_admin)):

@@ -549,3 +549,17 @@ def workflow(kind: str) -> Workflow:
     if kind not in _WORKFLOWS:
         raise ValueError(f"no DR workflow {kind!r}: one of failover, failback, drill")
     return _WORKFLOWS[kind]
+
+
+def refuse_provenance_mode(spec: MirrorSpec, action: str) -> None:
+    """A failover, failback or drill of a flow in provenance mode is refused in one line: its
+    topics hold records first written on both clusters, and a group's offsets cannot yet be
+    translated for those exactly (only for the records the flow copied)."""
+    if spec.provenance:
+        raise MirrorflowError(
+            f"{action} of {spec.flow} is not supported in provenance mode: its topics hold "
+            f"records written on both {spec.source} and {spec.target}, and a group's offsets "
+            f"cannot yet be translated exactly for the records written on {spec.target}",
+            "move consumers by timestamp (kafka-consumer-groups.sh --reset-offsets "
+            "--to-datetime) for now, or use the default replication policy",
+        )

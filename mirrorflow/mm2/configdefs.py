@@ -34,6 +34,8 @@ REMOVED_IN_4 = {
 # Read by the config property filter from the connector config, but defined in no ConfigDef.
 FILTER_ONLY = {"use.defaults.from": "target"}
 STARTING_OFFSETS_GROUP = "starting.offsets.group"
+RECORD_FILTER = "record.filter"
+PROVENANCE = "provenance.header.enabled"
 # mirrorflow's own flow settings (MirrorMaker 2 ignores them): name -> (type, default).
 MIRRORFLOW_ONLY = {
     # Checkpoint, for the source, the groups that consumed the copies of the source's topics
@@ -53,6 +55,14 @@ MIRRORFLOW_ONLY = {
     # the source consumer's auto.offset.reset says for a partition it never committed. Empty:
     # auto.offset.reset for every partition, as MirrorMaker 2 starts.
     STARTING_OFFSETS_GROUP: ("STRING", ""),
+    # A Spark SQL boolean expression over each record as read from the source (topic,
+    # remote_topic, partition, offset, timestamp, key, value, headers): only records for which
+    # it is true are copied (see mirrorflow.mm2.transforms). Empty: every record.
+    RECORD_FILTER: ("STRING", ""),
+    # Provenance mode (Confluent Replicator's approach): each copy carries a header naming the
+    # cluster its record was first written on, and a record is never copied to that cluster,
+    # so the identity policy may run on a cycle (same topic names in active/active).
+    PROVENANCE: ("BOOLEAN", "false"),
 }
 
 CLIENT_ROLES = ("consumer", "producer", "admin")

@@ -15,6 +15,7 @@ from mirrorflow.config import validation
 from mirrorflow.config.topology import Flow, Role, load_topology
 from mirrorflow.errors import MirrorflowError
 from mirrorflow.mm2 import configdefs
+from mirrorflow.mm2.transforms import RecordTransform, TransformError, compile_transforms
 from mirrorflow.replication.offset_map import map_topic
 from mirrorflow.replication.positions import OFFSETS_TOPIC_PARTITIONS, offsets_topic
 
@@ -65,6 +66,9 @@ class MirrorSpec:
     # A partition without a position starts at this group's committed offset on the source,
     # when it has one within the partition (``starting.offsets.group``; "": none)
     starting_offsets_group: str = ""
+    # The flow's record transforms (Connect's transforms and record.filter), None: unchanged
+    transform: RecordTransform | None = None
+    provenance: bool = False  # provenance mode (provenance.header.enabled)
     retry_backoff_s: float = 2.0  # first wait after a cluster did not answer, doubling
     retry_backoff_max_s: float = 120.0
     # How long a cluster that does not answer is retried before the flow fails (-1: forever);
@@ -190,6 +194,8 @@ def spec_for_flow(
         if starting_offsets
         else str(flow.setting(configdefs.STARTING_OFFSETS_GROUP) or ""),
         exactly_once=exactly_once,
+        transform=_transform(flow),
+        provenance=bool(flow.setting(configdefs.PROVENANCE)),
         offsets_topic=offsets_topic(flow.source),
         offsets_partitions=_worker_int(flow, "offset.storage.partitions", OFFSETS_TOPIC_PARTITIONS),
         offsets_replication_factor=_worker_int(flow, "offset.storage.replication.factor", 3),
@@ -251,3 +257,15 @@ def _exactly_once(flow: Flow, source_consumer: dict[str, str]) -> bool:
             f"(or {flow.name}.consumer.isolation.level), as MirrorMaker 2 requires",
         )
     return True
+
+
+def _transform(flow: Flow) -> RecordTransform | None:
+    """The flow's record transforms (see :mod:`mirrorflow.mm2.transforms`)."""
+    try:
+        return compile_transforms(
+            flow.values,
+            str(flow.setting(configdefs.RECORD_FILTER) or ""),
+            (flow.source, flow.target) if flow.setting(configdefs.PROVENANCE) else None,
+        )
+    except TransformError as exc:
+        raise MirrorflowError(f"flow {flow.name}: {exc.key}: {exc.problem}", exc.fix) from None

@@ -24,7 +24,7 @@ from mirrorflow.config.librdkafka import principal
 from mirrorflow.replication.offset_map import Run
 from mirrorflow.replication.spec import MirrorSpec
 from mirrorflow.runtime import eos_writer as mirror_writer
-from mirrorflow.runtime import jvm
+from mirrorflow.runtime import jvm, record_transforms
 from mirrorflow.runtime.batch_errors import batch_error
 from mirrorflow.runtime.metrics import Copied, Stats
 
@@ -122,6 +122,18 @@ class JvmCopier:
         self.spark, self.spec = spark, spec
         self._class: Any = None  # py4j's objects are untyped
         self._settings: tuple[tuple, Any] | None = None
+        self._transform_plan: str | None = None
+
+    def transform_plan(self) -> str | None:
+        """The flow's record transforms as the copier evaluates them (analysed by Spark once:
+        an expression it cannot evaluate fails here, in one line), or None."""
+        if self.spec.transform is None:
+            return None
+        if self._transform_plan is None:
+            self._transform_plan = record_transforms.copier_plan(
+                self.spark, self.spec.flow, self.spec.transform
+            )
+        return self._transform_plan
 
     @property
     def java(self) -> Any:
@@ -168,6 +180,10 @@ class JvmCopier:
             **{f"topic.{src}": rem for src, rem in mapping.items()},
             **{f"limit.{rem}": str(limit) for rem, limit in limits.items()},
         }
+        plan = self.transform_plan()
+        if plan is not None and spec.transform is not None:
+            settings["transform"] = plan
+            settings["transform.headers"] = str(spec.transform.changes_headers).lower()
         if spec.emit_offset_syncs:
             settings["syncs.topic"] = spec.offset_syncs_topic
             settings["syncs.lag.max"] = str(spec.max_offset_lag)

@@ -85,7 +85,7 @@ from mirrorflow.replication.topics import (
     write_records,
 )
 from mirrorflow.runtime import eos_writer as mirror_writer
-from mirrorflow.runtime import exactly_once, jobs, trend
+from mirrorflow.runtime import exactly_once, jobs, record_transforms, trend
 from mirrorflow.runtime.batch_errors import batch_error
 from mirrorflow.runtime.copier import SOURCE_STALL_S, CopierResult, CopyStream, JvmCopier
 from mirrorflow.runtime.doorbell import Doorbell
@@ -207,6 +207,7 @@ class MirrorJob:
     def prepare(self) -> None:
         """Check both clusters, create the internal topics and load the flow's positions."""
         spec = self.spec
+        self.copier.transform_plan()  # both modes: a transform Spark cannot evaluate fails now
         for admin in self.admins.values():
             admin.metadata()
         # (wanted, cluster, topic, replication factor, its setting, partitions, configs)
@@ -1276,6 +1277,8 @@ class MirrorJob:
             },
         )
         frame = exactly_once.read_ranges(self.spark, spec, ranges)
+        if spec.transform is not None:
+            frame = record_transforms.with_transform(frame, spec.flow, mapping, spec.transform)
         result = exactly_once.copy_in_transactions(frame, settings)
         for tp, partition_runs in result.runs.items():
             self.offset_map.add(tp, partition_runs)

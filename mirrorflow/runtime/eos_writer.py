@@ -39,6 +39,9 @@ if TYPE_CHECKING:
 
 STATS = ("min", "max", "sum", "count")
 INPUT_COLUMNS = ("topic", "partition", "offset", "key", "value", "headers", "ts_ms")
+KEEP_COLUMN = "keep"
+"""Present when the flow has record transforms: false for a record they drop (not copied; the
+partition's position still moves past it)."""
 RESULT_SCHEMA = pa.schema(
     [
         ("topic", pa.string()),
@@ -221,6 +224,7 @@ class _Partition:
     skip_through: int = -1  # exactly-once: upstream offsets already committed on the target
     acks: _Acks = field(default_factory=_Acks)
     upstream: list[int] = field(default_factory=list)
+    seen: int = -1  # the last offset read this batch, copied or dropped by the transforms
     bytes: int = 0
     # the copies' record ages when read (ms) and their records' timestamps: min, max, sum, count
     age: list[int] = field(default_factory=lambda: [0, 0, 0, 0])
@@ -274,6 +278,8 @@ def _new_partition(settings: CopySettings, topic: str, part: int, committed) -> 
 
 def _produce_batch(settings: CopySettings, batch: pa.RecordBatch, partitions, committed) -> None:
     cols = {name: batch.column(name).to_pylist() for name in INPUT_COLUMNS}
+    names = batch.schema.names
+    keep = batch.column(KEEP_COLUMN).to_pylist() if KEEP_COLUMN in names else None
     now_ms = int(time.time() * 1000)
     current = None
     for i in range(batch.num_rows):
@@ -288,6 +294,9 @@ def _produce_batch(settings: CopySettings, batch: pa.RecordBatch, partitions, co
             produce, poll = current.producer.produce, current.producer.poll
         if cols["offset"][i] <= current.skip_through:
             continue
+        current.seen = cols["offset"][i]
+        if keep is not None and not keep[i]:
+            continue  # dropped by the flow's transforms: a gap in the offset map
         key, value, headers, ts = (
             cols["key"][i],
             cols["value"][i],
@@ -361,10 +370,12 @@ def _commit_transactions(settings: CopySettings, partitions) -> None:
 
     for p in partitions.values():
         try:
-            if p.upstream:
-                if settings.map_topic:
+            if p.seen >= 0:
+                if settings.map_topic and p.upstream:
                     _add_runs(settings, p)
-                position = SourceOffset(settings.source_alias, p.topic, p.partition, p.upstream[-1])
+                # Past the records the transforms dropped too, as Connect commits the source
+                # offsets of the records its transforms drop.
+                position = SourceOffset(settings.source_alias, p.topic, p.partition, p.seen)
                 p.producer.produce(settings.offsets_topic, position.value(), position.key())
                 p.producer.commit_transaction(settings.flush_timeout_s)
                 p.committed_at_ms = int(time.time() * 1000)

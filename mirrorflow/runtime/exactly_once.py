@@ -133,6 +133,7 @@ def copy_in_transactions(frame: DataFrame, settings: eos_writer.CopySettings) ->
                 ),
             ).alias("headers"),
             F.expr("unix_millis(timestamp)").alias("ts_ms"),
+            *([eos_writer.KEEP_COLUMN] if eos_writer.KEEP_COLUMN in frame.columns else []),
         )
         .mapInArrow(copy, eos_writer.RESULT_DDL)
         .collect()

@@ -23,6 +23,7 @@ from mirrorflow.paths import cache_dir, content_hash, resource
 JVM_DIR = resource("jvm")
 COPIER_SOURCES = JVM_DIR / "mirror-copier" / "src"
 COPIER_CLASS = "org.mirrorflow.kafka.MirrorCopier"
+TRANSFORM_CLASS = "org.mirrorflow.kafka.RecordTransform"
 ARTIFACT_SETS = ("kafka", "spark-kafka", "mirrormaker")
 _VERSIONED_JAR = re.compile(r"^(?P<name>.+?)-\d[\w.\-]*\.jar$")
 

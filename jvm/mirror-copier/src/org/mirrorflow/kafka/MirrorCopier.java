@@ -25,6 +25,7 @@ import org.apache.kafka.common.TopicPartition;
 import org.apache.kafka.common.errors.AuthenticationException;
 import org.apache.kafka.common.errors.AuthorizationException;
 import org.apache.kafka.common.header.Header;
+import org.apache.kafka.common.header.Headers;
 import org.apache.kafka.common.serialization.ByteArrayDeserializer;
 import org.apache.kafka.common.serialization.ByteArraySerializer;
 import org.apache.spark.SparkExecutorInfo;
@@ -57,7 +58,9 @@ import scala.reflect.ClassTag$;
  * for its user), {@code source.principal}, {@code target.principal}, {@code poll.timeout.ms}, and,
  * when offset syncs are written, {@code syncs.topic}, {@code syncs.lag.max}, {@code
  * syncs.interval.ms}, {@code syncs.producer.*}, {@code syncs} (the cluster they go to) and
- * {@code syncs.principal}; {@code batch} names the batch, so that {@link #cancel} can end it.
+ * {@code syncs.principal}; {@code batch} names the batch, so that {@link #cancel} can end it;
+ * {@code transform} (and {@code transform.headers}: whether it changes headers) is the flow's
+ * {@link RecordTransform}, when it has one: a record it drops is not copied, its offset is a gap.
  *
  * <p>A batch is cancelled (its flow paused or held, e.g. by a failover) with {@link #cancel}: each
  * of its ranges stops reading at its next poll (at most half a second later, whether the source
@@ -530,6 +533,10 @@ public final class MirrorCopier {
       Map<String, Object> producerConfig = clientConfig("producer.");
       KafkaProducer<byte[], byte[]> producer = KafkaClients.producer(producerConfig);
       OffsetSyncWriter syncs = syncWriter();
+      String transformPlan = settings.get("transform");
+      RecordTransform transform = transformPlan == null
+          ? null
+          : RecordTransform.decode(transformPlan, "true".equals(settings.get("transform.headers")));
       AtomicReference<Exception> failure = new AtomicReference<>();
       reader.seek(from);
       long next = from;
@@ -601,7 +608,15 @@ public final class MirrorCopier {
             next = until;
             break;
           }
-          long size = size(record);
+          Headers headers = record.headers();
+          if (transform != null) {
+            headers = transform.apply(record, remote);
+            if (headers == null) {
+              next = record.offset() + 1; // dropped by the flow's transforms: a gap, not a copy
+              continue;
+            }
+          }
+          long size = size(record, headers);
           if (size + overhead > limit) {
             producer.flush();
             throw new IllegalStateException(
@@ -620,7 +635,7 @@ public final class MirrorCopier {
             producer.send(
                 new ProducerRecord<>(
                     remote, tp.partition(), timestamp >= 0 ? timestamp : null,
-                    record.key(), record.value(), record.headers()),
+                    record.key(), record.value(), headers),
                 (metadata, error) -> {
                   if (error != null) {
                     failure.compareAndSet(null, error);
@@ -703,10 +718,10 @@ public final class MirrorCopier {
           error);
     }
 
-    private static long size(ConsumerRecord<byte[], byte[]> record) {
+    private static long size(ConsumerRecord<byte[], byte[]> record, Headers headers) {
       long size = (record.key() == null ? 0 : record.key().length)
           + (record.value() == null ? 0 : record.value().length);
-      for (Header header : record.headers()) {
+      for (Header header : headers) {
         size += header.key().getBytes(StandardCharsets.UTF_8).length;
         size += header.value() == null ? 0 : header.value().length;
       }
