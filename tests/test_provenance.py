@@ -1,6 +1,8 @@
 """Provenance mode (issue 26): same topic names on both sides of active/active. Each copy carries
 a header naming the cluster its record was first written on, and no flow copies a record to that
 cluster, so the identity policy may run on a cycle: every record once on each side, none looping.
+A group fails over and back losing nothing (it may read the other side's records again: no
+single offset is exact in a topic written on both sides).
 """
 
 from __future__ import annotations
@@ -10,13 +12,21 @@ import time
 import pytest
 from confluent_kafka import Producer
 
-from mirrorflow.cli import main
 from mirrorflow.config import validation
 from mirrorflow.config.topology import load_topology
+from mirrorflow.dr import steps
+from mirrorflow.dr.failback import FailbackRequest
+from mirrorflow.dr.failback import run_all as fail_back
+from mirrorflow.dr.failover import FailoverRequest
+from mirrorflow.dr.failover import run_all as fail_over
+from mirrorflow.errors import MirrorflowError
 from mirrorflow.mm2.transforms import ORIGIN_HEADER
 from mirrorflow.paths import write_private
+from mirrorflow.replication.spec import spec_for_flow
+from mirrorflow.runtime import jobs
 from tests.conftest import create_topics
 from tests.mirror_harness import read_topic, start_mirror, stop_job, wait_for, write_flow_file
+from tests.test_checkpoints import consume_and_commit, read_as_group
 from tests.test_failback_dag import IDENTITY
 
 FLOWS = ("primary->secondary", "secondary->primary")
@@ -35,7 +45,7 @@ def produce_keyed(cluster, topic: str, prefix: str, keys: range) -> set[bytes]:
     return {b"%s%d" % (prefix.encode(), i) for i in keys}
 
 
-def test_an_identity_cycle_validates_only_when_every_flow_on_it_marks_the_origin(tmp_path, capsys):
+def test_an_identity_cycle_validates_only_when_every_flow_on_it_marks_the_origin(tmp_path):
     head = [
         "clusters = a, b, c",
         *(f"{x}.bootstrap.servers = localhost:{n}" for n, x in enumerate("abc", 1)),
@@ -60,20 +70,19 @@ def test_an_identity_cycle_validates_only_when_every_flow_on_it_marks_the_origin
     assert warnings and all("reach" in w and "paths" in w for w in warnings), warnings
 
     path = write_private(tmp_path / "mm2.properties", "\n".join([*head, *cycle, PROVENANCE]) + "\n")
-    for kind in ("failover", "failback"):
-        code = main([kind, str(path), "--flow", "a->b", "--state-dir", str(tmp_path / "s")])
-        assert code != 0
-        assert "not supported in provenance mode" in capsys.readouterr().err
+    with pytest.raises(MirrorflowError, match="a drill of a->b is not supported in provenance"):
+        steps.refuse_provenance_mode(spec_for_flow([path], "a->b"), "a drill")
 
 
 @pytest.mark.kafka
 @pytest.mark.spark
-def test_same_name_active_active_copies_each_record_once_to_each_side_and_nothing_loops(
-    sandbox, topic_name, tmp_path
+def test_same_name_active_active_copies_each_record_once_each_side_and_fails_over_and_back(
+    sandbox, topic_name, tmp_path, monkeypatch
 ):
     primary, secondary = sandbox["primary"], sandbox["secondary"]
-    t = topic_name("orders")
-    for cluster in (primary, secondary):
+    sides = {"primary": primary, "secondary": secondary}
+    t, group = topic_name("orders"), topic_name("billing")
+    for cluster in sides.values():
         create_topics(cluster, t, partitions=2)
     written = {
         "primary": produce_keyed(primary, t, "p", range(400)),
@@ -82,27 +91,31 @@ def test_same_name_active_active_copies_each_record_once_to_each_side_and_nothin
     config = write_flow_file(
         tmp_path / "mm2.properties",
         sandbox,
-        ["primary", "secondary"],
-        active_active(PROVENANCE, f"topics = {t}"),
+        list(sides),
+        active_active(
+            PROVENANCE,
+            f"topics = {t}",
+            f"groups = {group}",
+            "emit.checkpoints.interval.seconds = 1",
+            "refresh.groups.interval.seconds = 1",
+        ),
     )
-    jobs = [
-        start_mirror(config, flow, tmp_path / "state", tmp_path / f"{flow.split('->')[1]}.log")
-        for flow in FLOWS
+    state = tmp_path / "state"
+    flows = state / "flows"
+    monkeypatch.setenv("MIRRORFLOW_STATE", str(state))
+    started = [
+        start_mirror(config, flow, flows, tmp_path / f"{flow.split('->')[1]}.log") for flow in FLOWS
     ]
-    every = written["primary"] | written["secondary"]
 
     def keys_on(cluster) -> list[bytes]:
         return [r[1] for records in read_topic(cluster, t).values() for r in records]
 
-    try:
-        # Writes on both sides while both flows run.
-        written["primary"] |= produce_keyed(primary, t, "p", range(400, 600))
-        written["secondary"] |= produce_keyed(secondary, t, "s", range(400, 600))
-        every = written["primary"] | written["secondary"]
-        for cluster in (primary, secondary):
+    def settled(every: set[bytes]) -> None:
+        """Both sides hold every record once, and a few batches later still nothing more."""
+        for cluster in sides.values():
             wait_for(lambda c=cluster: len(keys_on(c)) >= len(every), 180, "both sides' records")
-        time.sleep(6)  # several batches and heartbeats later, nothing more arrives
-        for alias, cluster in (("primary", primary), ("secondary", secondary)):
+        time.sleep(6)
+        for alias, cluster in sides.items():
             records = [r for part in read_topic(cluster, t).values() for r in part]
             keys = [r[1] for r in records]
             assert len(keys) == len(set(keys)) == len(every), f"{alias}: a record twice or looped"
@@ -119,8 +132,61 @@ def test_same_name_active_active_copies_each_record_once_to_each_side_and_nothin
                 r for part in read_topic(cluster, "heartbeats").values() for r in part
             ):
                 assert (ORIGIN_HEADER, alias.encode()) not in headers
-        for job in jobs:
+
+    try:
+        # Writes on both sides while both flows run.
+        written["primary"] |= produce_keyed(primary, t, "p", range(400, 600))
+        written["secondary"] |= produce_keyed(secondary, t, "s", range(400, 600))
+        settled(written["primary"] | written["secondary"])
+
+        # A group reads part of the primary's topic, both sides' records mixed, then fails over.
+        consumed = consume_and_commit(primary, t, group, {0: 250, 1: 170})
+        fail_over(
+            FailoverRequest(
+                flow=FLOWS[0],
+                flow_files=(str(config),),
+                run_id="failover-1",
+                mode="planned",
+                catch_up_timeout_s=60,
+                state_dir=str(flows),
+            ),
+            log=lambda _line: None,
+        )
+        assert jobs.held(flows / "primary-secondary")
+        every = written["primary"] | written["secondary"]
+        read = read_as_group(secondary, t, group)
+        assert len(read) == len(set(read))
+        assert set(read) >= every - consumed, "a record the group had not read is missing"
+        again = len(set(read) & consumed)  # the other side's records between the two offsets
+        print(f"failover: {len(every - consumed)} to read, {again} read again")
+
+        # On the secondary: the group reads on, and producers write there.
+        consumed |= consume_and_commit(secondary, t, group, {0: 100, 1: 100})
+        written["secondary"] |= produce_keyed(secondary, t, "s", range(600, 700))
+        fail_back(
+            FailbackRequest(
+                flow=FLOWS[0],
+                flow_files=(str(config),),
+                run_id="failback-1",
+                state_dir=str(flows),
+            ),
+            log=lambda _line: None,
+        )
+        assert not jobs.held(flows / "primary-secondary")
+        every = written["primary"] | written["secondary"]
+        # the reverse flow copies the secondary's new records; then the group reads on
+        wait_for(lambda: len(keys_on(primary)) >= len(every), 120, "the secondary's records")
+        read = read_as_group(primary, t, group)
+        assert len(read) == len(set(read))
+        assert set(read) >= every - consumed, "a record the group had not read is missing"
+        print(f"failback: {len(every - consumed)} to read, {len(set(read) & consumed)} again")
+
+        # Both flows run again: both sides' writes reach the other side once.
+        written["primary"] |= produce_keyed(primary, t, "p", range(600, 650))
+        written["secondary"] |= produce_keyed(secondary, t, "s", range(700, 750))
+        settled(written["primary"] | written["secondary"])
+        for job in started:
             assert job.poll() is None, "a job ended"
     finally:
-        for job in jobs:
+        for job in started:
             stop_job(job)

@@ -8,6 +8,11 @@ policy cannot have one (a cycle, a validation error). It writes that copy's end 
 of ``T->S`` (``mm2-offsets.<T>.internal`` on ``S``), so a reverse flow enabled later, or the next
 failback, starts after it.
 
+Provenance mode (same topic names in active/active, ``provenance.header.enabled``) has the
+reverse flow: it copies ``T``'s records back itself (``reverse-copy`` and ``set-aside`` are
+skipped), the groups resume at the first record of either side they have not read (both flows'
+offset maps), and ``S->T`` resumes from its held positions.
+
 Steps (:data:`STEPS`):
 
 ``preflight``
@@ -237,7 +242,6 @@ def preflight(request: FailbackRequest, run: FailbackRun, record: StepRecord, lo
     from mirrorflow.replication.checkpoint_stores import read_offset_map
 
     spec, _topology, policy = _spec_and_policy(request)
-    steps.refuse_provenance_mode(spec, "a failback")
     # The failover first: one that failed is refused before any cluster is asked.
     failover = latest_failover(request.flow, request.failover_run_id, jobs.held(request.flow_dir()))
     for alias, config in ((spec.source, spec.source_admin), (spec.target, spec.target_admin)):
@@ -258,7 +262,8 @@ def preflight(request: FailbackRequest, run: FailbackRun, record: StepRecord, lo
     running = jobs.mirror_processes(request.flows_state_dir(), reverse) or jobs.running_jobs(
         request.flows_state_dir(), reverse
     )
-    if running:
+    provenance = spec.provenance  # the reverse flow copies T's records back itself
+    if running and not provenance:
         raise MirrorflowError(
             f"the reverse flow {reverse} runs in mirror job(s) {running}: the failback "
             "copies the reverse direction itself",
@@ -280,7 +285,7 @@ def preflight(request: FailbackRequest, run: FailbackRun, record: StepRecord, lo
     forward_map = read_offset_map(spec)
     reverse_positions = _reverse_positions(spec)
     copies: list[dict[str, Any]] = []
-    for topic in topics:
+    for topic in [] if provenance else topics:
         partitions = _topic_partitions(target, topic)
         if not partitions:
             continue
@@ -303,7 +308,7 @@ def preflight(request: FailbackRequest, run: FailbackRun, record: StepRecord, lo
                 }
             )
     diverged: list[dict[str, Any]] = []
-    if identity:
+    if identity and not provenance:  # provenance: S's later records go to T when S->T resumes
         held = {tp: position for tp, position in cut.items() if tp[0] in topics}
         ends = end_offsets(source, sorted(held))
         side = {t: f"{t}.{DIVERGED_SUFFIX}.{safe_run_id(request.run_id)}" for t, _ in held}
@@ -335,6 +340,7 @@ def preflight(request: FailbackRequest, run: FailbackRun, record: StepRecord, lo
         "failover_run_id": failover["run_id"],
         "policy": type(policy).__name__,
         "identity": identity,
+        "provenance": provenance,
         "positions_at_cut": nested_offsets(cut),
         "topics": topics,  # the flow's topics now, heartbeats left out
         "copies": copies,
@@ -561,6 +567,11 @@ def _copy_recorded(
 def set_aside(request: FailbackRequest, run: FailbackRun, record: StepRecord, log: Log) -> None:
     """Identity policy: copy the records of ``S`` past the cut to the side topic."""
     pre = run.details("preflight")
+    if pre.get("provenance"):
+        raise StepSkipped(
+            f"provenance mode: the records written on {request.source} after the cut stay in "
+            f"their topics and reach {request.target} when {request.flow} resumes"
+        )
     if not pre.get("identity"):
         raise StepSkipped(
             f"{pre.get('policy')}: the records written on {request.source} after the cut "
@@ -601,6 +612,8 @@ def reverse_copy(request: FailbackRequest, run: FailbackRun, record: StepRecord,
 
     spec, _t, _p = _spec_and_policy(request)
     pre = run.details("preflight")
+    if pre.get("provenance"):
+        _reverse_flow_copies(request, spec)
     source = ClusterAdmin(spec.source, spec.source_admin)
     target = ClusterAdmin(spec.target, spec.target_admin)
     copies = [dict(c) for c in pre.get("copies", [])]
@@ -660,7 +673,7 @@ def reverse_copy(request: FailbackRequest, run: FailbackRun, record: StepRecord,
         else end_offsets(source, sorted({(c["to"], c["partition"]) for c in copies}))
     )
     resume_at = {}
-    if pre.get("identity"):
+    if pre.get("identity") and not pre.get("provenance"):
         topics = set(pre.get("topics", []))
         cut = [tp for tp in flat_offsets(pre.get("positions_at_cut", {})) if tp[0] in topics]
         resume_at = end_offsets(source, sorted(cut)) if not request.dry_run else {}
@@ -686,6 +699,32 @@ def reverse_copy(request: FailbackRequest, run: FailbackRun, record: StepRecord,
         "positions after them"
     )
     log(record.summary)
+
+
+def _reverse_flow_copies(request: FailbackRequest, spec: MirrorSpec) -> None:
+    """Provenance mode: the reverse flow ``T->S`` copies ``T``'s records back (it never copies
+    ``S``'s own back, and marks the others): raises StepSkipped saying how far it is."""
+    reverse = _reverse_spec(request, spec)
+    target = ClusterAdmin(spec.target, spec.target_admin)
+    partitions = [
+        tp for tp in replicated_partitions(reverse, target) if not tp[0].endswith("heartbeats")
+    ]
+    ends = end_offsets(target, partitions)
+    positions = _reverse_positions(spec)
+    behind = sum(max(0, ends[tp] - positions.get(tp, 0)) for tp in partitions)
+    raise StepSkipped(
+        f"provenance mode: the reverse flow {reverse.flow} copies what was written on "
+        f"{spec.target} back to {spec.source} (its mirror job must run); it has "
+        f"{behind} offset(s) of {spec.target} still to read"
+    )
+
+
+def _reverse_spec(request: FailbackRequest, spec: MirrorSpec) -> MirrorSpec:
+    """The opposite flow's spec (``T->S``), from the same flow files."""
+    from mirrorflow.replication.spec import spec_for_flow
+
+    reverse = f"{spec.target}->{spec.source}"
+    return spec_for_flow(request.flow_paths(), reverse, base_dir=paths.project_root())
 
 
 def _via_runs(runs: list[list[int]], offset: int, end: int, after: int | None) -> int | None:
@@ -753,6 +792,10 @@ def group_sync(request: FailbackRequest, run: FailbackRun, record: StepRecord, l
     target = ClusterAdmin(spec.target, spec.target_admin)
     source = ClusterAdmin(spec.source, spec.source_admin)
     forward = read_offset_map(spec)
+    # Provenance mode: T's topics also hold T's own records, which the reverse flow copied to
+    # S; a group resumes at the earlier of the first record of either side it has not read.
+    reverse = read_offset_map(_reverse_spec(request, spec)) if pre.get("provenance") else None
+    reverse_positions = _reverse_positions(spec) if reverse is not None else {}
     copies = {(c["topic"], c["partition"]): c for c in copy.get("copies", [])}
     resumes = flat_offsets(copy.get("resume_positions", {}))  # identity: S's ends after the copy
     remote: dict[Partition, Partition] = {}  # T's copy of S's partition -> S's partition
@@ -783,6 +826,11 @@ def group_sync(request: FailbackRequest, run: FailbackRun, record: StepRecord, l
                 translation = forward.translate_back(remote[(topic, p)], offset)
                 at = None if translation is None else translation.upstream
                 where, how = remote[(topic, p)][0], "offset map"
+                if reverse is not None:
+                    own = reverse.translate((topic, p), offset, reverse_positions.get((topic, p)))
+                    if own is not None:
+                        at = own.downstream if at is None else min(at, own.downstream)
+                        how = "offset maps of both flows"
             else:
                 continue
             rows.append(

@@ -355,7 +355,6 @@ def preflight(request: FailoverRequest, run: FailoverRun, record: StepRecord, lo
     groups. Explicit emergency: the source gets 2 s, and its absence never fails the run."""
     _skip_unless_applies(request, run, "preflight")
     spec = request.spec()
-    steps.refuse_provenance_mode(spec, "a failover")
     timeout = request.reachability_timeout_s
     emergency = request.mode == "emergency"
     source_timeout = min(timeout, EMERGENCY_SOURCE_PROBE_S) if emergency else timeout

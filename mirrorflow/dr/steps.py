@@ -552,14 +552,13 @@ def workflow(kind: str) -> Workflow:
 
 
 def refuse_provenance_mode(spec: MirrorSpec, action: str) -> None:
-    """A failover, failback or drill of a flow in provenance mode is refused in one line: its
-    topics hold records first written on both clusters, and a group's offsets cannot yet be
-    translated for those exactly (only for the records the flow copied)."""
+    """A drill of a flow in provenance mode is refused in one line: it rehearses a one-way
+    copy (its drill topic, its verification), not topics written on both sides."""
     if spec.provenance:
         raise MirrorflowError(
-            f"{action} of {spec.flow} is not supported in provenance mode: its topics hold "
-            f"records written on both {spec.source} and {spec.target}, and a group's offsets "
-            f"cannot yet be translated exactly for the records written on {spec.target}",
-            "move consumers by timestamp (kafka-consumer-groups.sh --reset-offsets "
-            "--to-datetime) for now, or use the default replication policy",
+            f"{action} of {spec.flow} is not supported in provenance mode: it rehearses a "
+            f"one-way copy, and {spec.flow}'s topics are written on both {spec.source} and "
+            f"{spec.target}",
+            "rehearse on a flow with the default replication policy, or run a real failover "
+            "and failback (both work in provenance mode)",
         )

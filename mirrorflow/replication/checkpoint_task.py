@@ -144,12 +144,14 @@ class GroupCheckpoints:
         result = GroupOffsets(group, asked=bool(positions or back))
         committed = self.offsets.committed(group, [*positions, *back])
         for key, (offset, metadata) in sorted(committed.items()):
+            translation = None
             if key in back:  # a copy of the target's topic: translated back with its map
                 translation = self.reverse_map.translate_back(back[key], offset)
                 if translation is not None:  # as a checkpoint: this flow's source, then target
                     translation = Translation(offset, translation.upstream, translation.exactness)
-            else:
-                translation = self.offset_map.translate(key, offset, positions.get(key))
+            if key not in back or (self.spec.provenance and key in positions):
+                forward = self.offset_map.translate(key, offset, positions.get(key))
+                translation = _earlier(forward, translation)
             result.translations[key] = translation
             result.metadata[key] = metadata
         return result
@@ -276,3 +278,14 @@ class GroupCheckpoints:
             return True
         self._forget(group)
         return False
+
+
+def _earlier(forward: Translation | None, back: Translation | None) -> Translation | None:
+    """Provenance mode: a partition holds the records first written on either cluster; the
+    first record of either side the group has not read (``forward``: this flow's copies,
+    ``back``: the opposite flow's), so that it loses nothing. It reads again the records of
+    the other side between the two, if any ("both-sides"). Otherwise the one given."""
+    if forward is None or back is None:
+        return forward or back
+    earlier = min(forward, back, key=lambda t: t.downstream)
+    return Translation(forward.upstream, earlier.downstream, "both-sides")

@@ -99,7 +99,10 @@ class Translation:
       next copies land, so the records between the mirror's position and ``upstream`` will be
       read again once copied (a later translation is exact);
     - ``before-first-copy``: the group is before the first record the map knows (copying started
-      later, or earlier runs expired with the source's retention); the offset is that record's.
+      later, or earlier runs expired with the source's retention); the offset is that record's;
+    - ``both-sides``: provenance mode, a partition holding records first written on either
+      cluster: the first record of either side the group has not read; nothing is lost, and the
+      other side's records between the two are read again.
     """
 
     upstream: int

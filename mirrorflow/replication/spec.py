@@ -221,7 +221,12 @@ def spec_for_flow(
         checkpoint_topic=flow.checkpoint_topic,
         reverse_checkpoints_enabled=bool(flow.setting("emit.reverse.checkpoints.enabled")),
         reverse_map_topic=map_topic(flow.target),
-        reverse_remote_topic=flow.reverse_remote_topic,
+        # provenance mode: the identity policy cannot trace a copy back, the header does
+        reverse_remote_topic=(
+            (lambda topic: flow.policy.format_remote_topic(flow.target, topic))
+            if flow.setting(configdefs.PROVENANCE)
+            else flow.reverse_remote_topic
+        ),
     )
 
 
