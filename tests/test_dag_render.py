@@ -482,3 +482,22 @@ def test_checkpoints_give_a_groups_task_and_never_a_schedule_under_a_minute_of_t
     assert "--checkpoints-only" in site_b  # no flow into b syncs group offsets
 
     assert "schedule=datetime.timedelta(seconds=20)," in dags["sync__a"]
+
+
+def test_the_dr_dags_take_their_tasks_and_defaults_from_the_runbooks(monkeypatch, tmp_path):
+    """A step added to a runbook, or a Param default changed there, is in the next rendering:
+    the DAG cannot drift from the workflow it runs."""
+    monkeypatch.setattr(failback.WORKFLOW, "steps", (*failback.STEPS[:-1], "extra", "report"))
+    monkeypatch.setitem(failover.FailoverRequest.PARAMS, "mode", ("mode", str, "auto"))
+    monkeypatch.setitem(
+        failover.FailoverRequest.PARAMS,
+        "stop_timeout_s",
+        ("stop_timeout_seconds", float, 45),
+    )
+    assert render_cli(EXAMPLES / "active-passive.properties", "--out", tmp_path) == 0
+    failback_dag = (tmp_path / "failback__primary__secondary.py").read_text()
+    assert '("resume", "none_failed"),\n            ("extra", "none_failed"),\n' in failback_dag
+    assert '("report", "all_done"),' in failback_dag
+    failover_dag = (tmp_path / "failover__primary__secondary.py").read_text()
+    assert '"mode": Param(\n            "auto",' in failover_dag
+    assert '"stop_timeout_seconds": Param(\n            45,' in failover_dag

@@ -371,10 +371,39 @@ def _render_topology(topology: Topology, flow_files: list[str], options: RenderO
                 group_pattern="|".join(flows[0].list_setting("groups")),
                 options=options,
                 metrics_port=options.metrics_port + index if options.metrics_port else 0,
+                **_workflow(kind.name),
             )
             flow_names = tuple(f.name for f in flows)
             dags.append(RenderedDag(f"{dag_id}.py", dag_id, kind.name, flow_names, text))
     return sorted(dags, key=lambda d: d.dag_id)
+
+
+DR_KINDS = ("failover", "failback", "drill")
+
+
+def _workflow(kind: str) -> dict[str, object]:
+    """A DR DAG's tasks and Params' defaults, from its workflow's own registry (the step list,
+    the steps that always run, the request's Params), so a DAG cannot drift from its runbook:
+    ``steps`` (task id, trigger rule) in order, ``defaults`` (Param name -> default) and, for
+    the drill, the failover steps its destructive mode runs as tasks (up to the final sync)."""
+    if kind not in DR_KINDS:
+        return {}
+    from mirrorflow.dr.steps import workflow
+
+    runbook = workflow(kind)
+    rules = [
+        "all_success" if i == 0 else "all_done" if step in runbook.always else "none_failed"
+        for i, step in enumerate(runbook.steps)
+    ]
+    failover = workflow("failover").steps
+    return {
+        "steps": list(zip(runbook.steps, rules, strict=True)),
+        "defaults": {
+            param: list(default) if isinstance(default, tuple) else default
+            for param, _convert, default in runbook.request_class.PARAMS.values()
+        },
+        "failover_steps": list(failover[: failover.index("final-sync") + 1]),
+    }
 
 
 def _jinja():
@@ -389,12 +418,23 @@ def _jinja():
         autoescape=False,
     )
     environment.filters["py"] = _python_string
+    environment.filters["literal"] = _python_literal
     return environment
 
 
 def _python_string(value: object) -> str:
     """A double-quoted Python string literal (JSON's escapes are Python's too)."""
     return json.dumps(str(value), ensure_ascii=False)
+
+
+def _python_literal(value: object) -> str:
+    """A Python literal of a Param's default: strings as :func:`_python_string`, booleans,
+    numbers, lists of those."""
+    if isinstance(value, bool | int | float):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_python_literal(v) for v in value) + "]"
+    return _python_string(value)
 
 
 def is_generated(path: Path) -> bool:
