@@ -176,6 +176,13 @@ def test_validate_names_each_transform_it_cannot_honour_and_where_mirrormaker_2_
     )
     findings = validation.validate(load_topology([bad]))
     assert [f.key for f in findings if f.severity == "error"] == [f"{flow}.transforms.x.type"]
+    top = write_private(
+        tmp_path / "top.properties",
+        "\n".join([*lines[:4], "transforms = x", f"transforms.x.type = {CONNECT}Filter"]) + "\n",
+    )
+    [error] = [f for f in validation.validate(load_topology([top])) if f.severity == "error"]
+    assert (error.key, error.location.line) == ("transforms.x.type", 6)
+    assert "MirrorMaker 2 drops a transform's and a predicate's settings at top level" in str(error)
     with pytest.raises(
         MirrorflowError, match=r"flow a->b does not run: .* transform Cast\$Value cannot work"
     ):

@@ -760,6 +760,17 @@ def _flow_transforms(topology: Topology, flow: Flow) -> list[Finding]:
     try:
         chain = transforms.compile_transforms(config, config.get(transforms.RECORD_FILTER, ""))
     except transforms.TransformError as exc:
+        if exc.key in topology.props:  # written at top level, which MirrorMaker 2 drops
+            return [
+                Finding(
+                    "error",
+                    topology.props[exc.key].location,
+                    exc.key,
+                    f"flow {flow.name} misses it: MirrorMaker 2 drops a transform's and a "
+                    "predicate's settings at top level",
+                    f"write it per flow: {flow.name}.{exc.key}",
+                )
+            ]
         return [at(exc.key, "error", exc.problem, exc.fix)]
     found = []
     aliases = [a.strip() for a in config.get("transforms", "").split(",") if a.strip()]
