@@ -15,7 +15,8 @@ from confluent_kafka import Producer
 from mirrorflow.config import validation
 from mirrorflow.config.topology import load_topology
 from mirrorflow.errors import MirrorflowError
-from mirrorflow.mm2.transforms import TransformError, compile_transforms
+from mirrorflow.mm2.policy import DefaultReplicationPolicy, IdentityReplicationPolicy
+from mirrorflow.mm2.transforms import TransformError, compile_transforms, heartbeats_predicate
 from mirrorflow.paths import write_private
 from mirrorflow.replication.positions import SourceOffsetReader, offsets_topic
 from mirrorflow.replication.spec import spec_for_flow
@@ -114,6 +115,15 @@ def test_the_chain_means_what_connect_makes_of_it():
     assert ordered is not None and "filter(coalesce(headers" in ordered.keep
     assert compile_transforms({"transforms": ""}) is None
     assert compile_transforms({}, "  ") is None
+
+
+def test_a_record_filter_never_drops_the_heartbeats_topics_of_the_flows_policy():
+    default = heartbeats_predicate(DefaultReplicationPolicy())
+    assert default == "((topic = 'heartbeats') OR endswith(topic, '.heartbeats'))"
+    assert heartbeats_predicate(IdentityReplicationPolicy()) == default  # as MM2 names them
+    chain = compile_transforms({}, "value IS NOT NULL", heartbeats=default)
+    assert chain is not None
+    assert chain.keep == f"(coalesce((value IS NOT NULL), false) OR {default})"
 
 
 @pytest.mark.parametrize(

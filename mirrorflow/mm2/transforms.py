@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 from mirrorflow.mm2.configdefs import PROVENANCE, RECORD_FILTER
 from mirrorflow.mm2.filters import JavaRegexError, compile_java_regex
+from mirrorflow.mm2.policy import DefaultReplicationPolicy, ReplicationPolicy
 
 __all__ = [
     "PROVENANCE",
@@ -184,16 +185,30 @@ def _predicate(config: Mapping[str, str], alias: str, headers: str) -> str:
     return "(value IS NULL)"
 
 
+def heartbeats_predicate(policy: ReplicationPolicy) -> str:
+    """Spark SQL that is true for a heartbeats topic (its own or a copy, on the source) under
+    ``policy``: MirrorMaker 2's ``isHeartbeatsTopic`` for its two policies (a custom policy's
+    own heartbeats topic only)."""
+    name = policy.heartbeats_topic()
+    own = f"(topic = {sql_string(name)})"
+    if isinstance(policy, DefaultReplicationPolicy):
+        return f"({own} OR endswith(topic, {sql_string(policy.separator + name)}))"
+    return own
+
+
 def compile_transforms(
     config: Mapping[str, str],
     record_filter: str = "",
     provenance: tuple[str, str] | None = None,
+    heartbeats: str = "false",
 ) -> RecordTransform | None:
     """The chain of a flow's connector config (MirrorMaker 2's ``transforms``, ``predicates``
     and their ``transforms.<alias>.*`` / ``predicates.<alias>.*`` keys, as the flow's
     connector sees them) plus ``record_filter`` and, with ``provenance`` (the flow's source and
     target aliases), the provenance header (:data:`ORIGIN_HEADER`); None when the flow copies
-    records unchanged. Raises :class:`TransformError` for what cannot be honoured."""
+    records unchanged. ``heartbeats`` (:func:`heartbeats_predicate`) tells the heartbeats
+    topics, which ``record_filter`` never drops. Raises :class:`TransformError` for what cannot
+    be honoured."""
     aliases = _list(config.get("transforms", ""))
     duplicates = sorted({a for a in aliases if aliases.count(a) > 1})
     if duplicates:
@@ -257,7 +272,7 @@ def compile_transforms(
             _predicate(config, alias, "headers")
     text = record_filter.strip()
     if text:
-        keep.append(f"coalesce(({text}), false)")
+        keep.append(f"coalesce(({text}), false) OR {heartbeats}")
         steps.append(f"{RECORD_FILTER}: {text}")
     if provenance is not None:
         source, target = provenance

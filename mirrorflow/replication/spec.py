@@ -15,7 +15,12 @@ from mirrorflow.config import validation
 from mirrorflow.config.topology import Flow, Role, load_topology
 from mirrorflow.errors import MirrorflowError
 from mirrorflow.mm2 import configdefs
-from mirrorflow.mm2.transforms import RecordTransform, TransformError, compile_transforms
+from mirrorflow.mm2.transforms import (
+    RecordTransform,
+    TransformError,
+    compile_transforms,
+    heartbeats_predicate,
+)
 from mirrorflow.replication.offset_map import map_topic
 from mirrorflow.replication.positions import OFFSETS_TOPIC_PARTITIONS, offsets_topic
 
@@ -271,6 +276,7 @@ def _transform(flow: Flow) -> RecordTransform | None:
             flow.values,
             str(flow.setting(configdefs.RECORD_FILTER) or ""),
             (flow.source, flow.target) if flow.setting(configdefs.PROVENANCE) else None,
+            heartbeats_predicate(flow.policy),
         )
     except TransformError as exc:
         raise MirrorflowError(f"flow {flow.name}: {exc.key}: {exc.problem}", exc.fix) from None
