@@ -35,6 +35,8 @@ REMOVED_IN_4 = {
 FILTER_ONLY = {"use.defaults.from": "target"}
 STARTING_OFFSETS_GROUP = "starting.offsets.group"
 RECORD_FILTER = "record.filter"
+RECORD_KEY = "record.key"
+RECORD_VALUE = "record.value"
 PROVENANCE = "provenance.header.enabled"
 # mirrorflow's own flow settings (MirrorMaker 2 ignores them): name -> (type, default).
 MIRRORFLOW_ONLY = {
@@ -59,6 +61,10 @@ MIRRORFLOW_ONLY = {
     # remote_topic, partition, offset, timestamp, key, value, headers): only records for which
     # it is true are copied (see mirrorflow.mm2.transforms). Empty: every record.
     RECORD_FILTER: ("STRING", ""),
+    # Spark SQL expressions over the same columns: the key and the value to write instead of
+    # the source record's (a STRING is written as its UTF-8 bytes). Empty: unchanged.
+    RECORD_KEY: ("STRING", ""),
+    RECORD_VALUE: ("STRING", ""),
     # Provenance mode (Confluent Replicator's approach): each copy carries a header naming the
     # cluster its record was first written on, and a record is never copied to that cluster,
     # so the identity policy may run on a cycle (same topic names in active/active).

@@ -113,11 +113,18 @@ class RecordTransform:
     keep: str
     headers: str = "headers"
     description: str = ""
+    key: str = "key"  # the key to write (BINARY)
+    value: str = "value"  # the value to write (BINARY)
 
     @property
     def changes_headers(self) -> bool:
         """Whether the copies' headers differ from the source records'."""
         return self.headers != "headers"
+
+    @property
+    def changes_record(self) -> bool:
+        """Whether the copies' keys or values differ from the source records'."""
+        return (self.key, self.value) != ("key", "value")
 
 
 def sql_string(text: str) -> str:
@@ -201,14 +208,16 @@ def compile_transforms(
     record_filter: str = "",
     provenance: tuple[str, str] | None = None,
     heartbeats: str = "false",
+    projection: Mapping[str, str] | None = None,
 ) -> RecordTransform | None:
     """The chain of a flow's connector config (MirrorMaker 2's ``transforms``, ``predicates``
     and their ``transforms.<alias>.*`` / ``predicates.<alias>.*`` keys, as the flow's
     connector sees them) plus ``record_filter`` and, with ``provenance`` (the flow's source and
     target aliases), the provenance header (:data:`ORIGIN_HEADER`); None when the flow copies
     records unchanged. ``heartbeats`` (:func:`heartbeats_predicate`) tells the heartbeats
-    topics, which ``record_filter`` never drops. Raises :class:`TransformError` for what cannot
-    be honoured."""
+    topics, which ``record_filter`` never drops and ``projection`` (``{"key": sql, "value":
+    sql}``, mirrorflow's ``record.key`` / ``record.value``) never rewrites. Raises
+    :class:`TransformError` for what cannot be honoured."""
     aliases = _list(config.get("transforms", ""))
     duplicates = sorted({a for a in aliases if aliases.count(a) > 1})
     if duplicates:
@@ -279,10 +288,17 @@ def compile_transforms(
         keep.insert(0, _not_from(target))
         headers = _with_origin(headers, source)
         steps.append(f"{PROVENANCE}: drop records from {target}, mark the others")
-    if not keep and headers == "headers":
+    rewritten = {}
+    for column, text in sorted((projection or {}).items()):
+        if text.strip():
+            # a STRING becomes its UTF-8 bytes; the heartbeats topics keep their records
+            rewritten[column] = f"IF({heartbeats}, {column}, CAST(({text.strip()}) AS BINARY))"
+            steps.append(f"record.{column}: {text.strip()}")
+    if not keep and headers == "headers" and not rewritten:
         return None
     return RecordTransform(
         keep=" AND ".join(f"({k})" for k in keep) or "true",
         headers=headers,
         description="; ".join(steps),
+        **rewritten,
     )

@@ -277,6 +277,10 @@ def _transform(flow: Flow) -> RecordTransform | None:
             str(flow.setting(configdefs.RECORD_FILTER) or ""),
             (flow.source, flow.target) if flow.setting(configdefs.PROVENANCE) else None,
             heartbeats_predicate(flow.policy),
+            {
+                "key": str(flow.setting(configdefs.RECORD_KEY) or ""),
+                "value": str(flow.setting(configdefs.RECORD_VALUE) or ""),
+            },
         )
     except TransformError as exc:
         raise MirrorflowError(f"flow {flow.name}: {exc.key}: {exc.problem}", exc.fix) from None

@@ -184,6 +184,7 @@ class JvmCopier:
         if plan is not None and spec.transform is not None:
             settings["transform"] = plan
             settings["transform.headers"] = str(spec.transform.changes_headers).lower()
+            settings["transform.record"] = str(spec.transform.changes_record).lower()
         if spec.emit_offset_syncs:
             settings["syncs.topic"] = spec.offset_syncs_topic
             settings["syncs.lag.max"] = str(spec.max_offset_lag)

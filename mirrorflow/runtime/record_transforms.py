@@ -32,9 +32,11 @@ def _failed(flow: str, transform: RecordTransform, exc: Exception) -> Mirrorflow
 
 def _columns(frame: DataFrame, transform: RecordTransform) -> DataFrame:
     return frame.selectExpr(
-        *(name for name, _kind in COLUMNS if name != "headers"),
+        *(name for name, _kind in COLUMNS if name not in ("headers", "key", "value")),
         f"{transform.headers} AS headers",
         f"{transform.keep} AS keep",
+        f"{transform.key} AS key",
+        f"{transform.value} AS value",
     )
 
 
@@ -43,7 +45,10 @@ def copier_plan(spark: SparkSession, flow: str, transform: RecordTransform) -> s
     serialised for the JVM copier (its ``transform`` setting)."""
     try:
         frame = spark.createDataFrame([], SCHEMA_DDL).selectExpr(
-            f"{transform.headers} AS headers", f"{transform.keep} AS keep"
+            f"{transform.headers} AS headers",
+            f"{transform.keep} AS keep",
+            f"{transform.key} AS key",
+            f"{transform.value} AS value",
         )
         analyzed = frame._jdf.queryExecution().analyzed()
         record_transform: Any = getattr(spark.sparkContext._jvm, jvm.TRANSFORM_CLASS)

@@ -536,7 +536,10 @@ public final class MirrorCopier {
       String transformPlan = settings.get("transform");
       RecordTransform transform = transformPlan == null
           ? null
-          : RecordTransform.decode(transformPlan, "true".equals(settings.get("transform.headers")));
+          : RecordTransform.decode(
+              transformPlan,
+              "true".equals(settings.get("transform.headers")),
+              "true".equals(settings.get("transform.record")));
       AtomicReference<Exception> failure = new AtomicReference<>();
       reader.seek(from);
       long next = from;
@@ -608,15 +611,20 @@ public final class MirrorCopier {
             next = until;
             break;
           }
+          byte[] key = record.key();
+          byte[] value = record.value();
           Headers headers = record.headers();
           if (transform != null) {
-            headers = transform.apply(record, remote);
-            if (headers == null) {
+            RecordTransform.Result result = transform.apply(record, remote);
+            if (result == null) {
               next = record.offset() + 1; // dropped by the flow's transforms: a gap, not a copy
               continue;
             }
+            key = result.key;
+            value = result.value;
+            headers = result.headers;
           }
-          long size = size(record, headers);
+          long size = size(key, value, headers);
           if (size + overhead > limit) {
             producer.flush();
             throw new IllegalStateException(
@@ -635,7 +643,7 @@ public final class MirrorCopier {
             producer.send(
                 new ProducerRecord<>(
                     remote, tp.partition(), timestamp >= 0 ? timestamp : null,
-                    record.key(), record.value(), headers),
+                    key, value, headers),
                 (metadata, error) -> {
                   if (error != null) {
                     failure.compareAndSet(null, error);
@@ -718,9 +726,8 @@ public final class MirrorCopier {
           error);
     }
 
-    private static long size(ConsumerRecord<byte[], byte[]> record, Headers headers) {
-      long size = (record.key() == null ? 0 : record.key().length)
-          + (record.value() == null ? 0 : record.value().length);
+    private static long size(byte[] key, byte[] value, Headers headers) {
+      long size = (key == null ? 0 : key.length) + (value == null ? 0 : value.length);
       for (Header header : headers) {
         size += header.key().getBytes(StandardCharsets.UTF_8).length;
         size += header.value() == null ? 0 : header.value().length;

@@ -35,7 +35,8 @@ import scala.jdk.javaapi.CollectionConverters;
  * mirrorflow's {@code record.filter}), evaluated by the copier record by record with the same
  * Spark SQL expressions the exactly-once path evaluates as DataFrame columns.
  *
- * <p>The driver analyses {@code SELECT <headers> AS headers, <keep> AS keep} over the record's
+ * <p>The driver analyses {@code SELECT <headers> AS headers, <keep> AS keep, <key> AS key, <value>
+ * AS value} over the record's
  * columns (topic, remote_topic, partition, offset, timestamp, key, value, headers) with Spark's
  * analyser and hands the plan to {@link #encode}, which checks that it can be evaluated one
  * record at a time and serialises it into the copier's settings ({@code transform}). Each range
@@ -46,10 +47,25 @@ public final class RecordTransform {
 
   private final MutableProjection projection;
   private final boolean changesHeaders;
+  private final boolean changesRecord;
 
-  private RecordTransform(MutableProjection projection, boolean changesHeaders) {
+  private RecordTransform(MutableProjection projection, boolean changesHeaders, boolean changesRecord) {
     this.projection = projection;
     this.changesHeaders = changesHeaders;
+    this.changesRecord = changesRecord;
+  }
+
+  /** A record as the transforms leave it: what to write. */
+  static final class Result {
+    final byte[] key;
+    final byte[] value;
+    final Headers headers;
+
+    Result(byte[] key, byte[] value, Headers headers) {
+      this.key = key;
+      this.value = value;
+      this.headers = headers;
+    }
   }
 
   /**
@@ -97,7 +113,8 @@ public final class RecordTransform {
 
   /** An instance of an {@link #encode}d transform, for one thread. */
   @SuppressWarnings("unchecked")
-  static RecordTransform decode(String encoded, boolean changesHeaders) throws Exception {
+  static RecordTransform decode(String encoded, boolean changesHeaders, boolean changesRecord)
+      throws Exception {
     byte[] bytes = Base64.getDecoder().decode(encoded);
     List<Object> parts;
     try (ObjectInputStream in = new LoaderObjectInputStream(new ByteArrayInputStream(bytes))) {
@@ -107,14 +124,14 @@ public final class RecordTransform {
     Seq<Attribute> input = (Seq<Attribute>) parts.get(1);
     MutableProjection projection = MutableProjection$.MODULE$.create(columns, input);
     projection.initialize(0);
-    return new RecordTransform(projection, changesHeaders);
+    return new RecordTransform(projection, changesHeaders, changesRecord);
   }
 
   /**
-   * The headers to copy {@code record} with, or null when the transforms drop it. {@code
-   * remote} is the topic it goes to.
+   * The key, value and headers to copy {@code record} with, or null when the transforms drop
+   * it. {@code remote} is the topic it goes to.
    */
-  Headers apply(ConsumerRecord<byte[], byte[]> record, String remote) {
+  Result apply(ConsumerRecord<byte[], byte[]> record, String remote) {
     Object[] row = {
       UTF8String.fromString(record.topic()),
       UTF8String.fromString(remote),
@@ -129,8 +146,14 @@ public final class RecordTransform {
     if (out.isNullAt(1) || !out.getBoolean(1)) {
       return null;
     }
+    byte[] key = record.key();
+    byte[] value = record.value();
+    if (changesRecord) {
+      key = out.isNullAt(2) ? null : out.getBinary(2);
+      value = out.isNullAt(3) ? null : out.getBinary(3);
+    }
     if (!changesHeaders) {
-      return record.headers();
+      return new Result(key, value, record.headers());
     }
     RecordHeaders headers = new RecordHeaders();
     if (!out.isNullAt(0)) {
@@ -140,7 +163,7 @@ public final class RecordTransform {
         headers.add(header.getUTF8String(0).toString(), header.isNullAt(1) ? null : header.getBinary(1));
       }
     }
-    return headers;
+    return new Result(key, value, headers);
   }
 
   /** The headers as Spark's Kafka source gives them: null when there are none. */
