@@ -144,3 +144,47 @@ def test_a_quiet_client_leaves_saying_it_to_its_caller(caplog):
         admin.list_topics(timeout=1)
     admin.poll(0.5)
     assert told and said(caplog) == []
+
+
+class _Answer:
+    offset = 42
+
+
+class _Future:
+    def __init__(self, error: int | None) -> None:
+        self.error = error
+
+    def result(self):
+        if self.error is not None:
+            raise KafkaException(KafkaError(self.error))
+        return _Answer()
+
+
+class _Admin:
+    """list_offsets answering ``errors`` in turn, then the offset."""
+
+    def __init__(self, *errors: int) -> None:
+        self.errors, self.calls = list(errors), 0
+
+    def list_offsets(self, partitions, **_options):
+        self.calls += 1
+        error = self.errors.pop(0) if self.errors else None
+        return {tp: _Future(error) for tp in partitions}
+
+
+def test_a_topic_is_read_to_its_end_while_its_leader_moves():
+    """A leader moving (a topic just created, a broker restarting) is retried, not reported
+    as an unreachable cluster (`mirrorflow translate` failed so once on a fresh offsets topic);
+    a refusal is not retried."""
+    from mirrorflow.replication.positions import SourceOffsetReader
+
+    reader = object.__new__(SourceOffsetReader)  # no clients: only the admin's answers
+    reader._partitions = [TopicPartition("mm2-offsets.primary.internal", 0)]
+    moving = KafkaError.NOT_LEADER_FOR_PARTITION
+    reader._admin = admin = _Admin(moving, moving)
+    assert reader._stable_ends(5.0) == {0: 42}
+    assert admin.calls == 3
+    reader._admin = refusing = _Admin(KafkaError.TOPIC_AUTHORIZATION_FAILED)
+    with contextlib.suppress(KafkaException):
+        reader._stable_ends(5.0)
+    assert refusing.calls == 1
