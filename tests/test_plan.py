@@ -52,6 +52,7 @@ def test_plan_lists_included_excluded_internal_and_cyclic_topics_and_groups(
             "primary->secondary.enabled = true",
             "primary->secondary.topics = orders-.*, tmp-.*, secondary\\\\..*, __.*",
             "primary->secondary.topics.exclude = tmp-.*",
+            "primary->secondary.record.filter = value IS NOT NULL",
         ],
     )
     plan = build_plan(load_topology([path]), timeout=10)
@@ -73,6 +74,7 @@ def test_plan_lists_included_excluded_internal_and_cyclic_topics_and_groups(
     text = plan.render()
     assert f"    {orders}  [3 partitions] -> primary.{orders} (to be created)" in text
     assert f"    {cyclic}: cycle: it already came from secondary" in text
+    assert "  records transformed: record.filter: value IS NOT NULL\n" in text
 
 
 def test_plan_names_an_unreachable_cluster(sandbox, tmp_path):

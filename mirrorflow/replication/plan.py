@@ -18,6 +18,7 @@ from confluent_kafka.admin import AdminClient
 from mirrorflow.config.topology import Flow, Topology
 from mirrorflow.errors import MirrorflowError
 from mirrorflow.replication import clients
+from mirrorflow.replication.spec import flow_transform
 
 
 @dataclass
@@ -42,6 +43,8 @@ class FlowPlan:
     topics_left_out: list[LeftOut] = field(default_factory=list)
     groups: list[str] = field(default_factory=list)
     groups_left_out: list[LeftOut] = field(default_factory=list)
+    # the flow's record transforms (mirrorflow.mm2.transforms), "" when it copies unchanged
+    records: str = ""
 
 
 @dataclass
@@ -58,6 +61,8 @@ class Plan:
         lines: list[str] = []
         for plan in self.flows:
             lines.append(f"{plan.flow}  ({plan.policy})")
+            if plan.records:
+                lines.append(f"  records transformed: {plan.records}")
             lines.append(f"  topics replicated ({len(plan.topics)}):")
             for t in plan.topics:
                 remote = (
@@ -172,7 +177,10 @@ def build_plan(topology: Topology, timeout: float = 10.0) -> Plan:
 def _flow_plan(flow: Flow, clusters: _Clusters) -> FlowPlan:
     source_admin = flow.client_config("source.admin", librdkafka=True)
     target_admin = flow.client_config("target.admin", librdkafka=True)
-    plan = FlowPlan(flow.name, type(flow.policy).__name__)
+    transform = flow_transform(flow)
+    plan = FlowPlan(
+        flow.name, type(flow.policy).__name__, records=transform.description if transform else ""
+    )
     source_topics = clusters.topics(flow.source, source_admin)
     target_topics = clusters.topics(flow.target, target_admin)
     for topic in sorted(source_topics):

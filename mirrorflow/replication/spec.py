@@ -199,7 +199,7 @@ def spec_for_flow(
         if starting_offsets
         else str(flow.setting(configdefs.STARTING_OFFSETS_GROUP) or ""),
         exactly_once=exactly_once,
-        transform=_transform(flow),
+        transform=flow_transform(flow),
         provenance=bool(flow.setting(configdefs.PROVENANCE)),
         offsets_topic=offsets_topic(flow.source),
         offsets_partitions=_worker_int(flow, "offset.storage.partitions", OFFSETS_TOPIC_PARTITIONS),
@@ -269,7 +269,7 @@ def _exactly_once(flow: Flow, source_consumer: dict[str, str]) -> bool:
     return True
 
 
-def _transform(flow: Flow) -> RecordTransform | None:
+def flow_transform(flow: Flow) -> RecordTransform | None:
     """The flow's record transforms (see :mod:`mirrorflow.mm2.transforms`)."""
     try:
         return compile_transforms(
