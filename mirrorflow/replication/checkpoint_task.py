@@ -142,7 +142,7 @@ class GroupCheckpoints:
         positions = self.positions()
         back = self._reverse_partitions()
         result = GroupOffsets(group, asked=bool(positions or back))
-        committed = self.offsets.committed(group, [*positions, *back])
+        committed = self.offsets.committed(group, sorted({*positions, *back}))
         for key, (offset, metadata) in sorted(committed.items()):
             translation = None
             if key in back:  # a copy of the target's topic: translated back with its map
