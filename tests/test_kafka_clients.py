@@ -12,6 +12,7 @@ import logging
 import socket
 import time
 
+import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from mirrorflow.replication import clients
@@ -161,15 +162,18 @@ class _Future:
 
 
 class _Admin:
-    """list_offsets answering ``errors`` in turn, then the offset."""
+    """list_offsets answering ``errors`` in turn, then the offset; counts metadata refreshes."""
 
     def __init__(self, *errors: int) -> None:
-        self.errors, self.calls = list(errors), 0
+        self.errors, self.calls, self.refreshes = list(errors), 0, 0
 
     def list_offsets(self, partitions, **_options):
         self.calls += 1
         error = self.errors.pop(0) if self.errors else None
         return {tp: _Future(error) for tp in partitions}
+
+    def list_topics(self, topic=None, timeout=-1):
+        self.refreshes += 1
 
 
 def test_a_topic_is_read_to_its_end_while_its_leader_moves():
@@ -184,7 +188,52 @@ def test_a_topic_is_read_to_its_end_while_its_leader_moves():
     reader._admin = admin = _Admin(moving, moving)
     assert reader._stable_ends(5.0) == {0: 42}
     assert admin.calls == 3
+    # Asked with a leader epoch from before a restart: asked again after fresh metadata.
+    stale, unknown = KafkaError.FENCED_LEADER_EPOCH, KafkaError._NOENT  # "No leaders found"
+    reader._admin = admin = _Admin(unknown, stale)
+    assert reader._stable_ends(5.0) == {0: 42}
+    assert (admin.calls, admin.refreshes) == (3, 2)
     reader._admin = refusing = _Admin(KafkaError.TOPIC_AUTHORIZATION_FAILED)
     with contextlib.suppress(KafkaException):
         reader._stable_ends(5.0)
     assert refusing.calls == 1
+
+
+@pytest.mark.kafka
+def test_a_reader_of_an_internal_topic_reads_on_after_its_only_broker_restarted(
+    sandbox, topic_name
+):
+    """A job keeps its readers of the positions and offset-map topics for its life. Its only
+    broker restarting bumps the topics' leader epochs; the reader must not keep asking with the
+    old ones (FENCED_LEADER_EPOCH for ever, the flow stuck in retries: a CI run's
+    broker-restart test timed out so), but read on once the broker is back."""
+    from confluent_kafka import Producer
+
+    from mirrorflow.devtools import sandbox as sandbox_mod
+    from mirrorflow.mm2.formats import SourceOffset
+    from mirrorflow.replication.positions import SourceOffsetReader
+    from tests.conftest import create_topics
+
+    tertiary = sandbox["tertiary"]
+    topic = topic_name("reader-restart")
+    create_topics(tertiary, topic, partitions=2)
+    config = tertiary.client_config()
+
+    def write(partition: int, offset: int) -> None:
+        position = SourceOffset("primary", "orders", partition, offset)
+        producer = Producer(config)
+        producer.produce(topic, position.value(), position.key(), partition=partition)
+        assert producer.flush(30) == 0
+
+    write(0, 41)
+    reader = SourceOffsetReader(config, config, topic, "primary", cluster="tertiary")
+    try:
+        assert reader.read_to_end(30) == {("orders", 0): 41}
+        sandbox_mod.down(sandbox.directory, ["tertiary"])
+        sandbox_mod.up(["tertiary"], sandbox.directory)
+        write(1, 7)
+        started = time.monotonic()
+        assert reader.read_to_end(30) == {("orders", 0): 41, ("orders", 1): 7}
+        assert time.monotonic() - started < 15, "the reader took the restart for an outage"
+    finally:
+        reader.close()

@@ -8,6 +8,7 @@ import time
 from collections.abc import Sequence
 
 from mirrorflow.dr.steps import Partition
+from mirrorflow.replication import clients
 from mirrorflow.replication.spec import MirrorSpec
 from mirrorflow.replication.topics import ADMIN_TIMEOUT_S, ClusterAdmin, cluster_error
 
@@ -70,13 +71,14 @@ def log_bounds(
         if not partitions:
             break
         try:
-            futures = admin.client.list_offsets(
+            answers = clients.list_offsets(
+                admin.client,
                 {TopicPartition(t, p): offset_spec for t, p in partitions},
-                isolation_level=isolation,
+                isolation,
                 request_timeout=ADMIN_TIMEOUT_S,
             )
-            for tp, future in futures.items():
-                bounds[(tp.topic, tp.partition)][which] = future.result().offset
+            for tp, offset in answers.items():
+                bounds[(tp.topic, tp.partition)][which] = offset
         except Exception as exc:
             raise cluster_error(
                 admin, "listing end offsets", exc, "DESCRIBE on the topics"

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import time
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPartition
 
 from mirrorflow.errors import MirrorflowError
 from mirrorflow.mm2.formats import Checkpoint
+from mirrorflow.replication import clients
 from mirrorflow.replication.offset_map import OffsetMap, record_of
 from mirrorflow.replication.spec import MirrorSpec
 from mirrorflow.replication.topic_reader import TopicReader
@@ -145,11 +146,13 @@ def expire_offset_map(
     if not partitions:
         return 0
     try:
-        futures = source.client.list_offsets(
+        answers = clients.list_offsets(
+            source.client,
             {TopicPartition(t, p): OffsetSpec.earliest() for t, p in partitions},
+            IsolationLevel.READ_UNCOMMITTED,
             request_timeout=ADMIN_TIMEOUT_S,
         )
-        starts = {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
+        starts = {(tp.topic, tp.partition): offset for tp, offset in answers.items()}
     except KafkaException as exc:
         if exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
             return 0  # a deleted source topic: its runs stay until the topic is back

@@ -30,6 +30,7 @@ call still raises its error, which the caller turns into its own one-line error
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import threading
@@ -37,7 +38,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 log = logging.getLogger("mirrorflow.kafka")
@@ -281,3 +282,75 @@ def producer(
 ) -> Producer:
     """A producer to ``cluster``; see :func:`admin`."""
     return Producer(_config(cluster, config, on_error, quiet))
+
+
+# What a partition's offsets answer says while its leader moves (a topic just created, a broker
+# restarting): the leader is not known yet, or the client asked with a leader epoch from before
+# the move. "No leaders found" (_NOENT) is librdkafka's own answer from its metadata cache.
+LEADER_MOVING_CODES = (
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.FENCED_LEADER_EPOCH,
+    KafkaError.UNKNOWN_LEADER_EPOCH,
+    KafkaError._NOENT,
+)
+
+
+class OffsetsError(KafkaException):
+    """:func:`list_offsets` failed for ``partition`` (``args[0]``: its :class:`KafkaError`)."""
+
+    def __init__(self, error: KafkaError, partition: TopicPartition) -> None:
+        super().__init__(error)
+        self.partition = partition
+
+
+def list_offsets(
+    client: AdminClient,
+    specs: Mapping[TopicPartition, Any],
+    isolation_level: Any,
+    request_timeout: float,
+    settle_s: float = 10.0,
+    retriable: bool = False,
+) -> dict[TopicPartition, int]:
+    """The offsets ``specs`` ask for (``OffsetSpec`` per partition), as ``AdminClient.
+    list_offsets`` answers them, asked again for up to ``settle_s`` while a leader moves.
+
+    Before asking again, the topics' metadata is refreshed: librdkafka's admin client looks
+    leaders up in its metadata cache and sends their leader epochs, and a client that only
+    lists offsets never refreshes that cache by itself, so after a single broker restarted
+    (its partitions' leader epochs bumped) it would be answered FENCED_LEADER_EPOCH for ever.
+    ``retriable``: errors librdkafka flags retriable (a timeout) are asked again too. Any other
+    error, or one still there after ``settle_s``, raises :class:`OffsetsError` naming the
+    partition."""
+    import tenacity
+
+    def ask() -> dict[TopicPartition, int]:
+        futures = client.list_offsets(
+            dict(specs), isolation_level=isolation_level, request_timeout=request_timeout
+        )
+        answers: dict[TopicPartition, int] = {}
+        for tp, future in futures.items():
+            try:
+                answers[tp] = future.result().offset
+            except KafkaException as exc:
+                raise OffsetsError(exc.args[0], tp) from None
+        return answers
+
+    def refresh(state: tenacity.RetryCallState) -> None:
+        for topic in sorted({tp.topic for tp in specs}):
+            with contextlib.suppress(KafkaException):
+                client.list_topics(topic, timeout=min(request_timeout, 5.0))
+
+    def moving(exc: BaseException) -> bool:
+        if not isinstance(exc, OffsetsError):
+            return False
+        error = exc.args[0]  # a partition's answer carries the code, not always the flag
+        return error.code() in LEADER_MOVING_CODES or (retriable and error.retriable())
+
+    return tenacity.Retrying(
+        retry=tenacity.retry_if_exception(moving),
+        stop=tenacity.stop_after_delay(settle_s),
+        wait=tenacity.wait_fixed(0.2),
+        before_sleep=refresh,
+        reraise=True,
+    )(ask)

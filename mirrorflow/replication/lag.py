@@ -123,15 +123,14 @@ def measure(
     committed = spec.source_consumer.get("isolation.level") == "read_committed"
     if partitions:
         try:
-            futures = admin.client.list_offsets(
+            answers = clients.list_offsets(
+                admin.client,
                 {TopicPartition(t, p): OffsetSpec.latest() for t, p in partitions},
-                isolation_level=IsolationLevel.READ_COMMITTED
-                if committed
-                else IsolationLevel.READ_UNCOMMITTED,
+                IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED,
                 request_timeout=ADMIN_TIMEOUT_S,
             )
-            for tp, future in futures.items():
-                ends[(tp.topic, tp.partition)] = future.result().offset
+            for tp, offset in answers.items():
+                ends[(tp.topic, tp.partition)] = offset
         except Exception as exc:
             raise cluster_error(
                 admin, "listing end offsets", exc, "DESCRIBE on the topics"

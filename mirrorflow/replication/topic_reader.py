@@ -60,32 +60,20 @@ class TopicReader:
 
     def _stable_ends(self, timeout_s: float) -> dict[int, int]:
         """The partitions' last stable offsets; asked again while the answer is a retriable
-        error (a leader moving: a topic just created, a broker restarting), up to
-        ``timeout_s``."""
-        import tenacity
+        error or a leader moving (a topic just created, a broker restarting), up to
+        ``timeout_s`` (:func:`~mirrorflow.replication.clients.list_offsets`)."""
         from confluent_kafka import IsolationLevel
         from confluent_kafka.admin import OffsetSpec
 
-        def retriable(exc: BaseException) -> bool:
-            if not isinstance(exc, KafkaException):
-                return False
-            error = exc.args[0]  # a partition's answer carries the code, not always the flag
-            return error.retriable() or error.code() in _LEADER_MOVING
-
-        for attempt in tenacity.Retrying(
-            retry=tenacity.retry_if_exception(retriable),
-            stop=tenacity.stop_after_delay(timeout_s),
-            wait=tenacity.wait_fixed(0.2),
-            reraise=True,
-        ):
-            with attempt:
-                futures = self._admin.list_offsets(
-                    {tp: OffsetSpec.latest() for tp in self._partitions},
-                    isolation_level=IsolationLevel.READ_COMMITTED,
-                    request_timeout=timeout_s,
-                )
-                return {tp.partition: f.result().offset for tp, f in futures.items()}
-        raise AssertionError("unreachable: tenacity returns or raises")
+        answers = clients.list_offsets(
+            self._admin,
+            {tp: OffsetSpec.latest() for tp in self._partitions},
+            IsolationLevel.READ_COMMITTED,
+            request_timeout=timeout_s,
+            settle_s=timeout_s,
+            retriable=True,
+        )
+        return {tp.partition: offset for tp, offset in answers.items()}
 
     def read_to_end(self, timeout_s: float = 60.0) -> object:
         """Apply every record up to the end of the topic not applied yet. Returns nothing here
@@ -148,4 +136,3 @@ class TopicReader:
 # The end of a partition, and librdkafka's look-up of the coordinator of a group the reader never
 # joins nor commits (refused without DESCRIBE on the group, which it does not need).
 _IGNORED = (KafkaError._PARTITION_EOF, KafkaError.GROUP_AUTHORIZATION_FAILED)
-_LEADER_MOVING = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE)

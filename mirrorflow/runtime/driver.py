@@ -884,31 +884,32 @@ class MirrorJob:
         request times out (a cut link), and that must not read as a truncated partition, so it
         is retried like an unreachable cluster. ``by_time``: -1 (no record that late) is kept.
         """
-        from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
+        from confluent_kafka import IsolationLevel, TopicPartition
 
         if not partitions:
             return {}
         admin = self.admins[self.spec.source]
         committed = self.spec.source_consumer.get("isolation.level") == "read_committed"
         isolation = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
-        futures = admin.client.list_offsets(
-            {TopicPartition(t, p): spec_of(t, p) for t, p in partitions},
-            isolation_level=isolation,
-            request_timeout=30,
-        )
+        try:
+            answers = clients.list_offsets(
+                admin.client,
+                {TopicPartition(t, p): spec_of(t, p) for t, p in partitions},
+                isolation,
+                request_timeout=30,
+            )
+        except clients.OffsetsError as exc:
+            topic = exc.partition.topic
+            needs = f"DESCRIBE on topic {topic}"
+            error = cluster_error(admin, f"listing offsets of {topic}", exc, needs)
+            if isinstance(error, ClusterUnreachable) or refused(exc):
+                raise error from None
+            # Leaders move while a broker restarts: retried like an unreachable cluster.
+            raise ClusterUnreachable(
+                error.message, f"check that {self.spec.source} is up; retrying"
+            ) from None
         result = {}
-        for tp, future in futures.items():
-            try:
-                offset = future.result().offset
-            except KafkaException as exc:
-                needs = f"DESCRIBE on topic {tp.topic}"
-                error = cluster_error(admin, f"listing offsets of {tp.topic}", exc, needs)
-                if isinstance(error, ClusterUnreachable) or refused(exc):
-                    raise error from None
-                # Leaders move while a broker restarts: retried like an unreachable cluster.
-                raise ClusterUnreachable(
-                    error.message, f"check that {self.spec.source} is up; retrying"
-                ) from None
+        for tp, offset in answers.items():
             if offset < 0 and not (by_time and offset == -1):
                 raise ClusterUnreachable(
                     f"cluster {self.spec.source} gave no offset for {tp.topic}-{tp.partition} "
