@@ -63,13 +63,11 @@ and changes nothing. Records and reports live in ``$MIRRORFLOW_STATE/reports/fai
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from mirrorflow import paths
-from mirrorflow.dr import steps
+from mirrorflow.dr import range_copy
 from mirrorflow.dr.clusters import (
     end_offsets,
     log_bounds,
@@ -77,7 +75,16 @@ from mirrorflow.dr.clusters import (
     replicated_groups,
     replicated_partitions,
 )
-from mirrorflow.dr.failover import measure_and_record, reports_dir, rollback_command
+from mirrorflow.dr.failback_run import (  # noqa: F401  (the workflow's names, as callers use them)
+    DIVERGED_SUFFIX,
+    STEPS,
+    WORKFLOW,
+    FailbackRequest,
+    FailbackRun,
+    latest_failover,
+    report_context,
+)
+from mirrorflow.dr.failover_rollback import measure_and_record
 from mirrorflow.dr.fences import (
     create_acls,
     delete_acls,
@@ -87,58 +94,13 @@ from mirrorflow.dr.fences import (
     write_fences,
 )
 from mirrorflow.dr.offsets import flat_offsets, nested_offsets, partition_key
-from mirrorflow.dr.records import (
-    is_failover,
-    made_changes,
-    positions_at_cut,
-    run_records,
-    run_status,
-    step_details,
-)
+from mirrorflow.dr.records import positions_at_cut
 from mirrorflow.dr.steps import Log, Partition, StepRecord, StepSkipped, safe_run_id
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
 from mirrorflow.replication.group_offsets_client import GroupOffsetsClient
 from mirrorflow.replication.spec import MirrorSpec
-from mirrorflow.replication.topics import ADMIN_TIMEOUT_S, ClusterAdmin, cluster_error
+from mirrorflow.replication.topics import ClusterAdmin
 from mirrorflow.runtime import jobs
-
-STEPS = (
-    "preflight",
-    "fence-producers",
-    "set-aside",
-    "reverse-copy",
-    "group-sync",
-    "unfence",
-    "resume",
-    "report",
-)
-DIVERGED_SUFFIX = "diverged"
-
-
-@dataclass(frozen=True)
-class FailbackRequest(steps.GroupsRequest):
-    """What a failback run was asked to do (a DAG run's Params, or a command's options).
-    ``flow`` is the flow failed over, S->T: the failback goes from T back to S; the groups and
-    the producers to fence are those on T."""
-
-    failover_run_id: str = ""  # the failover undone (default: the latest that held the flow)
-    reachability_timeout_s: float = 15.0
-
-    mode = "failback"  # as its run record names it
-
-    PARAMS = {**steps.GroupsRequest.PARAMS, "failover_run_id": ("failover_run_id", str, "")}
-
-
-class FailbackRun(steps.Run):
-    """A failback's record (``reports/failback/<run id>/run.json``), as a failover's."""
-
-    KIND = "failback"
-
-    def report_context(self) -> dict:
-        return report_context(self)
-
-
-WORKFLOW = steps.Workflow(FailbackRun, FailbackRequest, STEPS)
 
 
 def _spec_and_policy(request: FailbackRequest):
@@ -156,63 +118,6 @@ def _is_identity(policy) -> bool:
     from mirrorflow.mm2.policy import IdentityReplicationPolicy
 
     return isinstance(policy, IdentityReplicationPolicy)
-
-
-def latest_failover(flow: str, run_id: str = "", held_by: str | None = None) -> dict:
-    """The run record of the failover a failback undoes: ``run_id``'s, else the latest failover
-    of ``flow`` that changed something (not a dry run, not rolled back). Fails in one line, saying
-    what to do, when that failover failed (roll it back, or run the failover again), when it was
-    rolled back, when none held the flow and measured its cut (``held_by``: the flow's hold, said
-    when there is one), or when there is none."""
-    runs = [
-        d
-        for d in run_records("failover", flow)
-        if is_failover(d) and not (d.get("request") or {}).get("dry_run")
-    ]
-    if run_id:
-        chosen = [d for d in runs if run_id in (d["run_id"], safe_run_id(str(d["run_id"])))]
-    else:
-        chosen = [d for d in runs if not d.get("rolled_back") and made_changes(d)]
-    latest = chosen[-1] if chosen else None
-    if latest is not None:
-        name = latest["run_id"]
-        if latest.get("rolled_back"):
-            raise MirrorflowError(
-                f"failover {name} of {flow} was rolled back by run "
-                f"{latest['rolled_back'].get('by')}: there is nothing of it to fail back",
-                "run the failover again first, or name another with --failover-run",
-            )
-        if run_status(latest) != "success":
-            files = (latest.get("request") or {}).get("flow_files") or ["FILES"]
-            raise MirrorflowError(
-                f"the {'' if run_id else 'latest '}failover of {flow}, run {name}, "
-                f"{run_status(latest)}: a failback undoes a failover that succeeded",
-                f"roll it back: {rollback_command(flow, files, name)}; or run the failover "
-                "again, then fail back",
-            )
-        if step_details(latest, "stop-mirror").get("held") and positions_at_cut(latest):
-            return latest
-    if held_by is not None:
-        raise MirrorflowError(
-            f"no failover of {flow} succeeded"
-            + (f" with run id {run_id}" if run_id else "")
-            + f", yet the flow is held ({held_by!r})",
-            f"roll back what holds it: mirrorflow failover FILES --flow '{flow}' --mode "
-            "rollback (or the failover DAG with mode rollback); or run the failover again",
-        )
-    raise MirrorflowError(
-        f"no failover of {flow} to fail back"
-        + (f" with run id {run_id}" if run_id else "")
-        + f" in {reports_dir()} (one that held the flow and measured its cut)",
-        "run the failover first (failover DAG or `mirrorflow failover`)",
-    )
-
-
-def _topic_partitions(admin: ClusterAdmin, topic: str) -> list[int]:
-    found = admin.metadata().topics.get(topic)
-    if found is None or found.error is not None:
-        return []
-    return sorted(found.partitions)
 
 
 def _reverse_positions(spec: MirrorSpec) -> dict[Partition, int]:
@@ -286,7 +191,7 @@ def preflight(request: FailbackRequest, run: FailbackRun, record: StepRecord, lo
     reverse_positions = _reverse_positions(spec)
     copies: list[dict[str, Any]] = []
     for topic in [] if provenance else topics:
-        partitions = _topic_partitions(target, topic)
+        partitions = range_copy.topic_partitions(target, topic)
         if not partitions:
             continue
         ends = end_offsets(target, [(topic, p) for p in partitions])
@@ -403,166 +308,6 @@ def fence_producers(
     log(record.summary)
 
 
-def copy_range(
-    source_config: dict[str, str],
-    target_config: dict[str, str],
-    topic: str,
-    partition: int,
-    start: int,
-    end: int,
-    to_topic: str,
-    clusters: tuple[str, str] = ("", ""),
-) -> list[list[int]]:
-    """Copy the committed records of ``topic``-``partition`` in ``[start, end)`` to
-    ``to_topic``'s same partition (key, value, headers, timestamp), in order; returns where they
-    landed as runs ``[first source offset, first copy's offset, count]`` (both advancing by one
-    within a run). ``clusters``: the aliases of the clusters read and written."""
-    from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
-
-    from mirrorflow.replication import clients
-
-    if end <= start:
-        return []
-    consumer = clients.consumer(
-        clusters[0],
-        {
-            **source_config,
-            "group.id": "mirrorflow-failback",
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-            "enable.partition.eof": True,
-        },
-    )
-    producer = clients.producer(
-        clusters[1], {**target_config, "enable.idempotence": True, "acks": "all"}
-    )
-    landed: list[tuple[int, int]] = []
-    errors: list = []
-    try:
-        consumer.assign([TopicPartition(topic, partition, start)])
-        deadline = time.monotonic() + 120
-        while True:
-            msg = consumer.poll(1.0)
-            if msg is None:
-                if consumer.position([TopicPartition(topic, partition)])[0].offset >= end:
-                    break
-                if time.monotonic() > deadline:
-                    raise MirrorflowError(f"reading {topic}-{partition} timed out at {start}")
-                continue
-            error, offset = msg.error(), msg.offset()
-            if error:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    assert offset is not None  # the end's offset
-                    if (
-                        offset >= end
-                        or consumer.position([TopicPartition(topic, partition)])[0].offset >= end
-                    ):
-                        break
-                    continue
-                raise KafkaException(error)
-            assert offset is not None  # a record's
-            if offset >= end:
-                break
-
-            def delivered(err: KafkaError | None, m: Message, o: int = offset) -> None:
-                if err:
-                    errors.append(err)
-                else:
-                    landed_at = m.offset()
-                    assert landed_at is not None  # a delivered record's
-                    landed.append((o, landed_at))
-
-            producer.produce(
-                to_topic,
-                value=msg.value(),
-                key=msg.key(),
-                partition=partition,
-                headers=msg.headers(),
-                timestamp=msg.timestamp()[1],
-                on_delivery=delivered,
-            )
-            producer.poll(0)
-            if offset + 1 >= end:
-                break
-        if producer.flush(60) or errors:
-            raise MirrorflowError(
-                f"copying {topic}-{partition} to {to_topic} failed: "
-                + (errors[0].str() if errors else "not acknowledged within 60s")
-            )
-    finally:
-        consumer.close()
-    runs: list[list[int]] = []
-    for upstream, downstream in sorted(landed):
-        last = runs[-1] if runs else None
-        if last and upstream == last[0] + last[2] and downstream == last[1] + last[2]:
-            runs[-1][2] += 1
-        else:
-            runs.append([upstream, downstream, 1])
-    return runs
-
-
-def _ensure_topic(
-    run: FailbackRun, admin: ClusterAdmin, topic: str, like: ClusterAdmin, like_topic: str
-) -> None:
-    """Create ``topic`` on ``admin``'s cluster with ``like_topic``'s partition count (in the
-    run's ledger)."""
-    from confluent_kafka.admin import NewTopic
-
-    if topic in admin.metadata().topics:
-        return
-    partitions = max(1, len(_topic_partitions(like, like_topic)))
-    brokers = len(admin.metadata().brokers)
-    for name, future in admin.client.create_topics(
-        [NewTopic(topic, partitions, min(3, brokers))], request_timeout=ADMIN_TIMEOUT_S
-    ).items():
-        try:
-            future.result()
-        except Exception as exc:
-            if "TOPIC_ALREADY_EXISTS" not in str(exc):
-                raise cluster_error(
-                    admin, f"creating topic {name}", exc, f"CREATE on {name}"
-                ) from None
-            continue
-        run.change(
-            "topic-created",
-            f"created topic {name} on {admin.alias} ({partitions} partition(s))",
-            undo={"cluster": admin.alias, "topic": name},
-        )
-
-
-def _copy_recorded(
-    run: FailbackRun,
-    clusters: tuple[str, str],
-    source_config: dict[str, str],
-    target_config: dict[str, str],
-    r: dict,
-) -> list[list[int]]:
-    """:func:`copy_range` of range ``r`` (topic, partition, start, end, to) from ``clusters[0]``
-    to ``clusters[1]``, in the run's ledger as soon as it is copied (or failed, perhaps partly
-    copied)."""
-    what = f"{r['topic']}-{r['partition']} [{r['start']}, {r['end']}) to {r['to']} on {clusters[1]}"
-    try:
-        runs = copy_range(
-            source_config,
-            target_config,
-            r["topic"],
-            r["partition"],
-            r["start"],
-            r["end"],
-            r["to"],
-            clusters=clusters,
-        )
-    except Exception as exc:
-        run.change("records-copied", f"copy of {what} failed, perhaps part copied: {exc}")
-        raise
-    landed = ", ".join(f"{d}..{d + n - 1}" for _u, d, n in runs) or "nothing"
-    run.change(
-        "records-copied",
-        f"copied {sum(n for _u, _d, n in runs)} record(s) of {what} (at offsets {landed})",
-    )
-    return runs
-
-
 @WORKFLOW.step("set-aside")
 def set_aside(request: FailbackRequest, run: FailbackRun, record: StepRecord, log: Log) -> None:
     """Identity policy: copy the records of ``S`` past the cut to the side topic."""
@@ -590,8 +335,8 @@ def set_aside(request: FailbackRequest, run: FailbackRun, record: StepRecord, lo
             run.change("records-copied", f"would set aside {line} in {d['to']}")
             log(f"would set aside {line} in {d['to']}")
             continue
-        _ensure_topic(run, source, d["to"], source, d["topic"])
-        d["copies"] = _copy_recorded(
+        range_copy.ensure_topic(run, source, d["to"], source, d["topic"])
+        d["copies"] = range_copy.copy_recorded(
             run, (spec.source, spec.source), spec.source_consumer_client, spec.source_client, d
         )
         log(f"set aside {line} in {d['to']}")
@@ -627,8 +372,8 @@ def reverse_copy(request: FailbackRequest, run: FailbackRun, record: StepRecord,
             if c["end"] <= c["start"]:
                 c["runs"] = []
                 continue
-            _ensure_topic(run, source, c["to"], target, c["topic"])
-            c["runs"] = _copy_recorded(
+            range_copy.ensure_topic(run, source, c["to"], target, c["topic"])
+            c["runs"] = range_copy.copy_recorded(
                 run, (spec.target, spec.source), spec.target_consumer, spec.source_client, c
             )
             copied += sum(r[2] for r in c["runs"])
@@ -990,29 +735,6 @@ def resume(request: FailbackRequest, run: FailbackRun, record: StepRecord, log: 
         + (f" ({len(moved)} moved past the failback's copies)" if moved else "")
     )
     log(record.summary)
-
-
-def report_context(run: FailbackRun) -> dict:
-    """What the failback templates show, from the run record (the changes: its ledger)."""
-    pre = run.details("preflight")
-    copy = run.details("reverse-copy")
-    aside = run.details("set-aside")
-    groups = run.details("group-sync")
-    header = run.report_header()
-    return {
-        **header,
-        "kind": "failback",
-        "reverse": f"{pre.get('target')}->{pre.get('source')}",
-        "preflight": pre,
-        "copies": copy.get("copies") or pre.get("copies") or [],
-        "written_on_target": copy.get("written_on_target", pre.get("written_on_target", 0)),
-        "copied": copy.get("copied", 0),
-        "diverged": aside.get("diverged") or pre.get("diverged") or [],
-        "diverged_records": pre.get("diverged_records", 0),
-        "targets": groups.get("targets") or {},
-        "active": groups.get("active") or [],
-        "measured_rpo": pre.get("failover_measured_rpo"),
-    }
 
 
 report = WORKFLOW.report

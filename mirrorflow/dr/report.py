@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from mirrorflow.dr.steps import write_report
 
 if TYPE_CHECKING:
-    from mirrorflow.dr.failover import FailoverRun
+    from mirrorflow.dr.failover_run import FailoverRun
 
 __all__ = ["report_context", "write_report"]
 
