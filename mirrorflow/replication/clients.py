@@ -337,9 +337,11 @@ def list_offsets(
         return answers
 
     def refresh(state: tenacity.RetryCallState) -> None:
-        for topic in sorted({tp.topic for tp in specs}):
+        """The metadata of the topic whose partition's leader moved (one request)."""
+        failed = state.outcome.exception() if state.outcome is not None else None
+        if isinstance(failed, OffsetsError):
             with contextlib.suppress(KafkaException):
-                client.list_topics(topic, timeout=min(request_timeout, 5.0))
+                client.list_topics(failed.partition.topic, timeout=min(request_timeout, 5.0))
 
     def moving(exc: BaseException) -> bool:
         if not isinstance(exc, OffsetsError):
