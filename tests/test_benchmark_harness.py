@@ -36,10 +36,15 @@ def test_wrapper_reports_cpu_of_the_whole_tree_orphans_included(tmp_path: Path) 
 
 
 def test_sampler_sums_memory_and_cpu_over_the_live_tree(tmp_path: Path) -> None:
-    go = tmp_path / "go"
+    go, ready = tmp_path / "go", tmp_path / "ready"
+    ready.mkdir()
+    # Each process says when its block alone is resident: while bytearray copies the bytes
+    # object, one process briefly holds 240 MiB by itself, so the tree's RSS reaching 240 MiB
+    # does not mean both blocks are there.
     hold = f"""
-        import pathlib, time
+        import os, pathlib, time
         block = bytearray(b"x" * (120 * 1024 * 1024))  # touched: resident
+        pathlib.Path({str(ready)!r}, str(os.getpid())).touch()
         while not pathlib.Path({str(go)!r}).exists():
             time.sleep(0.05)
     """
@@ -53,8 +58,9 @@ def test_sampler_sums_memory_and_cpu_over_the_live_tree(tmp_path: Path) -> None:
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
+            both_ready = len(list(ready.iterdir())) == 2  # before the sample that counts
             sample = sampler.sample()
-            if sample.processes == 2 and sample.rss_bytes >= 240 * 1024 * 1024:
+            if both_ready and sample.processes == 2:
                 break
             time.sleep(0.1)
     finally:
