@@ -315,7 +315,9 @@ def list_offsets(
     """The offsets ``specs`` ask for (``OffsetSpec`` per partition), as ``AdminClient.
     list_offsets`` answers them, asked again for up to ``settle_s`` while a leader moves.
 
-    Before asking again, the topics' metadata is refreshed: librdkafka's admin client looks
+    Before asking again, the metadata of the topic whose leader moved is refreshed (a moving
+    leader may also be a topic just deleted: that error comes after ``settle_s``, not at
+    once). librdkafka's admin client looks
     leaders up in its metadata cache and sends their leader epochs, and a client that only
     lists offsets never refreshes that cache by itself, so after a single broker restarted
     (its partitions' leader epochs bumped) it would be answered FENCED_LEADER_EPOCH for ever.
