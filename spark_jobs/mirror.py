@@ -3,7 +3,7 @@
     spark-submit [--master local[*]|spark://host:7077] spark_jobs/mirror.py \\
         --config mm2.properties --flow primary->secondary [--flow ...] [--once] [--stop-file PATH]
         [--max-records-per-batch N] [--local-batch-max-records N] [--metrics-port PORT]
-        [--retry-timeout SECONDS] [--continuous]
+        [--retry-timeout SECONDS] [--no-continuous]
 
 One application runs every flow it is given, as MirrorMaker 2 runs a site's flows in one process
 (:mod:`mirrorflow.runtime.application`). Credentials stay in the flow definition (or the secret
@@ -76,9 +76,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--continuous",
-        action="store_true",
-        help="caught up, copy continuously in the driver's JVM instead of batch after batch "
-        "(at least once; docs/concepts.md, 'Continuous copying')",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="caught up, an at-least-once flow copies continuously in the driver's JVM "
+        "(default); --no-continuous: batch after batch (docs/concepts.md, 'Continuous copying')",
     )
     parser.add_argument(
         "--metrics-port",

@@ -194,7 +194,7 @@ def mirror_command(
         max_records_per_batch=option("--max-records-per-batch"),
         local_batch_max_records=option("--local-batch-max-records"),
         metrics_port=option("--metrics-port"),
-        continuous="--continuous" in extra,
+        continuous=False if "--no-continuous" in extra else None,  # None: the default
     )
 
 

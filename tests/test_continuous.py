@@ -1,5 +1,5 @@
-"""Continuous copying (``--continuous``) on real clusters: once caught up, a flow copies in a
-stream in the driver's JVM; a pause ends the stream, a SIGKILL mid-stream loses nothing, a stop
+"""Continuous copying (the at-least-once default) on real clusters: once caught up, a flow copies in
+a stream in the driver's JVM; a pause ends the stream, a SIGKILL mid-stream loses nothing, a stop
 writes the last positions, and what it wrote (positions, offset map, offset syncs) says exactly
 where each copy is."""
 
@@ -55,7 +55,7 @@ def test_a_continuous_flow_copies_a_steady_stream_and_a_sigkill_mid_stream_loses
         )
 
     stop_file = launch.stop_file_for(state, [FLOW])
-    options = ("--continuous", "--stop-file", str(stop_file))
+    options = ("--stop-file", str(stop_file))  # continuous copying: the default
     job = start_mirror(config, FLOW, state, log, *options)
     try:
         wait_for(complete, 120, "the backlog's copies")

@@ -149,6 +149,24 @@ def test_flow_settings_override_top_level_ones_and_defaults_fill_the_rest(tmp_pa
     assert flow.client_config("source.consumer")["isolation.level"] == "read_committed"
 
 
+def test_new_topics_are_looked_for_every_30_s_unless_refresh_topics_interval_is_set(tmp_path):
+    topology = _load(
+        tmp_path,
+        BASE
+        + """\
+        A->B.enabled = true
+        A->C.enabled = true
+        A->C.refresh.topics.interval.seconds = 600
+        """,
+    )
+    default, explicit = topology.flow("A->B"), topology.flow("A->C")
+    assert default.setting("refresh.topics.interval.seconds") == 30
+    setting = default.config["refresh.topics.interval.seconds"]
+    assert setting.layer == "mirrorflow default (MM2: 600)"
+    assert explicit.setting("refresh.topics.interval.seconds") == 600
+    assert explicit.config["refresh.topics.interval.seconds"].layer == "flow A->C"
+
+
 def test_the_source_is_read_committed_unless_mirrormaker_2s_read_uncommitted_is_asked(tmp_path):
     topology = _load(
         tmp_path,

@@ -45,9 +45,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--continuous",
-        action="store_true",
-        help="caught up, copy continuously in the driver's JVM instead of batch after batch "
-        "(at least once; docs/concepts.md, 'Continuous copying')",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="caught up, an at-least-once flow copies continuously in the driver's JVM "
+        "(default); --no-continuous: batch after batch (docs/concepts.md, 'Continuous copying')",
     )
     parser.add_argument(
         "--metrics-port",

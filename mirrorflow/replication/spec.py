@@ -58,7 +58,7 @@ class MirrorSpec:
     emit_heartbeats: bool = True
     heartbeats_interval_s: float = 1.0
     refresh_topics_enabled: bool = True
-    refresh_topics_interval_s: float = 600.0
+    refresh_topics_interval_s: float = 30.0  # mirrorflow's default (MirrorMaker 2's: 600)
     heartbeats_replication_factor: int = 3
     emit_offset_syncs: bool = True
     offset_syncs_topic: str = ""
@@ -84,8 +84,9 @@ class MirrorSpec:
     # a Spark job (0: every batch is a Spark job); ``--local-batch-max-records``.
     local_batch_max_records: int = LOCAL_BATCH_MAX_RECORDS
     # Caught up, an at-least-once flow copies continuously in the driver's JVM instead of batch
-    # after batch (``--continuous``; exactly-once flows copy in batches).
-    continuous: bool = False
+    # after batch (the default; ``--no-continuous``: batches only; exactly-once flows copy in
+    # batches).
+    continuous: bool = True
     # Positions live in Connect's offsets topic on the target, as MirrorMaker 2's. Exactly-once
     # (``<target>.exactly.once.source.support = enabled``) commits them with the copies.
     exactly_once: bool = False

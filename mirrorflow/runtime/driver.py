@@ -109,8 +109,8 @@ LOCAL_BATCH_MAX_BYTES = 8 << 20  # a local batch's records times the flow's mean
 # A cancelled at-least-once batch whose tasks have not returned by then (tasks in other JVMs,
 # which the copier's cancellation does not reach) is cancelled by Spark.
 CANCEL_JOB_AFTER_S = 3.0
-# A continuous flow (``--continuous``) takes what its stream acknowledged, writes it (offset map,
-# then positions) and updates its figures this often.
+# A continuous flow (the at-least-once default) takes what its stream acknowledged, writes it
+# (offset map, then positions) and updates its figures this often.
 STREAM_COMMIT_S = 1.0
 # How long a start waits for another job's lease of the flow to be released or to expire (a job
 # that is stopping, or whose host died) before it fails naming that job.
@@ -727,11 +727,11 @@ class MirrorJob:
                 return
 
     def _stream(self) -> None:
-        """Caught up (``--continuous``): copy continuously in the driver's JVM
-        (:class:`~mirrorflow.runtime.copier.CopyStream`) until a stop or pause, a change of the
-        flow's topics, or a failed task; every :data:`STREAM_COMMIT_S`, what the stream
-        acknowledged is written as a batch's would be (the offset map, then the positions).
-        Its tasks wait for records themselves: no doorbell, no listing of the ends."""
+        """Caught up (at least once, unless ``--no-continuous``): copy continuously in the
+        driver's JVM (:class:`~mirrorflow.runtime.copier.CopyStream`) until a stop or pause, a
+        change of the flow's topics, or a failed task; every :data:`STREAM_COMMIT_S`, what the
+        stream acknowledged is written as a batch's would be (the offset map, then the
+        positions). Its tasks wait for records themselves: no doorbell, no listing of the ends."""
         assert self.scheduler is not None
         mapping = self.mapping
         partitions = [tp for tp in self._partitions() if tp in self.positions]
@@ -865,8 +865,12 @@ class MirrorJob:
 
     # -- planning ------------------------------------------------------------------------------
     def _refresh_topics(self) -> None:
-        """The scheduler's ``refresh-topics`` task: new topics and partitions join the flow."""
+        """The scheduler's ``refresh-topics`` task: new topics and partitions join the flow. With
+        nothing new the flow's mapping stays the same object: a stream goes on."""
+        partitions = dict(self.remote_topics.source_partitions)
         mapping = self.remote_topics.prepare()
+        if mapping == self.mapping and self.remote_topics.source_partitions == partitions:
+            return
         added = sorted(set(mapping) - set(self.mapping))
         if added:
             log.info("%s: new topics to replicate: %s", self.spec.flow, ", ".join(added))

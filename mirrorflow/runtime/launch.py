@@ -49,7 +49,7 @@ def job_args(
     local_batch_max_records: int | None = None,
     metrics_port: int | None = None,
     retry_timeout: float | None = None,
-    continuous: bool = False,
+    continuous: bool | None = None,
 ) -> list[str]:
     """The mirror job's own arguments."""
     args = [arg for config in configs for arg in ("--config", str(Path(config).resolve()))]
@@ -71,8 +71,8 @@ def job_args(
         args += ["--metrics-port", str(metrics_port)]
     if retry_timeout is not None:
         args += ["--retry-timeout", f"{retry_timeout:g}"]
-    if continuous:
-        args.append("--continuous")
+    if continuous is not None:  # None: the job's default (continuous)
+        args.append("--continuous" if continuous else "--no-continuous")
     return args
 
 

@@ -1,0 +1,40 @@
+"""The mirror job's copying mode as every launcher passes it: continuous once caught up unless
+told otherwise, batch after batch with ``--no-continuous``, through ``mirrorflow mirror``'s flags,
+:func:`mirrorflow.runtime.launch.mirror_command` (the DAGs, the tests, the benchmarks) and the
+job's own argument parser."""
+
+from __future__ import annotations
+
+import runpy
+from pathlib import Path
+
+import pytest
+
+from mirrorflow import cli
+from mirrorflow.runtime import launch
+
+FLOW = "primary->secondary"
+
+
+def job_parse(command: list[str]):
+    """The job's own parse of the arguments ``command`` gives it."""
+    parse_args = runpy.run_path(str(launch.MIRROR_JOB))["parse_args"]
+    return parse_args(command[command.index(str(launch.MIRROR_JOB)) + 1 :])
+
+
+@pytest.mark.parametrize(("continuous", "expected"), [(None, True), (True, True), (False, False)])
+def test_a_job_copies_continuously_unless_a_launcher_says_no_continuous(
+    tmp_path: Path, continuous: bool | None, expected: bool
+):
+    command = launch.mirror_command([tmp_path / "mm2.properties"], FLOW, continuous=continuous)
+    assert ("--no-continuous" in command) is (continuous is False)
+    assert job_parse(command).continuous is expected
+
+
+@pytest.mark.parametrize(("flag", "expected"), [([], None), (["--no-continuous"], False)])
+def test_mirrorflow_mirror_passes_its_copying_mode_to_the_job(
+    flag: list[str], expected: bool | None
+):
+    parser = cli.build_parser()
+    args = parser.parse_args(["mirror", "mm2.properties", "--flow", FLOW, *flag])
+    assert args.continuous is expected
