@@ -16,6 +16,8 @@ EXAMPLES = Path(__file__).parent.parent / "examples"
 def test_validate_exits_0_when_clean_1_with_warnings_and_2_with_errors(capsys):
     assert main(["validate", str(SEEDS / "000-first-example.properties")]) == 0
     assert capsys.readouterr().out == (
+        "note: new topics and partitions are looked for every 30 s (mirrorflow's default "
+        "refresh.topics.interval.seconds; MirrorMaker 2's: 600): primary->secondary\n"
         "note: aborted transactions are not copied (the source is read read_committed, "
         "mirrorflow's default; MirrorMaker 2 copies them as data, as "
         "consumer.isolation.level = read_uncommitted does): primary->secondary\n"

@@ -18,7 +18,14 @@ from typing import Literal
 
 from mirrorflow.config import flowfiles, providers
 from mirrorflow.config.properties import Location, Property
-from mirrorflow.config.topology import Flow, Setting, Topology, closest
+from mirrorflow.config.topology import (
+    MIRRORFLOW_DEFAULT,
+    MIRRORFLOW_DEFAULTS,
+    Flow,
+    Setting,
+    Topology,
+    closest,
+)
 from mirrorflow.errors import MirrorflowError
 from mirrorflow.mm2 import configdefs, filters, policy, transforms
 
@@ -95,13 +102,23 @@ def validate(topology: Topology) -> list[Finding]:
 
 def notes(topology: Topology) -> list[str]:
     """What the flows that replicate do differently from MirrorMaker 2's defaults, a line per
-    behaviour (``validate`` prints them before its summary): today, whether aborted transactions
-    reach the target."""
+    behaviour (``validate`` prints them before its summary): whether aborted transactions reach
+    the target, and how often new topics are looked for where mirrorflow's default applies."""
     committed: list[str] = []
     uncommitted: list[str] = []
     for flow in topology.flows:
         (uncommitted if flow.copies_aborted_transactions else committed).append(flow.name)
+    refresh = "refresh.topics.interval.seconds"
+    sooner = [
+        f.name for f in topology.flows if f.config[refresh].layer.startswith(MIRRORFLOW_DEFAULT)
+    ]
     lines = []
+    if sooner:
+        lines.append(
+            f"new topics and partitions are looked for every {MIRRORFLOW_DEFAULTS[refresh]} s "
+            f"(mirrorflow's default {refresh}; MirrorMaker 2's: "
+            f"{configdefs.flow_settings()[refresh].default}): {', '.join(sooner)}"
+        )
     if committed:
         lines.append(
             "aborted transactions are not copied (the source is read read_committed, "
