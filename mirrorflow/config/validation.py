@@ -1,4 +1,5 @@
-"""Whole-topology validation: every problem found before anything runs, one line each.
+"""Whole-topology validation: every problem found before anything runs, one line each (each
+definition here, the topology as a whole in :mod:`mirrorflow.config.topology_checks`).
 
 A finding names the file and line, the key, what MirrorMaker 2 would do with it, and a fix.
 Errors are configurations MM2 rejects, misreads or runs into harm (a missing ``clusters``, a
@@ -9,30 +10,24 @@ handles surprisingly (unknown keys, keys at a level where they have no effect, l
 
 from __future__ import annotations
 
-import itertools
 import re
-from collections import defaultdict
-from dataclasses import asdict, dataclass
 from difflib import SequenceMatcher
-from typing import Literal
 
-from mirrorflow.config import flowfiles, providers
-from mirrorflow.config.properties import Location, Property
+from mirrorflow.config import flowfiles
+from mirrorflow.config import topology_checks as checks
+from mirrorflow.config.findings import TRAILING_COMMENT, Finding, Severity, at
+from mirrorflow.config.properties import Property
 from mirrorflow.config.topology import (
     MIRRORFLOW_DEFAULT,
     MIRRORFLOW_DEFAULTS,
-    Flow,
-    Setting,
     Topology,
     closest,
 )
 from mirrorflow.errors import MirrorflowError
-from mirrorflow.mm2 import configdefs, filters, policy, transforms
+from mirrorflow.mm2 import configdefs, filters, policy
 
-Severity = Literal["error", "warning"]
 EXIT_OK, EXIT_WARNINGS, EXIT_ERRORS = 0, 1, 2
 
-_TRAILING_COMMENT = re.compile(r"\s(#|//)")
 _ESCAPE = re.compile(r"\\(.)", re.S)  # scanned left to right, so "\\\\" is one escape
 _KNOWN_ESCAPES = set("tnrfu\\:=#! \t\r\n\f")  # the rest lose their backslash
 _HOST_PORT = re.compile(r".*?\[?([0-9a-zA-Z\-%._:]*)\]?:([0-9]+)")  # ClientUtils.HOST_PORT
@@ -60,23 +55,6 @@ _ROLE_PREFIXES = {
 }
 
 
-@dataclass(frozen=True)
-class Finding:
-    """One problem: where, which key, what is wrong and how to fix it."""
-
-    severity: Severity
-    location: Location
-    key: str
-    problem: str
-    fix: str
-
-    def __str__(self) -> str:
-        return f"{self.location}: {self.severity}: {self.key}: {self.problem}; fix: {self.fix}"
-
-    def to_dict(self) -> dict[str, object]:
-        return {**asdict(self), "location": str(self.location)}
-
-
 def exit_code(findings: list[Finding]) -> int:
     """0 without findings, 1 with warnings only, 2 with any error."""
     if any(f.severity == "error" for f in findings):
@@ -87,15 +65,15 @@ def exit_code(findings: list[Finding]) -> int:
 def validate(topology: Topology) -> list[Finding]:
     """Every finding for the topology, in file and line order."""
     findings: list[Finding] = []
-    findings += _cluster_list(topology)
-    findings += _duplicates(topology)
-    aliases = _intended_aliases(topology)
+    findings += checks.cluster_list(topology)
+    findings += checks.duplicates(topology)
+    aliases = checks.intended_aliases(topology)
     for prop in topology.props.values():
         findings += _definition(prop, aliases)
-    findings += _bootstrap_servers(topology)
-    findings += _identity_cycles(topology)
-    findings += _transforms(topology)
-    findings += _config_providers(topology)
+    findings += checks.bootstrap_servers(topology)
+    findings += checks.identity_cycles(topology)
+    findings += checks.flow_transforms(topology)
+    findings += checks.config_providers(topology)
     order = {f: i for i, f in enumerate(topology.files)}
     return sorted(findings, key=lambda f: (order.get(f.location.file, 0), f.location.line))
 
@@ -152,102 +130,6 @@ def require_valid(topology: Topology, consequence: str) -> list[Finding]:
     return findings
 
 
-def _cluster_list(topology: Topology) -> list[Finding]:
-    clusters = topology.props.get("clusters")
-    if clusters is None:
-        guessed = _guess_aliases(topology)
-        first = topology.files[0] if topology.files else "<no file>"
-        fix = f"add `clusters = {', '.join(guessed)}`" if guessed else "add `clusters = A, B`"
-        return [
-            Finding(
-                "error",
-                Location(first, 1),
-                "clusters",
-                "missing: MirrorMaker 2 refuses to start without the list of cluster aliases",
-                fix,
-            )
-        ]
-    found = []
-    separator = topology.props.get("replication.policy.separator")
-    sep = separator.value if separator else "."
-    for alias in configdefs.parse_list(clusters.value):
-        if alias == "":
-            problem = "an empty alias (a stray comma)"
-            found.append(Finding("error", clusters.location, "clusters", problem, "remove it"))
-        elif sep and sep in alias and not _TRAILING_COMMENT.search(alias):
-            found.append(
-                Finding(
-                    "warning",
-                    clusters.location,
-                    "clusters",
-                    f"alias {alias!r} contains the separator {sep!r}: its remote topics look "
-                    f"like they come from {alias.split(sep)[0]!r}, so cycle detection fails",
-                    f"rename the alias without {sep!r}",
-                )
-            )
-    return found
-
-
-def _intended_aliases(topology: Topology) -> list[str]:
-    """The aliases the author meant, to tell cluster and flow keys apart: the listed ones (before
-    a trailing comment, reported on its own), or those the keys use if none are listed."""
-    clusters = topology.props.get("clusters")
-    if clusters is None:
-        return _guess_aliases(topology)
-    return configdefs.parse_list(_TRAILING_COMMENT.split(clusters.value)[0])
-
-
-def _guess_aliases(topology: Topology) -> list[str]:
-    """Aliases the keys use: flow sources and targets, owners of ``*.bootstrap.servers``."""
-    guessed: dict[str, None] = {}
-    for key in topology.props:
-        source, arrow, rest = key.partition("->")
-        if arrow and "." in rest:
-            guessed[source] = guessed[rest.split(".")[0]] = None
-        elif key.endswith(".bootstrap.servers"):
-            owner = key.removesuffix(".bootstrap.servers")
-            for role in configdefs.CLIENT_ROLES:
-                owner = owner.removesuffix("." + role)
-            guessed[owner] = None
-    return [a for a in guessed if a and a != "bootstrap.servers"]
-
-
-def _duplicates(topology: Topology) -> list[Finding]:
-    by_key: dict[str, list[Property]] = defaultdict(list)
-    for prop in topology.definitions:
-        by_key[prop.key].append(prop)
-    found = []
-    for key, props in by_key.items():
-        for earlier, later in itertools.pairwise(props):
-            if earlier.value == later.value:
-                continue
-            values = (configdefs.redact(key, earlier.value), configdefs.redact(key, later.value))
-            if earlier.location.file == later.location.file:
-                found.append(
-                    Finding(
-                        "warning",
-                        later.location,
-                        key,
-                        f"defined again ({values[1]!r}; line {earlier.location.line} says "
-                        f"{values[0]!r}): Java keeps only this last one",
-                        "delete the definition you do not want",
-                    )
-                )
-            else:
-                found.append(
-                    Finding(
-                        "error",
-                        later.location,
-                        key,
-                        f"{values[1]!r} here but {values[0]!r} in {earlier.location}: MM2 "
-                        "processes given different files fight over the configuration they "
-                        "share through the target cluster",
-                        "define the key once, in one file every process uses",
-                    )
-                )
-    return found
-
-
 def _definition(prop: Property, aliases: list[str]) -> list[Finding]:
     """Findings for one effective definition: its key, then its value. ``aliases`` are the
     listed clusters (or, when ``clusters`` is missing, those the keys use)."""
@@ -255,12 +137,12 @@ def _definition(prop: Property, aliases: list[str]) -> list[Finding]:
         return _value(prop, None)
     if prop.key == "":
         problem = f"no key before the value {prop.value!r} (the line starts with = or :)"
-        return [_at(prop, "error", problem + ": MM2 ignores it", "write the key before the value")]
+        return [at(prop, "error", problem + ": MM2 ignores it", "write the key before the value")]
     section, owner, rest = flowfiles.classify(prop.key, aliases)
     if section == "flows":
         source, target = owner.split("->")
         if source == target:
-            return [_at(prop, "error", "a flow from a cluster to itself: MM2 never runs it",
+            return [at(prop, "error", "a flow from a cluster to itself: MM2 never runs it",
                         "remove the key")]  # fmt: skip
         return (
             _flow_key(prop, rest)
@@ -301,17 +183,13 @@ def _not_honoured(prop: Property, name: str) -> list[Finding]:
     if reason is None:
         return []
     return [
-        _at(
+        at(
             prop,
             "warning",
             f"not honoured by mirrorflow: {reason}",
             "remove it, or keep it for MirrorMaker 2 knowing that mirrorflow ignores it",
         )
     ]
-
-
-def _at(prop: Property, severity: Severity, problem: str, fix: str) -> Finding:
-    return Finding(severity, prop.location, prop.key, problem, fix)
 
 
 def _flow_key(prop: Property, rest: str) -> list[Finding]:
@@ -333,7 +211,7 @@ def _cluster_key(prop: Property, alias: str, rest: str) -> list[Finding]:
         return []
     if rest in configdefs.flow_settings():
         return [
-            _at(
+            at(
                 prop,
                 "warning",
                 f"{rest} has no effect on a cluster: MM2 only passes cluster keys to clients "
@@ -368,7 +246,7 @@ def _top_level_key(prop: Property, aliases: list[str]) -> list[Finding]:
     if key in configdefs.connector_settings():
         if key == "enabled" and configdefs.parse_boolean(configdefs.java_trim(prop.value)):
             return [
-                _at(
+                at(
                     prop,
                     "warning",
                     "turns on every flow between the listed clusters (each pair has a "
@@ -381,7 +259,7 @@ def _top_level_key(prop: Property, aliases: list[str]) -> list[Finding]:
         return []
     if key in configdefs.FILTER_ONLY:
         return [
-            _at(
+            at(
                 prop,
                 "warning",
                 "MM2 drops it at top level (no connector defines it)",
@@ -397,13 +275,13 @@ def _top_level_key(prop: Property, aliases: list[str]) -> list[Finding]:
         return []
     typo = _alias_typo(key, aliases)
     if typo:
-        return [_at(prop, *typo)]
+        return [at(prop, *typo)]
     role = next((r for r in configdefs.CLIENT_ROLES if key.startswith(r + ".")), None)
     is_client_key = any(key in configdefs.client_names(r) for r in configdefs.CLIENT_ROLES)
     if role or is_client_key or _is_cluster_setting(key):
         where = f"<cluster>.{key}" if role else f"<cluster>.{key} or <cluster>.consumer.{key}"
         return [
-            _at(
+            at(
                 prop,
                 "warning",
                 "MM2 ignores this client or worker setting at top level",
@@ -455,14 +333,14 @@ def _similarity(name: str, aliases: list[str]) -> float:
 def _unknown(prop: Property, name: str, candidates: list[str]) -> Finding:
     suggestion = _MISNOMERS.get(name) or closest(name, candidates)
     fix = f"did you mean {suggestion}?" if suggestion else "remove it or check the MM2 docs"
-    return _at(prop, "warning", f"unknown key {name!r}: MirrorMaker 2 ignores it", fix)
+    return at(prop, "warning", f"unknown key {name!r}: MirrorMaker 2 ignores it", fix)
 
 
 def _legacy(prop: Property, name: str) -> list[Finding]:
     if name in configdefs.LEGACY_ALIASES:
         current = configdefs.LEGACY_ALIASES[name]
         return [
-            _at(
+            at(
                 prop,
                 "warning",
                 f"removed in MirrorMaker 2 4.0, which ignores it; mirrorflow still applies it as "
@@ -472,7 +350,7 @@ def _legacy(prop: Property, name: str) -> list[Finding]:
         ]
     if name in configdefs.REMOVED_IN_4:
         return [
-            _at(
+            at(
                 prop,
                 "warning",
                 f"removed in MirrorMaker 2 4.0 ({configdefs.REMOVED_IN_4[name]}): it is ignored",
@@ -488,9 +366,9 @@ def _value(prop: Property, name: str | None, raw_booleans: bool = False) -> list
     and ``emit.heartbeats.enabled`` there with ``Boolean.parseBoolean``."""
     value = prop.value
     shown = configdefs.redact(prop.key, value)
-    if not configdefs.is_sensitive(prop.key) and _TRAILING_COMMENT.search(value):
+    if not configdefs.is_sensitive(prop.key) and TRAILING_COMMENT.search(value):
         return [
-            _at(
+            at(
                 prop,
                 "error",
                 f"the value {shown!r} ends in a comment, but .properties files have no trailing "
@@ -501,7 +379,7 @@ def _value(prop: Property, name: str | None, raw_booleans: bool = False) -> list
     found = []
     if prop.location.file.endswith(".properties") and not (prop.key + value).isascii():
         found.append(
-            _at(
+            at(
                 prop,
                 "warning",
                 "non-ASCII text: MM2 reads properties files as ISO-8859-1, so UTF-8 arrives "
@@ -512,7 +390,7 @@ def _value(prop: Property, name: str | None, raw_booleans: bool = False) -> list
     if raw_booleans and name in _RAW_BOOLEANS and value.lower() not in ("true", "false"):
         return [
             *found,
-            _at(
+            at(
                 prop,
                 "error",
                 f"{shown!r} is not exactly true or false: MM2 decides which flows run with "
@@ -525,7 +403,7 @@ def _value(prop: Property, name: str | None, raw_booleans: bool = False) -> list
     )
     if dropped:
         found.append(
-            _at(
+            at(
                 prop,
                 "warning",
                 f"the properties format drops the backslash of \\{dropped.group(1)}, so MM2 "
@@ -545,7 +423,7 @@ def _value(prop: Property, name: str | None, raw_booleans: bool = False) -> list
     except configdefs.InvalidValue as exc:
         return [
             *found,
-            _at(prop, "error", f"{shown!r} is invalid ({exc}): MM2's connectors refuse to start",
+            at(prop, "error", f"{shown!r} is invalid ({exc}): MM2's connectors refuse to start",
                 "correct the value"),
         ]  # fmt: skip
     # Each check below applies to settings of one type (the intervals, timeouts and health
@@ -557,15 +435,15 @@ def _value(prop: Property, name: str | None, raw_booleans: bool = False) -> list
     ):
         found.append(_interval(prop, name, parsed))
     if name.startswith("health.") and isinstance(parsed, int | float) and parsed < 0:
-        found.append(_at(prop, "error", f"{name} is negative", "use 0 (no bound) or more"))
+        found.append(at(prop, "error", f"{name} is negative", "use 0 (no bound) or more"))
     if name == "health.stall.timeout.seconds" and parsed == 0:
-        found.append(_at(prop, "error", "zero: every flow would be STALLED at once",
+        found.append(at(prop, "error", "zero: every flow would be STALLED at once",
                          "use a positive number of seconds (default 120)"))  # fmt: skip
     if (name in _PATTERN_KEYS or name in configdefs.LEGACY_ALIASES) and isinstance(parsed, list):
         try:
             filters.compile_pattern_list(parsed)
         except filters.JavaRegexError as exc:
-            found.append(_at(prop, "error", f"invalid pattern list {shown!r}: {exc}",
+            found.append(at(prop, "error", f"invalid pattern list {shown!r}: {exc}",
                              "fix the regular expression"))  # fmt: skip
     if name in _CLASS_KEYS and isinstance(parsed, str):
         try:
@@ -574,19 +452,19 @@ def _value(prop: Property, name: str | None, raw_booleans: bool = False) -> list
             else:
                 filters.filter_class(name, parsed)
         except MirrorflowError as exc:
-            found.append(_at(prop, "error", exc.message, exc.hint or "name another class"))
+            found.append(at(prop, "error", exc.message, exc.hint or "name another class"))
     return found
 
 
 def _interval(prop: Property, name: str, value: float) -> Finding:
     if value == 0:
-        return _at(prop, "error", "zero: MM2 would spin without pause or fail to schedule it",
+        return at(prop, "error", "zero: MM2 would spin without pause or fail to schedule it",
                    "use a positive value")  # fmt: skip
     feature = name.removesuffix(".interval.seconds")
     if name.endswith(".interval.seconds"):
         fix = f"write `{prop.key.removesuffix(name)}{feature}.enabled = false` instead"
-        return _at(prop, "warning", "negative: MM2 silently never runs this task", fix)
-    return _at(prop, "error", "negative: every wait would time out at once", "use a positive value")
+        return at(prop, "warning", "negative: MM2 silently never runs this task", fix)
+    return at(prop, "error", "negative: every wait would time out at once", "use a positive value")
 
 
 def _bootstrap_format(prop: Property) -> list[Finding]:
@@ -600,235 +478,6 @@ def _bootstrap_format(prop: Property) -> list[Finding]:
     if not bad:
         return []
     return [
-        _at(prop, "error", f"{', '.join(map(repr, bad))} is not host:port: clients refuse it",
+        at(prop, "error", f"{', '.join(map(repr, bad))} is not host:port: clients refuse it",
             "list brokers as host:port, separated by commas")
     ]  # fmt: skip
-
-
-def _bootstrap_servers(topology: Topology) -> list[Finding]:
-    clusters = topology.props.get("clusters")
-    if clusters is None:
-        return []  # no aliases then
-    used = {alias for pair in topology.herder_pairs for alias in pair.split("->")}
-    found = []
-    for alias in topology.aliases:
-        if _TRAILING_COMMENT.search(alias):
-            continue  # the comment in `clusters` is reported on its own
-        if alias in used and "bootstrap.servers" not in topology.cluster(alias).props:
-            found.append(
-                Finding(
-                    "error",
-                    clusters.location,
-                    "clusters",
-                    f"cluster {alias!r} has no bootstrap.servers: MM2 cannot connect to it",
-                    f"add `{alias}.bootstrap.servers = host:9092`",
-                )
-            )
-    return found
-
-
-def _config_providers(topology: Topology) -> list[Finding]:
-    """Providers mirrorflow cannot run, and references it could never resolve."""
-    findings = []
-    listed = topology.props.get("config.providers")
-    for name, provider in topology.providers.by_name.items():
-        defined = topology.props.get(f"config.providers.{name}.class")
-        if defined is None:
-            if listed is not None:
-                findings.append(
-                    _at(
-                        listed,
-                        "warning",
-                        f"provider {name!r} has no class: MM2 skips it, and ${{{name}:…}} "
-                        "references stay as written",
-                        f"set config.providers.{name}.class (e.g. {providers.AIRFLOW})",
-                    )
-                )
-        elif provider.class_name not in (*providers.KAFKA_PROVIDERS, *providers.PYTHON_PROVIDERS):
-            problem, fix = providers.unknown_class(name, provider.class_name)
-            findings.append(_at(defined, "error", problem, fix))
-    for prop in topology.props.values():
-        for name, path, key in topology.providers.references(prop.value):
-            wrong = providers.reference_problem(topology.providers.by_name[name], path, key)
-            if wrong:
-                findings.append(_at(prop, "error", *wrong))
-    return findings
-
-
-def _identity_cycles(topology: Topology) -> list[Finding]:
-    """A cycle of enabled flows with an identity policy on it replicates records forever, unless
-    every flow on it runs in provenance mode (``provenance.header.enabled``), which never copies
-    a record to the cluster it was first written on."""
-    edges: dict[str, list[str]] = defaultdict(list)
-    plain: list[tuple[str, str]] = []  # flows without provenance mode
-    for flow in topology.flows:
-        edges[flow.source].append(flow.target)
-        if not flow.setting(configdefs.PROVENANCE):
-            plain.append((flow.source, flow.target))
-    found = []
-    for flow in topology.flows:
-        try:
-            identity = isinstance(flow.policy, policy.IdentityReplicationPolicy)
-        except MirrorflowError:
-            continue  # reported with the class key
-        path = _path(edges, flow.target, flow.source) if identity else None
-        if path and flow.setting(configdefs.PROVENANCE):
-            # looping needs a flow on the cycle that neither marks nor checks the origin
-            path = next(
-                (
-                    [*before, *after]
-                    for u, v in plain
-                    if (before := _path(edges, flow.target, u))
-                    and (after := _path(edges, v, flow.source))
-                ),
-                None,
-            )
-        if path:
-            setting = flow.config["replication.policy.class"]
-            loop = "->".join([flow.source, *path])
-            found.append(
-                Finding(
-                    "error",
-                    setting.location or topology.props["clusters"].location,
-                    setting.source_key or "replication.policy.class",
-                    f"flow {flow.name} uses IdentityReplicationPolicy on the cycle {loop}: it "
-                    "cannot tell copies from originals, so records loop forever",
-                    f"use DefaultReplicationPolicy for {flow.name}, break the cycle, or set "
-                    f"{configdefs.PROVENANCE} = true for every flow on it",
-                )
-            )
-    return found + _provenance_paths(topology)
-
-
-def _provenance_paths(topology: Topology) -> list[Finding]:
-    """In provenance mode a record goes on along every flow that does not lead back to where it
-    was first written: two paths from one cluster to another copy it there twice."""
-    edges: dict[str, list[str]] = defaultdict(list)
-    for flow in topology.flows:
-        if flow.setting(configdefs.PROVENANCE):
-            edges[flow.source].append(flow.target)
-    found = []
-    for origin in sorted(edges):
-        arrivals: dict[str, list[list[str]]] = defaultdict(list)
-        stack = [[origin]]
-        while stack:
-            path = stack.pop()
-            for nxt in edges.get(path[-1], []):
-                if nxt != origin and nxt not in path:
-                    arrivals[nxt].append([*path, nxt])
-                    stack.append([*path, nxt])
-        for target, paths in sorted(arrivals.items()):
-            if len(paths) > 1:
-                setting = topology.props["clusters"]
-                shown = ", ".join("->".join(p) for p in sorted(paths, key=len)[:2])
-                found.append(
-                    Finding(
-                        "warning",
-                        setting.location,
-                        "clusters",
-                        f"in provenance mode, records first written on {origin} reach {target} "
-                        f"by {len(paths)} paths ({shown}): each is copied there "
-                        f"{len(paths)} times where the paths' topics overlap",
-                        "keep one path between two clusters (or disjoint topics per path)",
-                    )
-                )
-    return found
-
-
-def _path(edges: dict[str, list[str]], start: str, goal: str) -> list[str] | None:
-    """A path of cluster aliases from ``start`` to ``goal`` along ``edges`` (breadth first)."""
-    previous: dict[str, str | None] = {start: None}
-    queue = [start]
-    while queue:
-        node = queue.pop(0)
-        if node == goal:
-            path = [node]
-            while (before := previous[path[-1]]) is not None:
-                path.append(before)
-            return path[::-1]
-        for nxt in edges.get(node, []):
-            if nxt not in previous:
-                previous[nxt] = node
-                queue.append(nxt)
-    return None
-
-
-def _transforms(topology: Topology) -> list[Finding]:
-    """A flow's Connect transforms and ``record.filter`` (see :mod:`mirrorflow.mm2.transforms`):
-    an error for what mirrorflow cannot honour, a warning where MirrorMaker 2 differs."""
-    return [f for flow in topology.flows for f in _flow_transforms(topology, flow)]
-
-
-def _flow_transforms(topology: Topology, flow: Flow) -> list[Finding]:
-    config = flow.values
-
-    def at(key: str, severity: Severity, problem: str, fix: str) -> Finding:
-        setting = flow.originals.get(key) or flow.originals.get(
-            key.split(".", 1)[0], Setting("", "")
-        )
-        return Finding(
-            severity,
-            setting.location or topology.props["clusters"].location,
-            setting.source_key or f"{flow.name}.{key}",
-            f"flow {flow.name}: {problem}",
-            fix,
-        )
-
-    try:
-        chain = transforms.compile_transforms(config, config.get(transforms.RECORD_FILTER, ""))
-    except transforms.TransformError as exc:
-        if exc.key in topology.props:  # written at top level, which MirrorMaker 2 drops
-            return [
-                Finding(
-                    "error",
-                    topology.props[exc.key].location,
-                    exc.key,
-                    f"flow {flow.name} misses it: MirrorMaker 2 drops a transform's and a "
-                    "predicate's settings at top level",
-                    f"write it per flow: {flow.name}.{exc.key}",
-                )
-            ]
-        return [at(exc.key, "error", exc.problem, exc.fix)]
-    found = []
-    aliases = [a.strip() for a in config.get("transforms", "").split(",") if a.strip()]
-    listed = {"transforms": aliases, "predicates": config.get("predicates", "").split(",")}
-    for key in sorted(config):
-        kind, _, rest = key.partition(".")
-        alias = rest.split(".", 1)[0] if kind in listed else ""
-        if alias and alias not in [a.strip() for a in listed[kind]]:
-            found.append(
-                at(
-                    key,
-                    "warning",
-                    f"{alias} is not listed in {kind}: neither MirrorMaker 2 nor mirrorflow "
-                    "applies it",
-                    f"add {alias} to {kind}, or remove the key",
-                )
-            )
-    if chain is None or not aliases:
-        return found
-    kinds = [transforms.transform_kind(config.get(f"transforms.{a}.type", "")) for a in aliases]
-    if "Filter" in kinds:
-        found.append(
-            at(
-                "transforms",
-                "warning",
-                "MirrorMaker 2 also runs the flow's transforms over its heartbeat and "
-                "checkpoint records, where a Filter may drop them; mirrorflow transforms "
-                "only the records it copies",
-                "keep them, knowing that mirrorflow never drops heartbeats or checkpoints",
-            )
-        )
-    for alias, stage in zip(aliases, kinds, strict=True):
-        if stage == "InsertHeader":
-            found.append(
-                at(
-                    f"transforms.{alias}.type",
-                    "warning",
-                    "MirrorMaker 2 fails every record with InsertHeader (its header "
-                    "converter, ByteArrayConverter, takes bytes, not the literal's string); "
-                    "mirrorflow writes the literal as UTF-8 text",
-                    "keep it for mirrorflow, not for MirrorMaker 2",
-                )
-            )
-    return found
