@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from mirrorflow.cli import build_parser
-from mirrorflow.dr import failover, rpo, steps
+from mirrorflow.dr import failover, request, rpo, steps
 from mirrorflow.dr.records import hold_reason
 from mirrorflow.errors import MirrorflowError
 from mirrorflow.runtime import jobs
@@ -80,7 +80,7 @@ def test_a_request_defaults_each_option_as_its_params_and_its_command_do(kind):
 
 
 @dataclass(frozen=True)
-class ToyRequest(steps.DRRequest):
+class ToyRequest(request.DRRequest):
     fail_at: str = ""
 
     def record(self) -> dict:

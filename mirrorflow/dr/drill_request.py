@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from mirrorflow.dr import failover, steps
+from mirrorflow.dr import failover, request
 from mirrorflow.dr.steps import safe_run_id
 from mirrorflow.errors import MirrorflowError
 
@@ -18,7 +18,7 @@ MODES = ("non-destructive", "destructive")
 
 
 @dataclass(frozen=True)
-class DrillRequest(steps.DRRequest):
+class DrillRequest(request.DRRequest):
     """What a drill run was asked to do (a DAG run's Params)."""
 
     mode: str = "non-destructive"

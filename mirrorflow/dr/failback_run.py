@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mirrorflow.dr import steps
+from mirrorflow.dr import request, steps
 from mirrorflow.dr.failover_run import reports_dir, rollback_command
 from mirrorflow.dr.records import (
     is_failover,
@@ -33,7 +33,7 @@ DIVERGED_SUFFIX = "diverged"
 
 
 @dataclass(frozen=True)
-class FailbackRequest(steps.GroupsRequest):
+class FailbackRequest(request.GroupsRequest):
     """What a failback run was asked to do (a DAG run's Params, or a command's options).
     ``flow`` is the flow failed over, S->T: the failback goes from T back to S; the groups and
     the producers to fence are those on T."""
@@ -43,7 +43,7 @@ class FailbackRequest(steps.GroupsRequest):
 
     mode = "failback"  # as its run record names it
 
-    PARAMS = {**steps.GroupsRequest.PARAMS, "failover_run_id": ("failover_run_id", str, "")}
+    PARAMS = {**request.GroupsRequest.PARAMS, "failover_run_id": ("failover_run_id", str, "")}
 
 
 class FailbackRun(steps.Run):

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from mirrorflow.dr import failover_groups, steps
+from mirrorflow.dr import failover_groups, request, steps
 from mirrorflow.dr.records import FAILOVER_MODES
 from mirrorflow.dr.steps import StepSkipped
 from mirrorflow.errors import MirrorflowError
@@ -36,7 +36,7 @@ OFFSETS_KEPT = (
 
 
 @dataclass(frozen=True)
-class FailoverRequest(steps.GroupsRequest):
+class FailoverRequest(request.GroupsRequest):
     """What a failover run was asked to do (a DAG run's Params, or a command's options).
     ``failover_run_id``: in modes ``rollback`` and ``measure-rpo``, the failover run they act
     on (empty: see :func:`choose_rollback`, :func:`choose_measured`)."""
@@ -62,7 +62,7 @@ class FailoverRequest(steps.GroupsRequest):
             )
 
     PARAMS = {
-        **steps.GroupsRequest.PARAMS,
+        **request.GroupsRequest.PARAMS,
         "mode": ("mode", str, "planned"),
         "catch_up_timeout_s": ("catch_up_timeout_seconds", float, 300),
         "stop_timeout_s": ("stop_timeout_seconds", float, 30),
