@@ -107,16 +107,17 @@ class _Answer:
         return self
 
 
-def _job_with_answers(answers: dict[tuple[str, int], int]) -> SimpleNamespace:
-    """What ``MirrorJob._offsets`` reads of its job: the spec and the source's admin client,
-    whose ``list_offsets`` answers as librdkafka does after a request that timed out."""
+def _offsets_with_answers(answers: dict[tuple[str, int], int]):
+    """A flow's :class:`SourceOffsets` whose source admin client's ``list_offsets`` answers as
+    librdkafka does after a request that timed out."""
+    from mirrorflow.replication.source_offsets import SourceOffsets
 
     def list_offsets(requests, **_options):
         return {tp: _Answer(answers[(tp.topic, tp.partition)]) for tp in requests}
 
     client = SimpleNamespace(list_offsets=list_offsets)
     spec = SimpleNamespace(flow="dc1->dc2", source="dc1", target="dc2", source_consumer={})
-    return SimpleNamespace(spec=spec, admins={"dc1": SimpleNamespace(client=client)})
+    return SourceOffsets(spec, SimpleNamespace(client=client))
 
 
 def test_an_unknown_end_offset_is_retried_never_read_as_a_truncated_partition():
@@ -125,17 +126,14 @@ def test_an_unknown_end_offset_is_retried_never_read_as_a_truncated_partition():
     from its start (1,000,000 records twice in an exactly-once soak)."""
     from confluent_kafka.admin import OffsetSpec
 
-    from mirrorflow.runtime.driver import MirrorJob
-
-    job = _job_with_answers({("t", 0): 250_000, ("t", 1): -1001})
+    offsets = _offsets_with_answers({("t", 0): 250_000, ("t", 1): -1001})
     with pytest.raises(ClusterUnreachable, match=r"gave no offset for t-1 \(answer -1001"):
-        MirrorJob._offsets(job, [("t", 0), ("t", 1)], lambda t, p: OffsetSpec.latest())
-    fine = _job_with_answers({("t", 0): 250_000, ("t", 1): 0})
-    ends = MirrorJob._offsets(fine, [("t", 0), ("t", 1)], lambda t, p: OffsetSpec.latest())
-    assert ends == {("t", 0): 250_000, ("t", 1): 0}
+        offsets.ends([("t", 0), ("t", 1)])
+    fine = _offsets_with_answers({("t", 0): 250_000, ("t", 1): 0})
+    assert fine.ends([("t", 0), ("t", 1)]) == {("t", 0): 250_000, ("t", 1): 0}
     # By time, -1 means that no record is that late: an answer, kept for the caller.
-    late = _job_with_answers({("t", 0): -1})
-    at = MirrorJob._offsets(late, [("t", 0)], lambda t, p: OffsetSpec.for_timestamp(1), True)
+    late = _offsets_with_answers({("t", 0): -1})
+    at = late.offsets([("t", 0)], lambda t, p: OffsetSpec.for_timestamp(1), True)
     assert at == {("t", 0): -1}
 
 

@@ -61,31 +61,28 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
-from mirrorflow.mm2 import configdefs
 from mirrorflow.mm2.formats import OffsetSync
 from mirrorflow.replication import clients, lag
 from mirrorflow.replication.checkpoint_stores import OffsetMapReader, expire_offset_map
 from mirrorflow.replication.checkpoint_task import GroupCheckpoints
 from mirrorflow.replication.config_sync import AclSync, TopicSync
 from mirrorflow.replication.group_offset_sync import GroupOffsetSync
-from mirrorflow.replication.group_offsets_client import GroupOffsetsClient
 from mirrorflow.replication.heartbeats import HeartbeatEmitter
 from mirrorflow.replication.lease import RENEW_S, FlowLease, Holder
 from mirrorflow.replication.offset_map import OFFSET_MAP_TOPIC_CONFIG, OffsetMap, Run, record_of
 from mirrorflow.replication.positions import PositionWriter, SourceOffsetReader, legacy_progress
 from mirrorflow.replication.scheduler import Scheduler, TaskFailed
+from mirrorflow.replication.source_offsets import SourceOffsets
 from mirrorflow.replication.spec import MirrorSpec
 from mirrorflow.replication.topics import (
     ClusterAdmin,
     RemoteTopics,
     client_principal,
-    cluster_error,
     ensure_internal_topic,
-    refused,
     write_records,
 )
 from mirrorflow.runtime import eos_writer as mirror_writer
-from mirrorflow.runtime import exactly_once, jobs, record_transforms, trend
+from mirrorflow.runtime import exactly_once, jobs, trend
 from mirrorflow.runtime.batch_errors import batch_error
 from mirrorflow.runtime.copier import SOURCE_STALL_S, CopierResult, CopyStream, JvmCopier
 from mirrorflow.runtime.doorbell import Doorbell
@@ -150,6 +147,7 @@ class MirrorJob:
             alias: ClusterAdmin(alias, conf)
             for alias, conf in ((spec.source, spec.source_admin), (spec.target, spec.target_admin))
         }
+        self.source_offsets = SourceOffsets(spec, self.admins[spec.source])
         self.remote_topics = RemoteTopics(
             self.admins[spec.source],
             self.admins[spec.target],
@@ -323,7 +321,7 @@ class MirrorJob:
         restart = jobs.restart_request(self.flow_dir)
         if restart is not None:
             position = restart or self.spec.starting_offsets
-            starts = self._starts(self._partitions(), position)
+            starts = self.source_offsets.starts(self._partitions(), position)
             self.writer.write(starts)
             log.warning(
                 "%s: restart requested: %d partitions start over from %s (their earlier "
@@ -591,7 +589,7 @@ class MirrorJob:
         self.scheduler.start()
         self.doorbell = Doorbell(spec.source_consumer_client, spec.flow)
         if once:
-            self._once_ends = self._ends(self._partitions())
+            self._once_ends = self.source_offsets.ends(self._partitions())
         outage = False  # leaving because a cluster did not answer
         try:
             caught_up = False  # the last batch copied every partition to its planned end
@@ -880,108 +878,13 @@ class MirrorJob:
         counts = self.remote_topics.source_partitions
         return [(t, p) for t in sorted(self.mapping) for p in range(counts.get(t, 0))]
 
-    def _offsets(
-        self, partitions: list[Partition], spec_of, by_time: bool = False
-    ) -> dict[Partition, int]:
-        """The source's offsets of ``partitions`` as ``spec_of`` asks. An earliest or latest
-        offset is never negative: librdkafka answers -1001 (unknown) without an error when the
-        request times out (a cut link), and that must not read as a truncated partition, so it
-        is retried like an unreachable cluster. ``by_time``: -1 (no record that late) is kept.
-        """
-        from confluent_kafka import IsolationLevel, TopicPartition
-
-        if not partitions:
-            return {}
-        admin = self.admins[self.spec.source]
-        committed = self.spec.source_consumer.get("isolation.level") == "read_committed"
-        isolation = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
-        try:
-            answers = clients.list_offsets(
-                admin.client,
-                {TopicPartition(t, p): spec_of(t, p) for t, p in partitions},
-                isolation,
-                request_timeout=30,
-            )
-        except clients.OffsetsError as exc:
-            topic = exc.partition.topic
-            needs = f"DESCRIBE on topic {topic}"
-            error = cluster_error(admin, f"listing offsets of {topic}", exc, needs)
-            if isinstance(error, ClusterUnreachable) or refused(exc):
-                raise error from None
-            # Leaders move while a broker restarts: retried like an unreachable cluster.
-            raise ClusterUnreachable(
-                error.message, f"check that {self.spec.source} is up; retrying"
-            ) from None
-        result = {}
-        for tp, offset in answers.items():
-            if offset < 0 and not (by_time and offset == -1):
-                raise ClusterUnreachable(
-                    f"cluster {self.spec.source} gave no offset for {tp.topic}-{tp.partition} "
-                    f"(answer {offset}: the request timed out or its leader is moving)",
-                    f"check that {self.spec.source} is up; retrying",
-                )
-            result[(tp.topic, tp.partition)] = offset
-        return result
-
-    def _ends(self, partitions: list[Partition]) -> dict[Partition, int]:
-        from confluent_kafka.admin import OffsetSpec
-
-        return self._offsets(partitions, lambda t, p: OffsetSpec.latest())
-
-    def _starts(
-        self, partitions: list[Partition], start: str | None = None
-    ) -> dict[Partition, int]:
-        """Where partitions without a position start: ``start`` (earliest, latest or epoch
-        milliseconds), by default ``auto.offset.reset`` or ``--starting-offsets``."""
-        from confluent_kafka.admin import OffsetSpec
-
-        group = self.spec.starting_offsets_group if start is None else ""
-        start = start or self.spec.starting_offsets
-        if group:
-            at_group = self._group_starts(partitions, group)
-            rest = [tp for tp in partitions if tp not in at_group]
-            return {**(self._starts(rest, start) if rest else {}), **at_group}
-        if start.isdigit():
-            at = self._offsets(
-                partitions, lambda t, p: OffsetSpec.for_timestamp(int(start)), by_time=True
-            )
-            ends = self._ends([tp for tp, o in at.items() if o < 0])
-            return {tp: (o if o >= 0 else ends[tp]) for tp, o in at.items()}
-        spec = OffsetSpec.latest() if start == "latest" else OffsetSpec.earliest()
-        return self._offsets(partitions, lambda t, p: spec)
-
-    def _group_starts(self, partitions: list[Partition], group: str) -> dict[Partition, int]:
-        """The offsets ``group`` committed on the source for ``partitions`` (MirrorMaker 1's
-        group, when the flow takes over from it), those within their partition's records: a
-        partition without one starts as ``auto.offset.reset`` says, as the group's own consumer
-        would have."""
-        from confluent_kafka.admin import OffsetSpec
-
-        spec = self.spec
-        client = GroupOffsetsClient(self.admins[spec.source], spec.source_consumer_client)
-        committed = {tp: o for tp, (o, _meta) in client.committed(group, partitions).items()}
-        firsts = self._offsets(list(committed), lambda t, p: OffsetSpec.earliest())
-        ends = self._ends(list(committed))
-        starts = {tp: o for tp, o in committed.items() if firsts[tp] <= o <= ends[tp]}
-        log.info(
-            "%s: %d of %d partitions start at group %s's committed offsets (%s); the others as "
-            "auto.offset.reset=%s says",
-            spec.flow,
-            len(starts),
-            len(partitions),
-            group,
-            configdefs.STARTING_OFFSETS_GROUP,
-            spec.starting_offsets,
-        )
-        return starts
-
     def _plan(self) -> list[tuple[Partition, int, int]]:
         """The next batch: (partition, from, until) with records, at most the batch's size."""
         plan_at = time.time()
         partitions = self._partitions()
         new = [tp for tp in partitions if tp not in self.positions]
         if new:
-            starts = self._starts(new)
+            starts = self.source_offsets.starts(new)
             self.positions.update(starts)
             if self.spec.starting_offsets != "earliest" or self.spec.starting_offsets_group:
                 # Where these start depends on when they were first seen (the end then, a
@@ -989,14 +892,16 @@ class MirrorJob:
                 # than at a later end, skipping what arrived while the job was down.
                 assert self.writer is not None
                 self.writer.write(starts)
-        ends = self._once_ends if self._once_ends is not None else self._ends(partitions)
+        ends = (
+            self._once_ends if self._once_ends is not None else self.source_offsets.ends(partitions)
+        )
         self.backlog.planned_ends, self.backlog.plan_at = ends, plan_at
         self.backlog.observe(ends, self.positions, int(plan_at * 1000))
         pending = {}
         for tp in partitions:
             end, position = ends.get(tp, 0), self.positions[tp]
             if position > end:
-                restart = self._starts([tp])[tp]
+                restart = self.source_offsets.starts([tp])[tp]
                 log.warning(
                     "%s: %s-%d ends at %d, before its position %d (topic re-created or "
                     "truncated); copying from %d",
@@ -1259,35 +1164,18 @@ class MirrorJob:
         """Exactly-once: the Python workers copy each source partition in a transaction that
         also commits its position and its runs in the offset map; then the offset syncs go
         out. Returns (records, bytes, syncs, what was copied per partition)."""
-        spec = self.spec
-        settings = mirror_writer.CopySettings(
-            source_alias=spec.source,
-            target_alias=spec.target,
+        result = exactly_once.copy_batch(
+            self.spark,
+            self.spec,
+            ranges,
+            mapping=mapping,
             producer_config=self.copy_producer_config,
-            remote_topics=mapping,
             max_message_bytes=dict(self.remote_topics.max_message_bytes),
-            max_offset_lag=spec.max_offset_lag,
-            transactional_id_prefix=exactly_once.transactional_prefix(spec),
-            committed={tp: position - 1 for tp, position in self.positions.items()},
-            offsets_topic=spec.offsets_topic,
-            consumer_config=spec.target_consumer,
-            admin_config=spec.target_admin,
-            map_topic=spec.offset_map_topic,
-            flow=spec.flow,
+            positions=self.positions,
+            offset_map=self.offset_map,
             lease_holder=asdict(self.lease.holder) if self.lease is not None else None,
-            last_runs={
-                tp: run
-                for tp in self.positions
-                if (run := self.offset_map.last_run(tp)) is not None
-            },
         )
-        frame = exactly_once.read_ranges(self.spark, spec, ranges)
-        if spec.transform is not None:
-            frame = record_transforms.with_transform(frame, spec.flow, mapping, spec.transform)
-        result = exactly_once.copy_in_transactions(frame, settings)
-        for tp, partition_runs in result.runs.items():
-            self.offset_map.add(tp, partition_runs)
-        if spec.emit_offset_syncs and result.syncs:
+        if self.spec.emit_offset_syncs and result.syncs:
             self._write_offset_syncs(result.syncs)
         return result.records, result.bytes, len(result.syncs), result.copied
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from mirrorflow.mm2.formats import OffsetSync
-from mirrorflow.replication.offset_map import Run
+from mirrorflow.replication.offset_map import OffsetMap, Run
 from mirrorflow.replication.spec import MirrorSpec
-from mirrorflow.runtime import eos_writer
+from mirrorflow.runtime import eos_writer, record_transforms
 from mirrorflow.runtime.copier import SOURCE_STALL_S
 from mirrorflow.runtime.metrics import Copied, Stats
 from mirrorflow.runtime.spark_session import kafka_options
@@ -164,4 +164,47 @@ def copy_in_transactions(frame: DataFrame, settings: eos_writer.CopySettings) ->
         result.copied[tp] = result.copied[tp].merge(figures) if tp in result.copied else figures
         result.records += r.records
         result.bytes += r.bytes
+    return result
+
+
+def copy_batch(
+    spark: SparkSession,
+    spec: MirrorSpec,
+    ranges: list[tuple[Partition, int, int]],
+    *,
+    mapping: dict[str, str],
+    producer_config: dict,
+    max_message_bytes: dict[str, int],
+    positions: dict[Partition, int],
+    offset_map: OffsetMap,
+    lease_holder: dict | None,
+) -> TransactionalCopy:
+    """One exactly-once batch of the flow ``spec``: Spark's Kafka batch source reads ``ranges``
+    (the flow's record transforms applied, if any), and the Python workers copy each source
+    partition to its remote topic (``mapping``) in transactions that also commit its position
+    (after ``positions``) and its runs, which are then added to ``offset_map``. The offset
+    syncs it returns are for the caller to write once it returns."""
+    settings = eos_writer.CopySettings(
+        source_alias=spec.source,
+        target_alias=spec.target,
+        producer_config=producer_config,
+        remote_topics=mapping,
+        max_message_bytes=max_message_bytes,
+        max_offset_lag=spec.max_offset_lag,
+        transactional_id_prefix=transactional_prefix(spec),
+        committed={tp: position - 1 for tp, position in positions.items()},
+        offsets_topic=spec.offsets_topic,
+        consumer_config=spec.target_consumer,
+        admin_config=spec.target_admin,
+        map_topic=spec.offset_map_topic,
+        flow=spec.flow,
+        lease_holder=lease_holder,
+        last_runs={tp: run for tp in positions if (run := offset_map.last_run(tp)) is not None},
+    )
+    frame = read_ranges(spark, spec, ranges)
+    if spec.transform is not None:
+        frame = record_transforms.with_transform(frame, spec.flow, mapping, spec.transform)
+    result = copy_in_transactions(frame, settings)
+    for tp, partition_runs in result.runs.items():
+        offset_map.add(tp, partition_runs)
     return result
