@@ -30,7 +30,7 @@ def test_the_import_contracts_hold():
 
 # The sandbox's and the fault tests' own probes of clusters being started and killed: silenced
 # (``log_level`` 0), as a cluster that does not answer is what they wait out.
-SILENT_PROBES = {"mirrorflow/devtools/sandbox.py", "mirrorflow/devtools/faults.py"}
+SILENT_PROBES = {"mirrorflow/devtools/broker.py", "mirrorflow/devtools/faults.py"}
 
 
 def test_every_kafka_client_is_made_by_the_clients_module():

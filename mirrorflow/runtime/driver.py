@@ -47,10 +47,8 @@ A mirrorflow 0.x job kept at-least-once positions in a Spark streaming checkpoin
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import socket
 import threading
 import time
 import zipfile
@@ -86,11 +84,11 @@ from mirrorflow.runtime import exactly_once, jobs, trend
 from mirrorflow.runtime.batch_errors import batch_error
 from mirrorflow.runtime.copier import SOURCE_STALL_S, CopierResult, CopyStream, JvmCopier
 from mirrorflow.runtime.doorbell import Doorbell
+from mirrorflow.runtime.flow_report import FlowReport
 from mirrorflow.runtime.metrics import Copied
-from mirrorflow.runtime.progress import Backlog, by_topic, record_state, rounded
+from mirrorflow.runtime.progress import Backlog
 
 if TYPE_CHECKING:
-    from confluent_kafka import Consumer
     from pyspark.sql import SparkSession
 
     from mirrorflow.runtime.metrics import FlowMetrics
@@ -182,24 +180,29 @@ class MirrorJob:
         self.lease: FlowLease | None = None  # the flow's lease on the target, while it runs
         self.doorbell: Doorbell | None = None
         self.scheduler: Scheduler | None = None
-        self.batches = 0
-        self.local_batches = 0  # of them, copied in the driver's JVM without a Spark job
-        self.copied = [0, 0]  # records, bytes since start
         self._once_ends: dict[Partition, int] | None = None
-        # the source's ends the flow observed, when it was last caught up, its last lag
-        self.backlog = Backlog()
-        self.state = "STARTING"
-        self._last_batch_s = 0.0
-        self._last_batch_at: float | None = None  # Unix time
+        # Its state and figures: progress.json, the metrics, the lag measured from the source.
+        self.report = FlowReport(
+            spec,
+            self.admins[spec.source],
+            metrics,
+            positions=lambda: dict(self.positions),
+            mapping=lambda: self.mapping,
+            tasks=lambda: self.scheduler.stats() if self.scheduler else {},
+            silenced=self._cancelled.is_set,
+        )
         self.copier = JvmCopier(spark, spec)  # at least once
         self._stalled: list[tuple[Partition, int]] = []  # ranges the source left unfinished
         self._capped = False  # the last plan left records for the next batch
-        self._record_lock = threading.Lock()  # the loop and the report task write progress
-        self._lag_reader: Consumer | None = None  # its consumer, made at its first need
 
     @property
     def flow_dir(self) -> Path:
         return Path(self.spec.flow_dir)
+
+    @property
+    def backlog(self) -> Backlog:
+        """The source's ends the flow observed, when it was last caught up, its last lag."""
+        return self.report.backlog
 
     # -- lifecycle -----------------------------------------------------------------------
     def prepare(self) -> None:
@@ -502,8 +505,8 @@ class MirrorJob:
         with self._batch_lock:
             if self._cancelled.is_set():
                 raise BatchCancelled
-            self.batches += 1
-            self._in_flight = f"{self._batch_ids}-{self.batches}"
+            self.report.batches += 1
+            self._in_flight = f"{self._batch_ids}-{self.report.batches}"
             self._in_flight_partitions = partitions
             return self._in_flight
 
@@ -530,7 +533,7 @@ class MirrorJob:
             self._stop_requested.set()
         if self._stop_requested.is_set() and not self._stop_logged:
             self._stop_logged = True
-            log.info("stop requested: %s ends after batch %d", self.spec.flow, self.batches)
+            log.info("stop requested: %s ends after batch %d", self.spec.flow, self.report.batches)
         return self._stop_requested.is_set()
 
     def _run_batches(self, once: bool) -> None:
@@ -582,10 +585,12 @@ class MirrorJob:
         if spec.emit_checkpoints_enabled and not once:
             self._schedule_checkpoints()
         if spec.flow_dir:  # progress.json fresh even during a long batch: the flow is alive
-            report = trend.sampled(self, self._report_progress, REPORT_PROGRESS_S)
+            report = trend.sampled(self, self.report.report_progress, REPORT_PROGRESS_S)
             self.scheduler.add("report-progress", REPORT_PROGRESS_S, report, alone=True)
             # The lag as the source says it is, busy or idle, the target away or not.
-            self.scheduler.add("measure-lag", lag.MEASURE_EVERY_S, self._measure_lag, alone=True)
+            self.scheduler.add(
+                "measure-lag", lag.MEASURE_EVERY_S, self.report.measure_lag, alone=True
+            )
         self.scheduler.start()
         self.doorbell = Doorbell(spec.source_consumer_client, spec.flow)
         if once:
@@ -619,7 +624,7 @@ class MirrorJob:
                         break
                 else:
                     caught_up = False
-                    if self.state != "IDLE":
+                    if self.report.state != "IDLE":
                         self.record_state("IDLE")
                     self._wait_for_records()
         except ClusterUnreachable:
@@ -628,10 +633,7 @@ class MirrorJob:
         finally:
             self.scheduler.stop(wait_s=1.0 if outage else 30.0)
             self.doorbell.close()
-            if self._lag_reader is not None:
-                with contextlib.suppress(Exception):
-                    self._lag_reader.close()
-                self._lag_reader = None
+            self.report.close()
             for alias, producer in self.producers.items():
                 try:
                     producer.flush(1.0 if outage else 10.0)
@@ -790,8 +792,8 @@ class MirrorJob:
         if moved:
             self.writer.write(moved)
             self.positions.update(moved)
-        self.copied[0] += harvested.records
-        self.copied[1] += harvested.bytes
+        self.report.copied[0] += harvested.records
+        self.report.copied[1] += harvested.bytes
         ends = {
             tp: max(end, self.positions[tp])
             for tp, end in zip(partitions, harvested.ends_seen, strict=True)
@@ -813,11 +815,11 @@ class MirrorJob:
             self.backlog.caught_up_at = max(self.backlog.caught_up_at or 0.0, min(caught_up) / 1000)
         if harvested.records:
             self._copied_at = time.monotonic()
-            self._last_batch_at = now
-            self._last_batch_s = STREAM_COMMIT_S
+            self.report.last_batch_at = now
+            self.report.last_batch_s = STREAM_COMMIT_S
             if self.metrics is not None:
                 self.metrics.batch(harvested.copied, self.positions, ends, mapping, now)
-            if self.state != "RUNNING":
+            if self.report.state != "RUNNING":
                 self.record_state("RUNNING")
             return
         if self.metrics is not None:
@@ -825,7 +827,7 @@ class MirrorJob:
                 self.metrics.caught_up(self.positions, mapping, self.backlog.caught_up_at)
             else:
                 self.metrics.lag(self.positions, ends, mapping, now)
-        if idle and self.state != "IDLE":  # else copies are still unacknowledged: not idle
+        if idle and self.report.state != "IDLE":  # else copies are still unacknowledged: not idle
             self.record_state("IDLE")
 
     def _sleep_unless_stopped(self, seconds: float) -> None:
@@ -943,7 +945,7 @@ class MirrorJob:
 
     def _copy_batch(self, batch: str, ranges: list[tuple[Partition, int, int]]) -> None:
         mapping = self.mapping
-        if self.state != "RUNNING":  # copying from now on, not idle (what the page says)
+        if self.report.state != "RUNNING":  # copying from now on, not idle (what the page says)
             self.record_state("RUNNING")
         started = time.monotonic()
         planned = sum(until - start for _tp, start, until in ranges)
@@ -969,7 +971,7 @@ class MirrorJob:
                     ranges,
                     self.copier.settings(mapping, self.remote_topics.max_message_bytes),
                     local,
-                    f"mirror {self.spec.flow} batch {self.batches}",
+                    f"mirror {self.spec.flow} batch {self.report.batches}",
                 )
             except MirrorflowError:
                 if self._cancelled.is_set():  # cancelled by Spark: copied again on resume
@@ -977,7 +979,7 @@ class MirrorJob:
                         "%s: batch %d cancelled by Spark: what it copied is copied again when "
                         "the flow resumes",
                         self.spec.flow,
-                        self.batches,
+                        self.report.batches,
                     )
                     raise BatchCancelled from None
                 raise
@@ -986,7 +988,7 @@ class MirrorJob:
             reached = result.reached
             ranges = [(tp, start, reached[i]) for i, (tp, start, _until) in enumerate(ranges)]
             done = f"{records} records, {size} bytes" + (" (in the driver)" if local else "")
-            self.local_batches += local
+            self.report.local_batches += local
             self._store_runs(runs)
             assert self.writer is not None
             self.writer.write({tp: until for tp, start, until in ranges if until > start})
@@ -1002,18 +1004,22 @@ class MirrorJob:
                 )
         for tp, _start, until in ranges:
             self.positions[tp] = until
-        self.copied[0] += records
-        self.copied[1] += size
+        self.report.copied[0] += records
+        self.report.copied[1] += size
         if self.metrics is not None:
             self.metrics.batch(
-                copied, self.positions, self.backlog.planned_ends, mapping, self.backlog.plan_at
+                copied,
+                self.positions,
+                self.backlog.planned_ends,
+                mapping,
+                self.backlog.plan_at,
             )
         elapsed = time.monotonic() - started
         cut = sum(until - start for _tp, start, until in ranges) < planned
         log.info(
             "%s batch %d: %s from %d partitions in %.3f s%s",
             self.spec.flow,
-            self.batches,
+            self.report.batches,
             done,
             len(ranges),
             elapsed,
@@ -1021,7 +1027,7 @@ class MirrorJob:
             if cut
             else "",
         )
-        self._last_batch_s, self._last_batch_at = elapsed, time.time()
+        self.report.last_batch_s, self.report.last_batch_at = elapsed, time.time()
         self._copied_at = time.monotonic()
         if not self._capped and not cut:  # everything on the source at the plan is copied
             self.backlog.caught_up_at = self.backlog.plan_at
@@ -1039,7 +1045,7 @@ class MirrorJob:
             "%s: batch %d %s: the open transactions of its %d partitions are aborted; nothing "
             "of it is visible but what it committed",
             self.spec.flow,
-            self.batches,
+            self.report.batches,
             "cancelled (the flow was paused)" if self._cancelled.is_set() else "failed",
             len(partitions),
         )
@@ -1055,74 +1061,8 @@ class MirrorJob:
         return True
 
     def record_state(self, state: str, error: str | None = None) -> None:
-        """Write ``S-T/progress.json``: the flow's state and progress, for people, Airflow and
-        the health model (:mod:`mirrorflow.health`)."""
-        with self._record_lock:
-            self.state = state
-            if self.metrics is not None:
-                self.metrics.state(state)
-            self._write_progress(error)
-
-    def _report_progress(self) -> None:
-        """The ``report-progress`` task: progress.json rewritten with the current state."""
-        with self._record_lock:
-            self._write_progress(None)
-
-    def _measure_lag(self) -> None:
-        """The ``measure-lag`` task: the flow's lag from the source, for its positions now
-        (:mod:`mirrorflow.replication.lag`): records behind and the age of the oldest, in
-        ``progress.json`` and the metrics."""
-        positions = self._replicated_positions()
-        if not positions:
-            return
-        if self._lag_reader is None:
-            self._lag_reader = lag.timestamp_reader(self.spec)
-        try:
-            measured = lag.measure(
-                self.spec,
-                positions,
-                admin=self.admins[self.spec.source],
-                consumer=self._lag_reader,
-            )
-        except MirrorflowError as exc:  # the batches say more; the last figures stay, dated
-            raise TaskFailed(str(exc)) from None
-        now = self._replicated_positions()
-        if now != positions:  # a batch copied meanwhile: its positions, the ends measured
-            measured = lag.Lag(measured.measured_at, measured.ends, now, measured.oldest_ms)
-        self.backlog.lag = measured
-        if self.metrics is not None:
-            self.metrics.measured(measured, self.mapping)
-
-    def _replicated_positions(self) -> dict[Partition, int]:
-        """The positions of the topics the flow replicates now: the offsets topic keeps every
-        flow's from the source (and those of topics no longer replicated)."""
-        return {
-            tp: p for tp, p in dict(self.positions).items() if self.spec.should_replicate(tp[0])
-        }
-
-    def _write_progress(self, error: str | None) -> None:
-        if self._cancelled.is_set():  # the application records the flow's state from now on
-            return
-        positions = dict(self.positions)
-        record_state(
-            self.flow_dir,
-            self.spec.flow,
-            self.state,
-            error,
-            batches=self.batches,
-            local_batches=self.local_batches,
-            records=self.copied[0],
-            bytes=self.copied[1],
-            last_batch_seconds=round(self._last_batch_s, 3),
-            last_batch_at=rounded(self._last_batch_at),
-            **self.backlog.lag_figures(positions),
-            caught_up_at=rounded(self.backlog.caught_up_at),
-            pid=os.getpid(),
-            host=socket.gethostname(),
-            tasks=self.scheduler.stats() if self.scheduler else {},
-            **self.backlog.observed(positions),
-            source_positions=by_topic(positions),
-        )
+        """The flow's state in ``S-T/progress.json`` and its metrics (:class:`FlowReport`)."""
+        self.report.record_state(state, error)
 
     def _runs_locally(self, ranges: list[tuple[Partition, int, int]]) -> bool:
         """Whether an at-least-once batch is small enough to copy in the driver's JVM: at most
@@ -1132,7 +1072,7 @@ class MirrorJob:
         records = sum(until - start for _tp, start, until in ranges)
         if limit <= 0 or records > limit:
             return False
-        mean = self.copied[1] / self.copied[0] if self.copied[0] else 0
+        mean = self.report.copied[1] / self.report.copied[0] if self.report.copied[0] else 0
         return records * mean <= LOCAL_BATCH_MAX_BYTES
 
     def _store_runs(self, runs: dict[Partition, list[Run]]) -> None:
