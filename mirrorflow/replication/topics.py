@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import (
@@ -25,6 +25,10 @@ from confluent_kafka.admin import (
 
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
 from mirrorflow.replication import clients
+from mirrorflow.replication.offset_map import OFFSET_MAP_TOPIC_CONFIG
+
+if TYPE_CHECKING:
+    from mirrorflow.replication.spec import MirrorSpec
 
 ADMIN_TIMEOUT_S = 30.0
 
@@ -350,3 +354,61 @@ def write_records(
     if failures or remaining:
         cause = failures[0].str() if failures else f"not acknowledged within {timeout_s:.0f} s"
         raise error(f"{what} on {cluster} failed: {cause}", hint)
+
+
+def ensure_flow_topics(spec: MirrorSpec, admins: dict[str, ClusterAdmin]) -> None:
+    """Create the internal topics the flow ``spec`` writes, those it needs, where they are
+    missing (by alias in ``admins``): its offset syncs (on the cluster
+    ``offset-syncs.topic.location`` names), heartbeats, positions (Connect's offsets topic),
+    offset map and checkpoints, each with its MirrorMaker 2 replication-factor setting."""
+    # (wanted, cluster, topic, replication factor, its setting, partitions, configs)
+    internal = [
+        (
+            spec.emit_offset_syncs,
+            spec.offset_syncs_cluster,
+            spec.offset_syncs_topic,
+            spec.offset_syncs_replication_factor,
+            "offset-syncs.topic.replication.factor",
+            1,
+            None,
+        ),
+        (
+            spec.emit_heartbeats,
+            spec.target,
+            spec.heartbeats_topic,
+            spec.heartbeats_replication_factor,
+            "heartbeats.topic.replication.factor",
+            1,
+            None,
+        ),
+        (
+            True,
+            spec.target,
+            spec.offsets_topic,
+            spec.offsets_replication_factor,
+            "offset.storage.replication.factor",
+            spec.offsets_partitions,
+            None,
+        ),
+        (
+            True,
+            spec.target,
+            spec.offset_map_topic,
+            spec.checkpoints_replication_factor,
+            "checkpoints.topic.replication.factor",
+            1,
+            OFFSET_MAP_TOPIC_CONFIG,
+        ),
+        (
+            spec.emit_checkpoints_enabled,
+            spec.target,
+            spec.checkpoints_topic,
+            spec.checkpoints_replication_factor,
+            "checkpoints.topic.replication.factor",
+            1,
+            None,
+        ),
+    ]
+    for wanted, cluster, topic, factor, setting, partitions, configs in internal:
+        if wanted:
+            ensure_internal_topic(admins[cluster], topic, factor, setting, partitions, configs)

@@ -67,7 +67,7 @@ from mirrorflow.replication.config_sync import AclSync, TopicSync
 from mirrorflow.replication.group_offset_sync import GroupOffsetSync
 from mirrorflow.replication.heartbeats import HeartbeatEmitter
 from mirrorflow.replication.lease import RENEW_S, FlowLease, Holder
-from mirrorflow.replication.offset_map import OFFSET_MAP_TOPIC_CONFIG, OffsetMap, Run, record_of
+from mirrorflow.replication.offset_map import OffsetMap, Run, record_of
 from mirrorflow.replication.positions import PositionWriter, SourceOffsetReader, legacy_progress
 from mirrorflow.replication.scheduler import Scheduler, TaskFailed
 from mirrorflow.replication.source_offsets import SourceOffsets
@@ -76,7 +76,7 @@ from mirrorflow.replication.topics import (
     ClusterAdmin,
     RemoteTopics,
     client_principal,
-    ensure_internal_topic,
+    ensure_flow_topics,
     write_records,
 )
 from mirrorflow.runtime import eos_writer as mirror_writer
@@ -211,59 +211,7 @@ class MirrorJob:
         self.copier.transform_plan()  # both modes: a transform Spark cannot evaluate fails now
         for admin in self.admins.values():
             admin.metadata()
-        # (wanted, cluster, topic, replication factor, its setting, partitions, configs)
-        internal = [
-            (
-                spec.emit_offset_syncs,
-                spec.offset_syncs_cluster,
-                spec.offset_syncs_topic,
-                spec.offset_syncs_replication_factor,
-                "offset-syncs.topic.replication.factor",
-                1,
-                None,
-            ),
-            (
-                spec.emit_heartbeats,
-                spec.target,
-                spec.heartbeats_topic,
-                spec.heartbeats_replication_factor,
-                "heartbeats.topic.replication.factor",
-                1,
-                None,
-            ),
-            (
-                True,
-                spec.target,
-                spec.offsets_topic,
-                spec.offsets_replication_factor,
-                "offset.storage.replication.factor",
-                spec.offsets_partitions,
-                None,
-            ),
-            (
-                True,
-                spec.target,
-                spec.offset_map_topic,
-                spec.checkpoints_replication_factor,
-                "checkpoints.topic.replication.factor",
-                1,
-                OFFSET_MAP_TOPIC_CONFIG,
-            ),
-            (
-                spec.emit_checkpoints_enabled,
-                spec.target,
-                spec.checkpoints_topic,
-                spec.checkpoints_replication_factor,
-                "checkpoints.topic.replication.factor",
-                1,
-                None,
-            ),
-        ]
-        for wanted, cluster, topic, factor, setting, partitions, configs in internal:
-            if wanted:
-                ensure_internal_topic(
-                    self.admins[cluster], topic, factor, setting, partitions, configs
-                )
+        ensure_flow_topics(spec, self.admins)
         taken = self._take_lease()
         if self._map_reader is None:
             self._map_reader = OffsetMapReader(spec, self.offset_map, missing_ok=True)
