@@ -177,6 +177,11 @@ class FlowLease:
         since (a process that was frozen finds it is not, and renews before it writes more)."""
         return self.held and time.monotonic() - self.renewed < EXPIRY_S - 2 * RENEW_S
 
+    def fresh_until(self) -> float:
+        """Until when (Unix time) :meth:`fresh` holds without another renewal: what this job
+        may still write or copy before it must renew (a continuous copy is allowed that long)."""
+        return time.time() + EXPIRY_S - 2 * RENEW_S - (time.monotonic() - self.renewed)
+
     @staticmethod
     def ensure_topic(admin, replication_factor: int) -> None:
         """Create the leases topic on the target (a :class:`ClusterAdmin` of it) if missing."""

@@ -37,6 +37,7 @@ Partition = tuple[str, int]
 # flows get their Spark slots back. (Spark's Kafka reader fetches uninterruptibly: a cancelled
 # exactly-once task ends only when its fetch does.)
 SOURCE_STALL_S = 10.0
+STREAM_OPEN = 2**63 - 1  # a stream's allowance without end (MirrorCopier.OPEN)
 
 _HEAD = struct.Struct(">qqq")  # records, bytes, ranges
 _RANGE = struct.Struct(">13q")  # see MirrorCopier.Copied.encode
@@ -92,12 +93,24 @@ class CopyStream:
     is the copier's Java map of settings (its ``batch`` set here)."""
 
     def __init__(
-        self, copier, batch: str, partitions: list[Partition], starts: list[int], settings
+        self,
+        copier,
+        batch: str,
+        partitions: list[Partition],
+        starts: list[int],
+        settings,
+        allowed_until_ms: int = STREAM_OPEN,
     ) -> None:
         self.copier, self.batch, self.partitions = copier, batch, partitions
         settings.put("batch", batch)
+        settings.put("stream.allowed.until.ms", str(allowed_until_ms))
         lines = [f"{t}\t{p}\t{start}" for (t, p), start in zip(partitions, starts, strict=True)]
         copier.stream(lines, settings)
+
+    def allow(self, until_ms: int) -> None:
+        """Let the stream read and copy until ``until_ms`` (epoch ms): past it, its tasks copy
+        nothing more (not even what they polled) until allowed again or ended."""
+        self.copier.allow(self.batch, until_ms)
 
     def harvest(self) -> CopierResult:
         """What was acknowledged since the last harvest; raises (py4j's error, holding the

@@ -82,7 +82,13 @@ from mirrorflow.replication.topics import (
 from mirrorflow.runtime import eos_writer as mirror_writer
 from mirrorflow.runtime import exactly_once, jobs, trend
 from mirrorflow.runtime.batch_errors import batch_error
-from mirrorflow.runtime.copier import SOURCE_STALL_S, CopierResult, CopyStream, JvmCopier
+from mirrorflow.runtime.copier import (
+    SOURCE_STALL_S,
+    STREAM_OPEN,
+    CopierResult,
+    CopyStream,
+    JvmCopier,
+)
 from mirrorflow.runtime.doorbell import Doorbell
 from mirrorflow.runtime.flow_report import FlowReport
 from mirrorflow.runtime.metrics import Copied
@@ -692,6 +698,7 @@ class MirrorJob:
                 partitions,
                 [self.positions[tp] for tp in partitions],
                 self.copier.settings(mapping, self.remote_topics.max_message_bytes),
+                self._stream_allowance_ms(),
             )
             log.info(
                 "%s: caught up; copying continuously from %d partitions",
@@ -706,6 +713,7 @@ class MirrorJob:
                         error = str(exc)
                         break
                     self._commit_stream(harvested, partitions, mapping)
+                    stream.allow(self._stream_allowance_ms())
                     if (
                         self.stopping()
                         or self.mapping is not mapping
@@ -723,6 +731,17 @@ class MirrorJob:
             raise batch_error(self.spec, error)
         if self._cancelled.is_set():
             raise BatchCancelled
+
+    def _stream_allowance_ms(self) -> int:
+        """Until when (epoch ms) a stream may copy: while the flow's lease is fresh, renewed
+        first if it is not (:class:`~mirrorflow.replication.lease.LeaseLost` if another job
+        took it). A job frozen past it (SIGSTOP, a long pause) finds on waking that its stream
+        may not copy any more, and copies nothing until it has renewed the lease here."""
+        if self.lease is None:
+            return STREAM_OPEN
+        if not self.lease.fresh():
+            self.lease.renew()
+        return int(self.lease.fresh_until() * 1000)
 
     def _commit_stream(
         self, harvested: CopierResult, partitions: list[Partition], mapping: dict[str, str]

@@ -13,6 +13,7 @@ import java.util.concurrent.ExecutionException;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.Future;
+import java.util.concurrent.atomic.AtomicLong;
 import java.util.concurrent.atomic.AtomicReference;
 import org.apache.kafka.clients.consumer.ConsumerConfig;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
@@ -98,6 +99,14 @@ public final class MirrorCopier {
   /** The running streams, by batch. */
   private static final Map<String, Stream> STREAMS = new ConcurrentHashMap<>();
 
+  /**
+   * Until when (epoch ms) each running stream may read and copy: the driver extends it while its
+   * flow's lease is fresh ({@link #allow}). A stream whose allowance ran out (its process was
+   * frozen past it, or the driver stopped extending it) copies nothing more, not even the rest
+   * of what it polled, until the driver extends it again or ends the stream.
+   */
+  private static final Map<String, AtomicLong> ALLOWED = new ConcurrentHashMap<>();
+
   private MirrorCopier() {}
 
   /**
@@ -111,6 +120,9 @@ public final class MirrorCopier {
     String batch = settings.get("batch");
     CopyRange task = new CopyRange(new HashMap<>(settings));
     Stream stream = new Stream();
+    ALLOWED.put(
+        batch,
+        new AtomicLong(Long.parseLong(settings.getOrDefault("stream.allowed.until.ms", "" + OPEN))));
     for (String range : ranges) {
       String[] fields = range.split("\t");
       Copied copied = new Copied();
@@ -187,6 +199,17 @@ public final class MirrorCopier {
     return text.toString();
   }
 
+  /**
+   * Lets the stream of {@code batch} read and copy until {@code untilMs} (epoch ms); see
+   * {@link #ALLOWED}.
+   */
+  public static void allow(String batch, long untilMs) {
+    AtomicLong allowed = ALLOWED.get(batch);
+    if (allowed != null) {
+      allowed.set(untilMs);
+    }
+  }
+
   /** A stream's ranges: where each was last drained from, its progress and its task. */
   private static final class Stream {
     final List<Long> from = new ArrayList<>();
@@ -218,6 +241,7 @@ public final class MirrorCopier {
   public static void forget(String batch) {
     CANCELLED.remove(batch);
     STALLED.remove(batch);
+    ALLOWED.remove(batch);
   }
 
   static boolean cancelled(String batch) {
@@ -548,11 +572,16 @@ public final class MirrorCopier {
       long bytes = 0;
       long lastProgress = System.currentTimeMillis();
       String batch = settings.get("batch");
+      AtomicLong allowed = open ? ALLOWED.get(batch) : null;
       boolean cancelled = false;
       while (next < until && failure.get() == null) {
         if (cancelled(batch)) {
           cancelled = true; // the flow was paused or held: stop here, keep what is copied
           break;
+        }
+        if (allowed != null && System.currentTimeMillis() > allowed.get()) {
+          Thread.sleep(20); // not allowed to copy now (see ALLOWED): wait for the driver
+          continue;
         }
         if (batch != null && STALLED.contains(batch)) {
           copied.stalled = true; // another range of the batch found the source silent
@@ -609,6 +638,10 @@ public final class MirrorCopier {
           if (record.offset() >= until) {
             reader.endRange(until, polled.subList(i, polled.size()));
             next = until;
+            break;
+          }
+          if (allowed != null && System.currentTimeMillis() > allowed.get()) {
+            reader.keep(polled.subList(i, polled.size())); // copied once allowed again
             break;
           }
           byte[] key = record.key();

@@ -42,6 +42,11 @@ final class PartitionReader {
     return consumer.poll(timeout).records(tp);
   }
 
+  /** {@code rest}, polled but not copied, are the next poll's records. */
+  void keep(List<ConsumerRecord<byte[], byte[]>> rest) {
+    kept = rest;
+  }
+
   /** The range ended at {@code until}; {@code rest} are the records polled at or past it. */
   void endRange(long until, List<ConsumerRecord<byte[], byte[]>> rest) {
     kept = rest;
