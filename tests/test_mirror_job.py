@@ -586,13 +586,15 @@ def test_an_unreachable_target_is_retried_with_backoff_and_logged_until_it_answe
 def test_an_idle_flow_runs_no_spark_job_and_a_new_record_starts_a_batch(
     sandbox, topic_name, tmp_path
 ):
+    """Batch after batch (``--no-continuous``; a stream's own idle and trickle are in
+    test_continuous.py): idle, no batch runs; a new record starts one at once."""
     primary, secondary = sandbox["primary"], sandbox["secondary"]
     t = topic_name("idle")
     create_topics(primary, t, partitions=2)
     produce(primary, t, 2, 20)
     config = flow_file(tmp_path, sandbox, t)
     state, log = tmp_path / "state", tmp_path / "mirror.log"
-    job = start_mirror(config, "primary->secondary", state, log)
+    job = start_mirror(config, "primary->secondary", state, log, "--no-continuous")
     try:
         wait_for(lambda: progress(state).get("records", 0) >= 20, 120, "the first 20 records")
         batches = progress(state)["batches"]
@@ -609,8 +611,9 @@ def test_an_idle_flow_runs_no_spark_job_and_a_new_record_starts_a_batch(
 def test_a_trickle_is_copied_in_the_driver_without_a_spark_job_and_a_large_batch_by_spark(
     sandbox, topic_name, tmp_path
 ):
-    """Small at-least-once batches run the copier's tasks in the driver's JVM: no Spark job (as
-    Spark's own event log shows), the same copies, positions and exact offset syncs."""
+    """Small at-least-once batches (``--no-continuous``) run the copier's tasks in the driver's
+    JVM: no Spark job (as Spark's own event log shows), the same copies, positions and exact
+    offset syncs."""
     from mirrorflow.mm2.offset_syncs import PartitionSyncState
 
     primary, secondary = sandbox["primary"], sandbox["secondary"]
@@ -627,7 +630,7 @@ def test_a_trickle_is_copied_in_the_driver_without_a_spark_job_and_a_large_batch
     }
     job = start_mirror(
         config, "primary->secondary", state, log, "--local-batch-max-records", "100",
-        conf=spark_events,
+        "--no-continuous", conf=spark_events,
     )  # fmt: skip
     try:
         wait_for(lambda: progress(state).get("records", 0) >= 400, 120, "the first 400 records")
