@@ -38,6 +38,9 @@ Partition = tuple[str, int]
 # exactly-once task ends only when its fetch does.)
 SOURCE_STALL_S = 10.0
 STREAM_OPEN = 2**63 - 1  # a stream's allowance without end (MirrorCopier.OPEN)
+# A batch's producer lingers 20 ms (fuller requests, for throughput); a stream's, copying
+# records as they arrive, 5 ms (Kafka 4's default), unless the flow sets producer linger.ms.
+STREAM_LINGER_MS = 5
 
 _HEAD = struct.Struct(">qqq")  # records, bytes, ranges
 _RANGE = struct.Struct(">13q")  # see MirrorCopier.Copied.encode
@@ -193,6 +196,8 @@ class JvmCopier:
             **{f"topic.{src}": rem for src, rem in mapping.items()},
             **{f"limit.{rem}": str(limit) for rem, limit in limits.items()},
         }
+        if "linger.ms" not in spec.target_producer:  # a stream's copies wait less (latency)
+            settings["stream.producer.linger.ms"] = str(STREAM_LINGER_MS)
         plan = self.transform_plan()
         if plan is not None and spec.transform is not None:
             settings["transform"] = plan

@@ -93,6 +93,9 @@ public final class MirrorCopier {
    */
   private static final Set<String> STALLED = ConcurrentHashMap.newKeySet();
 
+  /** A stream's consumers' fetch.max.wait.ms, unless the flow's consumer sets it. */
+  static final String STREAM_FETCH_MAX_WAIT_MS = "5000";
+
   /** The end of a stream's ranges: they copy until their batch is cancelled. */
   static final long OPEN = Long.MAX_VALUE;
 
@@ -114,11 +117,22 @@ public final class MirrorCopier {
    * (the driver's), one task per range on its own thread, each the very task of {@link #copy}
    * with no end: it reads, copies and writes offset syncs as records arrive, until {@link
    * #endStream}. Its batch is {@code settings}' {@code batch}. The driver takes what is
-   * acknowledged with {@link #harvest}, as often as it commits positions.
+   * acknowledged with {@link #harvest}, as often as it commits positions. Its producers linger
+   * {@code stream.producer.linger.ms} when set (instead of {@code producer.linger.ms}), and it
+   * copies until {@code stream.allowed.until.ms} unless {@link #allow}ed longer.
    */
   public static void stream(List<String> ranges, Map<String, String> settings) {
     String batch = settings.get("batch");
-    CopyRange task = new CopyRange(new HashMap<>(settings));
+    HashMap<String, String> own = new HashMap<>(settings);
+    String linger = settings.get("stream.producer.linger.ms");
+    if (linger != null) {
+      own.put("producer.linger.ms", linger); // copies go out as they arrive
+    }
+    // An idle partition's consumer keeps one fetch waiting on the broker, answered as soon as a
+    // record arrives (fetch.min.bytes 1): a long wait costs no latency, and an idle stream then
+    // asks each partition every few seconds instead of twice a second.
+    own.putIfAbsent("consumer.fetch.max.wait.ms", STREAM_FETCH_MAX_WAIT_MS);
+    CopyRange task = new CopyRange(own);
     Stream stream = new Stream();
     ALLOWED.put(
         batch,
