@@ -17,18 +17,22 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
 import threading
 import time
+from pathlib import Path
 
+import javaproperties
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from mirrorflow.devtools import sandbox as sandbox_mod
 from mirrorflow.errors import MirrorflowError
+from mirrorflow.paths import write_private
 from mirrorflow.replication.checkpoint_stores import read_checkpoints
 from mirrorflow.replication.remote_cluster import flow_positions
 from mirrorflow.replication.spec import spec_for_flow
-from mirrorflow.runtime import jobs
+from mirrorflow.runtime import jobs, jvm
 from tests.conftest import create_topics
 from tests.dag_harness import finish, render_into_dags_folder, start_dag_test
 from tests.mirror_harness import end_offsets, start_mirror, stop_job, wait_for, write_flow_file
@@ -38,6 +42,37 @@ from tests.test_mirror_job import EXACTLY_ONCE
 FLOW, OTHER = "primary->secondary", "tertiary->secondary"
 PARTITIONS = 4
 BACKLOG = 120_000  # records of 1 KiB: one batch of several seconds, in flight at the kill
+# The source's fetch quota while the backlog is copied (a WAN link's bandwidth): its batch lasts
+# about 7 s, however fast the machine copies, so the kill lands in it.
+FETCH_QUOTA = 16 * 1024 * 1024
+
+
+def fetch_quota(cluster, scratch: Path, bytes_per_s: int | None) -> None:
+    """Sets (or with None removes) the default ``consumer_byte_rate`` quota of every client of
+    ``cluster``, with Kafka's own ``kafka-configs`` (``kafka.admin.ConfigCommand``)."""
+    command_config = write_private(
+        scratch / "admin.properties",
+        javaproperties.dumps(cluster.java_client_config(), timestamp=False),
+    )
+    change = (
+        ["--add-config", f"consumer_byte_rate={bytes_per_s}"]
+        if bytes_per_s
+        else ["--delete-config", "consumer_byte_rate"]
+    )
+    java = jvm.require_tool("java", "to run Kafka's kafka-configs")
+    command = [java, "-cp", jvm.classpath("kafka"), "kafka.admin.ConfigCommand"]
+    result = subprocess.run(
+        [
+            *command,
+            *("--bootstrap-server", cluster.bootstrap_servers),
+            *("--command-config", str(command_config)),
+            *("--alter", "--entity-type", "clients", "--entity-default", *change),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
 
 
 def produce_bulk(cluster, topic: str, keys: range, size: int = 1024) -> set[bytes]:
@@ -180,6 +215,7 @@ def test_an_emergency_failover_with_the_source_broker_killed_mid_batch(
     job = start_mirror(config, [FLOW, OTHER], flows, tmp_path / "job.log")
     writer: SteadyProducer | None = None
     broker: int | None = None
+    throttled = False
     try:
         wait_for(
             lambda: copied_and_checkpointed(spec, 4000, group),
@@ -190,7 +226,10 @@ def test_an_emergency_failover_with_the_source_broker_killed_mid_batch(
         dag_file = render_into_dags_folder(config, "failover", FLOW)
 
         # A backlog held back until it is all on the source, so the flow copies it in one
-        # batch of several seconds; the source broker is killed while that batch runs.
+        # batch of several seconds (under the source's fetch quota); the source broker is
+        # killed while that batch runs.
+        fetch_quota(primary, tmp_path, FETCH_QUOTA)
+        throttled = True
         jobs.set_paused(flow_dir, True)
         wait_for(lambda: jobs.read_progress(flow_dir).get("state") == "PAUSED", 60, "PAUSED")
         keys |= produce_bulk(primary, t, range(4000, 4000 + BACKLOG))
@@ -279,3 +318,5 @@ def test_an_emergency_failover_with_the_source_broker_killed_mid_batch(
         stop_job(job)
         if not sandbox_mod.load(sandbox.directory)["primary"].is_running():
             sandbox_mod.up(["primary"], sandbox.directory)
+        if throttled:  # the sandbox's clusters serve the other tests
+            fetch_quota(primary, tmp_path, None)

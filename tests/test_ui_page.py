@@ -19,6 +19,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from mirrorflow.airflow.ui.charts import SPARK_H
 from mirrorflow.devtools import sandbox as sandbox_mod
 from mirrorflow.devtools.local_airflow import UI_USER, LocalAirflow
 from mirrorflow.health.numbers import thousands
@@ -235,7 +236,9 @@ def check_burst_in_table(page, state) -> float:
     lines = spark.locator("path.line").evaluate_all("ps => ps.map(p => p.getAttribute('d'))")
     ys = [y for d in lines for y in heights(d)]  # left to right; a smaller y is higher
     peak, zero = ys.index(min(ys)), max(ys)
-    assert zero - ys[peak] > 15, ys  # it rose well above its level before and after
+    # It rose well above its level before and after: the axis tops at a round number at most
+    # twice the highest rate, so the peak stands at least half the plot's height above 0.
+    assert zero - ys[peak] >= (SPARK_H - 4) / 2 - 0.1, ys
     assert any(y >= zero - 2 for y in ys[:peak]), ys  # from about 0 before the burst
     assert any(y >= zero - 2 for y in ys[peak + 1 :]), ys  # and fell back after it
     assert "Records copied since the job started" in page.locator("#flows th").all_inner_texts()
