@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """Scale benchmark: memory and CPU of N flows, idle and under a small load, for MirrorMaker 2
-(all flows in one JVM) and mirrorflow (one Spark application per flow, or one per target).
+(all flows in one JVM) and mirrorflow (one Spark application per flow, one per target, or one
+for every flow: the sites co-located on one machine, as MirrorMaker 2 runs them).
 
     python benchmarks/scale.py [--topology mesh3|agg5|both] [--only mm2,mirrorflow-per-flow,...]
                                [--load-rate 1000 --load-seconds 30 --idle-seconds 60]
@@ -35,7 +36,7 @@ from benchmarks import procstats, replicate, steady  # noqa: E402
 from benchmarks.replicate import MIB, Bench, Launch, fmt, log  # noqa: E402
 from mirrorflow.runtime import launch  # noqa: E402
 
-SYSTEMS = ("mm2", "mirrorflow-per-flow", "mirrorflow-one-app")
+SYSTEMS = ("mm2", "mirrorflow-per-flow", "mirrorflow-one-app", "mirrorflow-one-process")
 SOURCE_TOPIC = "t.load"  # every flow mirrors t.* (remote topics <source>.t.load do not match)
 TOPIC_PATTERN = "t.*"
 
@@ -222,6 +223,8 @@ def launches(
     groups: dict[str, str | list[str]]
     if system == "mirrorflow-per-flow":  # one application per flow, named after it
         groups = {flow: flow for flow in topo.flow_names}
+    elif system == "mirrorflow-one-process":  # every site co-located: one application, as MM2
+        groups = {"all": topo.flow_names}
     else:  # one application per target cluster, running every flow into it
         groups = {f"to-{t}": flows for t, flows in topo.flows_by_target().items()}
     found, stop_files = [], []
