@@ -55,10 +55,15 @@ def flow_file(
 
 
 def site_flow_file(
-    directory: Path, box: sandbox_mod.Sandbox, topics: dict[str, str], records: int
+    directory: Path,
+    box: sandbox_mod.Sandbox,
+    topics: dict[str, str],
+    records: int,
+    extra: Iterable[str] = (),
 ) -> Path:
-    """Flows into one site: ``topics`` maps each flow ``S->T`` to a topic created on ``S``
-    (2 partitions, ``records`` records); returns ``directory/mm2.properties`` enabling them."""
+    """Flows of one application: ``topics`` maps each flow ``S->T`` to a topic created on
+    ``S`` (2 partitions, ``records`` records); returns ``directory/mm2.properties`` enabling
+    them, with the ``extra`` lines."""
     lines, aliases = [], []
     for flow, topic in topics.items():
         source, _, target = flow.partition("->")
@@ -66,7 +71,7 @@ def site_flow_file(
         produce(box[source], topic, 2, records)
         aliases += [a for a in (source, target) if a not in aliases]
         lines += [f"{flow}.enabled = true", f"{flow}.topics = {topic}"]
-    return write_flow_file(directory / "mm2.properties", box, sorted(aliases), lines)
+    return write_flow_file(directory / "mm2.properties", box, sorted(aliases), [*lines, *extra])
 
 
 def produce(cluster, topic: str, partitions: int, count: int, start: int = 0) -> list:

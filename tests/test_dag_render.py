@@ -418,6 +418,38 @@ def test_every_flow_into_a_cluster_runs_in_its_mirror_dag_and_keeps_a_dag_of_its
         assert f'"{flow}": "flow__{source}__west-1",' in text
 
 
+def test_sites_co_located_by_mirror_application_share_one_mirror_dag(tmp_path, capsys):
+    """Seed 000's 12 flows, every one in one application (``mirror.application`` at top level)
+    but east-1's, which a flow-level setting keeps in an application of its own: two mirror
+    DAGs; the flow and failover DAGs name theirs; the sync DAGs stay one per target."""
+    seed = (SEEDS / "000-multi-cluster.properties").read_text()
+    flow_file = tmp_path / "multi-cluster.properties"
+    flow_file.write_text(
+        seed.replace("bootstrap.servers = ...", "bootstrap.servers = h:9092")
+        + "\nmirror.application = dc1\neast-1->west-1.mirror.application = solo\n"
+    )
+    result = rendering.render([flow_file])
+    mirror = {d.dag_id: d for d in result.dags if d.kind == "mirror"}
+    assert sorted(mirror) == ["mirror__dc1", "mirror__solo"]
+    assert mirror["mirror__solo"].flows == ("east-1->west-1",)
+    flows = sorted(d.flows[0] for d in result.dags if d.kind == "flow")
+    assert sorted(mirror["mirror__dc1"].flows) == [f for f in flows if f != "east-1->west-1"]
+    text = mirror["mirror__dc1"].text
+    targets = sorted({f.split("->")[1] for f in mirror["mirror__dc1"].flows})
+    assert len(targets) == 6 and all(f'"target:{t}",' in text for t in targets)
+    assert "whose `mirror.application` is\n**dc1**" in text
+    by_id = {d.dag_id: d.text for d in result.dags}
+    assert "by the mirror job of DAG `mirror__solo`" in by_id["flow__east-1__west-1"]
+    assert "in the mirror job of `mirror__dc1`" in by_id["failover__west-2__west-1"]
+    assert len([d for d in result.dags if d.kind == "sync"]) == 6
+    # A name Airflow cannot take in a DAG id is refused, in one line, before anything renders.
+    flow_file.write_text(flow_file.read_text() + "mirror.application = dc 1\n")
+    assert render_cli(flow_file, "--out", tmp_path / "dags") == 2
+    err = capsys.readouterr().err
+    assert "'dc 1' cannot name a mirror DAG (mirror__<name>)" in err
+    assert not (tmp_path / "dags").exists()
+
+
 def test_the_sync_dag_runs_at_the_shortest_sync_interval_its_flows_set(tmp_path):
     flow_file = tmp_path / "mm2.properties"
     lines = [

@@ -1,5 +1,6 @@
 """The generated DAGs run by Airflow (``dag.test()``) against real clusters and Spark: a site's
-mirror DAG runs its flows' job; a flow's own DAG pauses that flow alone."""
+mirror DAG runs its flows' job (or an application's, for sites co-located in one); a flow's own
+DAG pauses that flow alone."""
 
 from __future__ import annotations
 
@@ -139,25 +140,30 @@ def airflow_cli(*args: str) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
 
 
-def test_pausing_a_flows_dag_pauses_that_flow_in_its_sites_job_while_the_other_goes_on(
+def test_sites_co_located_in_one_application_and_a_flows_dag_pauses_that_flow_alone(
     sandbox, airflow_home, topic_name, tmp_path
 ):
+    """``mirror.application = dc1``: flows into two targets (secondary, tertiary) share one
+    mirror DAG, ``mirror__dc1``, and one Spark application, as MirrorMaker 2's one process serves
+    every target of its ``--clusters``. Pausing one flow's own DAG pauses that flow in the
+    running job while the others, into either target, go on."""
     primary, secondary, tertiary = sandbox["primary"], sandbox["secondary"], sandbox["tertiary"]
-    a, b = topic_name("site-a"), topic_name("site-b")
-    topics = {"primary->secondary": a, "tertiary->secondary": b}
-    config = site_flow_file(tmp_path, sandbox, topics, records=50)
-    dag_file = render_into_dags_folder(config)
-    assert dag_file.name == "mirror__secondary.py"
+    a, b, c = topic_name("site-a"), topic_name("site-b"), topic_name("site-c")
+    topics = {"primary->secondary": a, "tertiary->secondary": b, "primary->tertiary": c}
+    config = site_flow_file(tmp_path, sandbox, topics, 50, ["mirror.application = dc1"])
+    dag_file = render_into_dags_folder(config)  # its one mirror DAG
+    assert dag_file.name == "mirror__dc1.py"
     state, log = tmp_path / "state", tmp_path / "dag-test.log"
-    flows = ["primary->secondary", "tertiary->secondary"]
+    flows = sorted(topics)
     files = jobs.JobFiles.for_flows(flows, state / "flows")
     paused_file = files.flow_dir("tertiary->secondary") / jobs.PAUSED_FILE
     run = start_dag_test(dag_file, state, log)
     try:
         wait_for(lambda: count(secondary, f"primary.{a}") >= 50, 180, "flow a's first copy")
         wait_for(lambda: count(secondary, f"tertiary.{b}") >= 50, 60, "flow b's first copy")
+        wait_for(lambda: count(tertiary, f"primary.{c}") >= 50, 60, "flow c's first copy")
         job = files.running_pid()
-        assert job is not None, "the site's job is not recorded in its pid file"
+        assert job is not None, "the application's job is not recorded in its pid file"
         # The flow's own DAG paused, as the UI's toggle does (the CLI writes the same flag).
         airflow_cli("dags", "pause", "flow__tertiary__secondary")
         wait_for(paused_file.exists, 60, "the operator to pause the flow")
@@ -168,10 +174,12 @@ def test_pausing_a_flows_dag_pauses_that_flow_in_its_sites_job_while_the_other_g
         )
         produce(primary, a, 2, 30, start=50)
         produce(tertiary, b, 2, 30, start=50)
+        produce(primary, c, 2, 30, start=50)
         wait_for(lambda: count(secondary, f"primary.{a}") >= 80, 60, "the other flow's copies")
+        wait_for(lambda: count(tertiary, f"primary.{c}") >= 80, 60, "the other target's copies")
         time.sleep(3)
         assert count(secondary, f"tertiary.{b}") == 50, "the paused flow copied records"
-        assert files.running_pid() == job, "pausing one flow restarted the site's job"
+        assert files.running_pid() == job, "pausing one flow restarted the application's job"
         airflow_cli("dags", "unpause", "flow__tertiary__secondary")
         wait_for(lambda: count(secondary, f"tertiary.{b}") >= 80, 120, "the resumed flow")
         assert not paused_file.exists() and files.running_pid() == job
@@ -181,12 +189,13 @@ def test_pausing_a_flows_dag_pauses_that_flow_in_its_sites_job_while_the_other_g
         stop_everything(run, files)
     assert result == {"state": "success", "tasks": {"mirror": ["success", 1]}}
     output = log.read_text()
-    assert "running primary->secondary, tertiary->secondary on Spark master" in output
+    assert f"running {', '.join(flows)} on Spark master" in output
     assert "flow tertiary->secondary paused" in output and "resumed" in output
     # Paused and resumed from its positions: nothing copied twice, nothing lost.
-    for source, topic in ((primary, a), (tertiary, b)):
+    for source, target, topic in ((primary, secondary, a), (tertiary, secondary, b),
+                                  (primary, tertiary, c)):  # fmt: skip
         remote = f"{source.name}.{topic}"
-        assert copied(read_topic(secondary, remote)) == copied(read_topic(source, topic))
+        assert copied(read_topic(target, remote)) == copied(read_topic(source, topic))
 
 
 def test_a_stop_request_lets_a_job_finish_and_one_that_hangs_is_killed_after_its_grace(

@@ -75,6 +75,8 @@ def test_plan_lists_included_excluded_internal_and_cyclic_topics_and_groups(
     assert f"    {orders}  [3 partitions] -> primary.{orders} (to be created)" in text
     assert f"    {cyclic}: cycle: it already came from secondary" in text
     assert "  records transformed: record.filter: value IS NOT NULL\n" in text
+    assert flow.application == "secondary"  # the target site's, by default
+    assert "  runs in: mirror__secondary (one Spark application)\n" in text
 
 
 def test_plan_names_an_unreachable_cluster(sandbox, tmp_path):

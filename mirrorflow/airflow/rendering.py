@@ -5,7 +5,9 @@ then renders each DAG kind's Jinja2 template (``templates/<kind>_dag.py.j2``):
 
 * ``mirror__<target>`` (scope *site*): one Spark application runs every enabled flow into
   ``<target>``, as MirrorMaker 2 runs a site's flows in one process (measured in
-  ``benchmarks/README.md``: an application per flow costs about its own JVM per flow);
+  ``benchmarks/README.md``: an application per flow costs about its own JVM per flow); flows
+  with one ``mirror.application`` share ``mirror__<application>`` instead, sites co-located on
+  one machine as MirrorMaker 2's ``--clusters`` serves several targets in one process;
 * ``flow__<source>__<target>`` (scope *flow*): the flow's own switch and controls. Pausing it
   pauses that flow inside the site's application while the others go on; a manual run
   restarts the flow at a chosen position and reports its progress;
@@ -66,10 +68,11 @@ class DagKind:
     summary: str
     scope: str = "flow"
     applies_to: Callable[[Flow], bool] = lambda flow: True
+    site: Callable[[Flow], str] = lambda flow: flow.target  # scope site: the DAG's name part
 
     def dag_id(self, flows: Sequence[Flow]) -> str:
         if self.scope == "site":
-            return f"{self.name}__{flows[0].target}"
+            return f"{self.name}__{self.site(flows[0])}"
         (flow,) = flows
         return f"{self.name}__{flow.source}__{flow.target}"
 
@@ -80,8 +83,8 @@ class DagKind:
             return [[flow] for flow in chosen]
         sites: dict[str, list[Flow]] = {}
         for flow in chosen:
-            sites.setdefault(flow.target, []).append(flow)
-        return [sites[target] for target in sorted(sites)]
+            sites.setdefault(self.site(flow), []).append(flow)
+        return [sites[site] for site in sorted(sites)]
 
 
 MIRROR_KIND = DagKind(
@@ -89,6 +92,7 @@ MIRROR_KIND = DagKind(
     "mirror_dag.py.j2",
     "one Spark job for every flow into it, always on",
     scope="site",
+    site=lambda flow: flow.mirror_application,
 )
 FLOW_KIND = DagKind(
     "flow",
@@ -360,6 +364,8 @@ def _render_topology(topology: Topology, flow_files: list[str], options: RenderO
                 flows=flows,
                 flow=flows[0],
                 target=flows[0].target,
+                targets=sorted({f.target for f in flows}),
+                mirror_dag=MIRROR_KIND.dag_id(flows[:1]),
                 flow_dags={f.name: FLOW_KIND.dag_id([f]) for f in flows},
                 sync_interval=sync_interval(flows),
                 topic_sync_flows=[f for f in flows if syncs_topics(f)],

@@ -248,6 +248,12 @@ class Flow:
             raise TypeError(f"{name} is not a list setting")
         return value
 
+    @property
+    def mirror_application(self) -> str:
+        """The name of the Spark application (and mirror DAG) that runs this flow: its
+        ``mirror.application``, else its target alias (one application per target site)."""
+        return str(self.setting(configdefs.MIRROR_APPLICATION)) or self.target
+
     def interval(self, feature: str) -> timedelta | None:
         """How often a periodic task runs (``emit.checkpoints``, ``refresh.topics``, …), or None
         when ``<feature>.enabled`` is false: MM2's negative interval, which never runs."""

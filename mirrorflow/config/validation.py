@@ -439,6 +439,14 @@ def _value(prop: Property, name: str | None, raw_booleans: bool = False) -> list
     if name == "health.stall.timeout.seconds" and parsed == 0:
         found.append(at(prop, "error", "zero: every flow would be STALLED at once",
                          "use a positive number of seconds (default 120)"))  # fmt: skip
+    if (
+        name == configdefs.MIRROR_APPLICATION
+        and isinstance(parsed, str)
+        and parsed
+        and not configdefs.APPLICATION_NAME.fullmatch(parsed)
+    ):
+        found.append(at(prop, "error", f"{shown!r} cannot name a mirror DAG (mirror__<name>)",
+                         "use letters, digits, '_', '.' and '-' only"))  # fmt: skip
     if (name in _PATTERN_KEYS or name in configdefs.LEGACY_ALIASES) and isinstance(parsed, list):
         try:
             filters.compile_pattern_list(parsed)

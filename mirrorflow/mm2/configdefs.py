@@ -38,6 +38,8 @@ RECORD_FILTER = "record.filter"
 RECORD_KEY = "record.key"
 RECORD_VALUE = "record.value"
 PROVENANCE = "provenance.header.enabled"
+MIRROR_APPLICATION = "mirror.application"
+APPLICATION_NAME = re.compile(r"[A-Za-z0-9_.\-]+")  # a name Airflow accepts in a DAG id
 # mirrorflow's own flow settings (MirrorMaker 2 ignores them): name -> (type, default).
 MIRRORFLOW_ONLY = {
     # Checkpoint, for the source, the groups that consumed the copies of the source's topics
@@ -69,6 +71,10 @@ MIRRORFLOW_ONLY = {
     # cluster its record was first written on, and a record is never copied to that cluster,
     # so the identity policy may run on a cycle (same topic names in active/active).
     PROVENANCE: ("BOOLEAN", "false"),
+    # The Spark application (and its mirror DAG, mirror__<name>) that runs the flow: flows with
+    # one name share one application, as MirrorMaker 2's one process serves every target of
+    # its --clusters. Empty: the flow's target alias (one application per target site).
+    MIRROR_APPLICATION: ("STRING", ""),
 }
 
 CLIENT_ROLES = ("consumer", "producer", "admin")

@@ -45,6 +45,8 @@ class FlowPlan:
     groups_left_out: list[LeftOut] = field(default_factory=list)
     # the flow's record transforms (mirrorflow.mm2.transforms), "" when it copies unchanged
     records: str = ""
+    # the Spark application (mirror DAG mirror__<application>) that runs it
+    application: str = ""
 
 
 @dataclass
@@ -61,6 +63,8 @@ class Plan:
         lines: list[str] = []
         for plan in self.flows:
             lines.append(f"{plan.flow}  ({plan.policy})")
+            if plan.application:
+                lines.append(f"  runs in: mirror__{plan.application} (one Spark application)")
             if plan.records:
                 lines.append(f"  records transformed: {plan.records}")
             lines.append(f"  topics replicated ({len(plan.topics)}):")
@@ -179,7 +183,10 @@ def _flow_plan(flow: Flow, clusters: _Clusters) -> FlowPlan:
     target_admin = flow.client_config("target.admin", librdkafka=True)
     transform = flow_transform(flow)
     plan = FlowPlan(
-        flow.name, type(flow.policy).__name__, records=transform.description if transform else ""
+        flow.name,
+        type(flow.policy).__name__,
+        records=transform.description if transform else "",
+        application=flow.mirror_application,
     )
     source_topics = clusters.topics(flow.source, source_admin)
     target_topics = clusters.topics(flow.target, target_admin)

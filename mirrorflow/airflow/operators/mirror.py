@@ -1,7 +1,8 @@
 """The operator of a site's mirror DAG: its Spark mirror job, one long-running task.
 
 ``MirrorFlowOperator`` runs one mirror job, an application of every flow it is given (the site
-DAG ``mirror__<target>`` gives it every enabled flow into ``<target>``), as one long-running task.
+DAG ``mirror__<target>`` gives it every enabled flow into ``<target>``, ``mirror__<application>``
+the flows of one ``mirror.application``), as one long-running task.
 At run time (never at parse time: no file is read when the DAG is parsed) it builds the one
 ``spark-submit`` command line every launcher uses (:func:`mirrorflow.runtime.launch.mirror_command`)
 and runs it through :class:`~mirrorflow.airflow.hooks.MirrorJobHook`:
