@@ -214,6 +214,16 @@ def test_new_topics_and_partitions_are_picked_up_live_and_a_sigkill_loses_nothin
         admin.create_partitions([NewPartitions(first, 3)])[first].result()
         produce(primary, first, 3, 300, start=200)
         wait_for(lambda: f"primary.{later}" in topic_names(secondary), 60, "the new topic's remote")
+        wait_for(
+            lambda: sum(map(len, read_topic(secondary, f"primary.{later}").values())) >= 50,
+            60,
+            "the new topic's records",
+        )
+        # The stream, ended by the new partitions, started again at once and caught them up
+        # itself: no batch (a Spark job) since the flow first caught up, for a small backlog.
+        text = log.read_text()
+        since = text[text.index("primary->secondary: caught up; copying continuously") :]
+        assert not re.search(r"primary->secondary batch \d+:", since), since[-3000:]
         time.sleep(2)
         os.killpg(job.pid, signal.SIGKILL)  # the driver dies mid-stream, no clean shutdown
         job.wait(30)

@@ -113,6 +113,10 @@ CANCEL_JOB_AFTER_S = 3.0
 # A continuous flow (the at-least-once default) takes what its stream acknowledged, writes it
 # (offset map, then positions) and updates its figures this often.
 STREAM_COMMIT_S = 1.0
+# A stream that ended (new topics or partitions to copy) starts again at once, catching the new
+# partitions up itself, when they are this far behind at most: no Spark job for them, which in
+# an application of many flows waits for the executors' few slots behind the others' batches.
+STREAM_AGAIN_MAX_RECORDS = 50_000
 # How long a start waits for another job's lease of the flow to be released or to expire (a job
 # that is stopping, or whose host died) before it fails naming that job.
 LEASE_WAIT_S = 14.0
@@ -552,6 +556,7 @@ class MirrorJob:
         outage = False  # leaving because a cluster did not answer
         try:
             caught_up = False  # the last batch copied every partition to its planned end
+            streamed = False  # the last copy was a stream's, which ended
             while not self.stopping():
                 if self.scheduler.error is not None:
                     raise self.scheduler.error
@@ -562,7 +567,13 @@ class MirrorJob:
                 # record that arrived meanwhile: no need to list the partitions' ends again.
                 ranges = [] if caught_up else self._plan()
                 self._answered()
-                if ranges:
+                if streamed and ranges and self._streams_on(ranges):
+                    try:
+                        self._stream(behind=sum(until - start for _tp, start, until in ranges))
+                    except BatchCancelled:
+                        break
+                elif ranges:
+                    streamed = False
                     try:
                         self._copy(ranges)
                     except BatchCancelled:
@@ -572,6 +583,7 @@ class MirrorJob:
                     break
                 elif self.spec.continuous and not self.spec.exactly_once:
                     caught_up = False  # the stream ended: plan before copying more
+                    streamed = True
                     try:
                         self._stream()
                     except BatchCancelled:
@@ -680,12 +692,13 @@ class MirrorJob:
             ):
                 return
 
-    def _stream(self) -> None:
+    def _stream(self, behind: int = 0) -> None:
         """Caught up (at least once, unless ``--no-continuous``): copy continuously in the
         driver's JVM (:class:`~mirrorflow.runtime.copier.CopyStream`) until a stop or pause, a
         change of the flow's topics, or a failed task; every :data:`STREAM_COMMIT_S`, what the
         stream acknowledged is written as a batch's would be (the offset map, then the
-        positions). Its tasks wait for records themselves: no doorbell, no listing of the ends."""
+        positions). Its tasks wait for records themselves: no doorbell, no listing of the ends.
+        ``behind``: the records it starts behind (a stream started again, :meth:`_streams_on`)."""
         assert self.scheduler is not None
         mapping = self.mapping
         partitions = [tp for tp in self._partitions() if tp in self.positions]
@@ -700,11 +713,20 @@ class MirrorJob:
                 self.copier.settings(mapping, self.remote_topics.max_message_bytes),
                 self._stream_allowance_ms(),
             )
-            log.info(
-                "%s: caught up; copying continuously from %d partitions",
-                self.spec.flow,
-                len(partitions),
-            )
+            if behind:
+                log.info(
+                    "%s: copying continuously from %d partitions, %d records behind: the "
+                    "stream catches them up",
+                    self.spec.flow,
+                    len(partitions),
+                    behind,
+                )
+            else:
+                log.info(
+                    "%s: caught up; copying continuously from %d partitions",
+                    self.spec.flow,
+                    len(partitions),
+                )
             try:
                 while not self._stop_requested.wait(STREAM_COMMIT_S):
                     try:
@@ -731,6 +753,17 @@ class MirrorJob:
             raise batch_error(self.spec, error)
         if self._cancelled.is_set():
             raise BatchCancelled
+
+    def _streams_on(self, ranges: list[tuple[Partition, int, int]]) -> bool:
+        """Whether a stream that just ended starts again rather than this batch: a continuous
+        flow whose backlog (new partitions, what arrived meanwhile) is small."""
+        return (
+            self.spec.continuous
+            and not self.spec.exactly_once
+            and self._once_ends is None
+            and not self._capped
+            and sum(until - start for _tp, start, until in ranges) <= STREAM_AGAIN_MAX_RECORDS
+        )
 
     def _stream_allowance_ms(self) -> int:
         """Until when (epoch ms) a stream may copy: while the flow's lease is fresh, renewed
