@@ -5,9 +5,9 @@ The copier (``jvm/mirror-copier``, class :data:`mirrorflow.runtime.jvm.COPIER_CL
 offset ranges of source partitions with Kafka's Java clients, as a Spark job or in the driver's
 JVM, and answers in one encoded block (``MirrorCopier.Copied.encode``): :class:`CopierResult`.
 
-A :class:`CopyStream` is the copier run continuously in the driver's JVM: one task per source
-partition, reading from the flow's position with no end, copying records as they arrive and
-writing offset syncs, until it is ended. The driver only supervises it: every
+A :class:`CopyStream` is the copier run continuously in the driver's JVM: one task, with one
+consumer for all the flow's source partitions, reading from the flow's positions with no end,
+copying records as they arrive and writing offset syncs, until it is ended. The driver only supervises it: every
 :data:`~mirrorflow.runtime.driver.STREAM_COMMIT_S` it harvests what was acknowledged since the
 last harvest (a :class:`CopierResult` whose ``reached`` offsets are the positions to write, and
 whose runs all lie below them) and writes it, as it does after a batch.

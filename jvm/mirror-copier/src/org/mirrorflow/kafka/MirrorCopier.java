@@ -17,6 +17,8 @@ import java.util.concurrent.atomic.AtomicLong;
 import java.util.concurrent.atomic.AtomicReference;
 import org.apache.kafka.clients.consumer.ConsumerConfig;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
+import org.apache.kafka.clients.consumer.ConsumerRecords;
+import org.apache.kafka.clients.consumer.KafkaConsumer;
 import org.apache.kafka.clients.consumer.OffsetOutOfRangeException;
 import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerConfig;
@@ -96,7 +98,7 @@ public final class MirrorCopier {
   /** A stream's consumers' fetch.max.wait.ms, unless the flow's consumer sets it. */
   static final String STREAM_FETCH_MAX_WAIT_MS = "5000";
 
-  /** The end of a stream's ranges: they copy until their batch is cancelled. */
+  /** A stream's allowance without end (see {@link #ALLOWED}). */
   static final long OPEN = Long.MAX_VALUE;
 
   /** The running streams, by batch. */
@@ -114,9 +116,10 @@ public final class MirrorCopier {
 
   /**
    * Starts copying {@code ranges} ({@code topic\tpartition\tfrom}) continuously in this JVM
-   * (the driver's), one task per range on its own thread, each the very task of {@link #copy}
-   * with no end: it reads, copies and writes offset syncs as records arrive, until {@link
-   * #endStream}. Its batch is {@code settings}' {@code batch}. The driver takes what is
+   * (the driver's): one task on its own thread, with one consumer for every range (as a
+   * MirrorMaker 2 task reads all its partitions with one consumer), copying each record as
+   * {@link #copy}'s tasks do, with no end: it reads, copies and writes offset syncs as records
+   * arrive, until {@link #endStream}. Its batch is {@code settings}' {@code batch}. The driver takes what is
    * acknowledged with {@link #harvest}, as often as it commits positions. Its producers linger
    * {@code stream.producer.linger.ms} when set (instead of {@code producer.linger.ms}), and it
    * copies until {@code stream.allowed.until.ms} unless {@link #allow}ed longer.
@@ -137,14 +140,15 @@ public final class MirrorCopier {
     ALLOWED.put(
         batch,
         new AtomicLong(Long.parseLong(settings.getOrDefault("stream.allowed.until.ms", "" + OPEN))));
+    List<TopicPartition> partitions = new ArrayList<>();
     for (String range : ranges) {
       String[] fields = range.split("\t");
-      Copied copied = new Copied();
-      String open = fields[0] + "\t" + fields[1] + "\t" + fields[2] + "\t" + OPEN;
+      partitions.add(new TopicPartition(fields[0], Integer.parseInt(fields[1])));
       stream.from.add(Long.parseLong(fields[2]));
-      stream.progress.add(copied);
-      stream.tasks.add(LOCAL_TASKS.submit(() -> task.call(open, copied)));
+      stream.progress.add(new Copied());
     }
+    List<Long> from = List.copyOf(stream.from);
+    stream.tasks.add(LOCAL_TASKS.submit(() -> task.stream(partitions, from, stream.progress)));
     STREAMS.put(batch, stream);
   }
 
@@ -160,7 +164,7 @@ public final class MirrorCopier {
     if (stream == null) {
       throw new IllegalStateException("no stream " + batch);
     }
-    for (Future<Copied> task : stream.tasks) {
+    for (Future<?> task : stream.tasks) {
       if (task.isDone()) {
         try {
           task.get();
@@ -183,7 +187,7 @@ public final class MirrorCopier {
       return Copied.encode(List.of());
     }
     cancel(batch);
-    for (Future<Copied> task : stream.tasks) {
+    for (Future<?> task : stream.tasks) {
       try {
         task.get();
       } catch (ExecutionException e) {
@@ -228,7 +232,7 @@ public final class MirrorCopier {
   private static final class Stream {
     final List<Long> from = new ArrayList<>();
     final List<Copied> progress = new ArrayList<>();
-    final List<Future<Copied>> tasks = new ArrayList<>();
+    final List<Future<?>> tasks = new ArrayList<>();
     final AtomicReference<Throwable> error = new AtomicReference<>();
 
     synchronized List<Copied> drain() {
@@ -531,10 +535,7 @@ public final class MirrorCopier {
       return call(range, new Copied());
     }
 
-    /**
-     * Copies {@code range} into {@code copied} (a stream's, which {@link Copied#drain} reads
-     * while it runs). A range whose end is {@link #OPEN} runs until its batch is cancelled.
-     */
+    /** Copies {@code range} into {@code copied}. */
     Copied call(String range, Copied copied) throws Exception {
       String[] fields = range.split("\t");
       TopicPartition tp = new TopicPartition(fields[0], Integer.parseInt(fields[1]));
@@ -564,38 +565,20 @@ public final class MirrorCopier {
     private void copy(
         PartitionReader reader, TopicPartition tp, long from, long until, String remote, Copied copied)
         throws Exception {
-      boolean open = until == OPEN;
-      long limit = Long.parseLong(settings.get("limit." + remote));
-      long overhead = Long.parseLong(settings.getOrDefault("record.overhead", "0"));
       long pollTimeoutMs = Long.parseLong(settings.getOrDefault("poll.timeout.ms", "120000"));
-      Map<String, Object> producerConfig = clientConfig("producer.");
-      KafkaProducer<byte[], byte[]> producer = KafkaClients.producer(producerConfig);
-      OffsetSyncWriter syncs = syncWriter();
-      String transformPlan = settings.get("transform");
-      RecordTransform transform = transformPlan == null
-          ? null
-          : RecordTransform.decode(
-              transformPlan,
-              "true".equals(settings.get("transform.headers")),
-              "true".equals(settings.get("transform.record")));
-      AtomicReference<Exception> failure = new AtomicReference<>();
+      Sender sender = new Sender();
+      AtomicReference<Exception> failure = sender.failure;
       reader.seek(from);
       long next = from;
-      copied.sentNext = from;
       long records = 0;
       long bytes = 0;
       long lastProgress = System.currentTimeMillis();
       String batch = settings.get("batch");
-      AtomicLong allowed = open ? ALLOWED.get(batch) : null;
       boolean cancelled = false;
       while (next < until && failure.get() == null) {
         if (cancelled(batch)) {
           cancelled = true; // the flow was paused or held: stop here, keep what is copied
           break;
-        }
-        if (allowed != null && System.currentTimeMillis() > allowed.get()) {
-          Thread.sleep(20); // not allowed to copy now (see ALLOWED): wait for the driver
-          continue;
         }
         if (batch != null && STALLED.contains(batch)) {
           copied.stalled = true; // another range of the batch found the source silent
@@ -620,17 +603,6 @@ public final class MirrorCopier {
           continue;
         }
         if (polled.isEmpty()) {
-          if (open) {
-            // Nothing new: the offsets up to the consumer's position hold no record for us
-            // (transaction markers, aborted or compacted records).
-            next = Math.max(next, reader.position());
-            copied.sentNext = next;
-            copied.endSeen = reader.endSeen();
-            if (copied.inFlight.get() == 0) {
-              copied.caughtUpAt = System.currentTimeMillis();
-            }
-            continue;
-          }
           if (reader.position() >= until) {
             next = until; // the rest of the range holds no records for us (markers, aborts)
             break;
@@ -654,75 +626,18 @@ public final class MirrorCopier {
             next = until;
             break;
           }
-          if (allowed != null && System.currentTimeMillis() > allowed.get()) {
-            reader.keep(polled.subList(i, polled.size())); // copied once allowed again
+          long size = sender.send(record, tp, remote, copied, readAt);
+          if (size == Sender.DROPPED) {
+            next = record.offset() + 1; // dropped by the flow's transforms: a gap, not a copy
+            continue;
+          }
+          if (size == Sender.FAILED) {
             break;
-          }
-          byte[] key = record.key();
-          byte[] value = record.value();
-          Headers headers = record.headers();
-          if (transform != null) {
-            RecordTransform.Result result = transform.apply(record, remote);
-            if (result == null) {
-              next = record.offset() + 1; // dropped by the flow's transforms: a gap, not a copy
-              continue;
-            }
-            key = result.key;
-            value = result.value;
-            headers = result.headers;
-          }
-          long size = size(key, value, headers);
-          if (size + overhead > limit) {
-            producer.flush();
-            throw new IllegalStateException(
-                settings.get("error.prefix") + "record " + tp + "@" + record.offset() + " (" + size
-                    + " bytes) is larger than max.message.bytes=" + limit + " of " + remote
-                    + " on " + settings.get("target")
-                    + "; raise max.message.bytes on the target topic (nothing after it was copied)");
           }
           long upstream = record.offset();
-          long timestamp = record.timestamp();
-          if (timestamp >= 0) {
-            copied.read(readAt - timestamp);
-          }
-          copied.inFlight.incrementAndGet();
-          try {
-            producer.send(
-                new ProducerRecord<>(
-                    remote, tp.partition(), timestamp >= 0 ? timestamp : null,
-                    key, value, headers),
-                (metadata, error) -> {
-                  if (error != null) {
-                    failure.compareAndSet(null, error);
-                    if (syncs != null) {
-                      syncs.failed(tp);
-                    }
-                  } else if (metadata.hasOffset()) {
-                    copied.acknowledged(
-                        upstream,
-                        metadata.offset(),
-                        timestamp >= 0
-                            ? System.currentTimeMillis() - timestamp
-                            : Copied.NO_TIMESTAMP,
-                        size);
-                    if (syncs != null) {
-                      syncs.acknowledged(tp, upstream, metadata.offset());
-                    }
-                  }
-                  copied.inFlight.decrementAndGet();
-                });
-          } catch (KafkaException refusedOrFailed) { // a producer in a failed state throws here
-            copied.inFlight.decrementAndGet();
-            failure.compareAndSet(null, refusedOrFailed);
-            break;
-          }
           records++;
           bytes += size;
           next = upstream + 1;
-        }
-        if (open) {
-          copied.sentNext = next;
-          copied.endSeen = reader.endSeen();
         }
       }
       if (next >= until) {
@@ -733,10 +648,233 @@ public final class MirrorCopier {
             "{}: batch {} {} at offset {} of {}..{}",
             tp, batch, cancelled ? "cancelled" : "stalled (no record from the source)", next, from, until);
       }
-      producer.flush();
-      Exception error = failure.get();
-      if (error != null) {
+      sender.flush(tp, remote);
+      copied.records = records;
+      copied.bytes = bytes;
+      copied.next = Math.min(next, until);
+    }
+
+    /**
+     * Copies the partitions {@code tps} continuously from {@code from}, each into its {@code
+     * copied} (which {@link Copied#drain} reads while it runs), with one consumer for them all,
+     * until the stream's batch is cancelled or a copy fails. A partition the flow does not copy
+     * (its topic matched the subscription but not the flow's filters) stays where it is.
+     */
+    Void stream(List<TopicPartition> tps, List<Long> from, List<Copied> copied) throws Exception {
+      Map<TopicPartition, Integer> index = new HashMap<>();
+      Map<TopicPartition, String> remotes = new HashMap<>();
+      long[] next = new long[tps.size()];
+      for (int i = 0; i < tps.size(); i++) {
+        TopicPartition tp = tps.get(i);
+        next[i] = from.get(i);
+        copied.get(i).sentNext = next[i];
+        copied.get(i).next = next[i];
+        String remote = settings.get("topic." + tp.topic());
+        if (remote != null) {
+          index.put(tp, i);
+          remotes.put(tp, remote);
+        }
+      }
+      String batch = settings.get("batch");
+      if (index.isEmpty()) { // nothing to read: wait for the end
+        while (!cancelled(batch)) {
+          Thread.sleep(100);
+        }
+        return null;
+      }
+      AtomicLong allowed = ALLOWED.get(batch);
+      Sender sender = new Sender();
+      KafkaConsumer<byte[], byte[]> consumer = new KafkaConsumer<>(consumerConfig());
+      boolean failed = false;
+      try {
+        consumer.assign(index.keySet());
+        for (Map.Entry<TopicPartition, Integer> entry : index.entrySet()) {
+          consumer.seek(entry.getKey(), next[entry.getValue()]);
+        }
+        while (sender.failure.get() == null && !cancelled(batch)) {
+          if (allowed != null && System.currentTimeMillis() > allowed.get()) {
+            Thread.sleep(20); // not allowed to copy now (see ALLOWED): wait for the driver
+            continue;
+          }
+          ConsumerRecords<byte[], byte[]> polled;
+          try {
+            polled = consumer.poll(Duration.ofMillis(500));
+          } catch (AuthenticationException | AuthorizationException refused) {
+            throw refusedBy("source", "reading " + index.keySet(), refused, "READ on its topics");
+          } catch (OffsetOutOfRangeException gone) {
+            for (Map.Entry<TopicPartition, Long> lost : gone.offsetOutOfRangePartitions().entrySet()) {
+              TopicPartition tp = lost.getKey();
+              long earliest = consumer.beginningOffsets(List.of(tp)).get(tp);
+              LOG.warn(
+                  "{}: offsets {} to {} are no longer on {} (retention or truncation); copying from {}",
+                  tp, lost.getValue(), earliest - 1, settings.get("source"), earliest);
+              next[index.get(tp)] = earliest;
+              consumer.seek(tp, earliest);
+            }
+            continue;
+          }
+          long readAt = System.currentTimeMillis();
+          Set<TopicPartition> held = new java.util.HashSet<>();
+          for (TopicPartition tp : polled.partitions()) {
+            int i = index.get(tp);
+            for (ConsumerRecord<byte[], byte[]> record : polled.records(tp)) {
+              if (allowed != null && System.currentTimeMillis() > allowed.get()) {
+                consumer.seek(tp, record.offset()); // copied once allowed again
+                held.add(tp);
+                break;
+              }
+              if (sender.send(record, tp, remotes.get(tp), copied.get(i), readAt) == Sender.FAILED) {
+                failed = true;
+                break;
+              }
+              next[i] = record.offset() + 1; // a copy sent, or a gap: dropped by the transforms
+            }
+            if (failed) {
+              break;
+            }
+          }
+          for (Map.Entry<TopicPartition, Integer> entry : index.entrySet()) {
+            TopicPartition tp = entry.getKey();
+            Copied progress = copied.get(entry.getValue());
+            int i = entry.getValue();
+            if (!held.contains(tp)) {
+              // Past the last record returned: offsets holding no record for us (transaction
+              // markers, aborted or compacted records) up to the consumer's position.
+              next[i] = Math.max(next[i], consumer.position(tp));
+            }
+            progress.sentNext = next[i];
+            java.util.OptionalLong lag = consumer.currentLag(tp);
+            if (lag.isPresent()) {
+              progress.endSeen = next[i] + lag.getAsLong();
+              if (lag.getAsLong() == 0 && progress.inFlight.get() == 0) {
+                progress.caughtUpAt = readAt;
+              }
+            }
+          }
+        }
+      } finally {
+        consumer.close(Duration.ofSeconds(5));
+      }
+      TopicPartition any = index.keySet().iterator().next();
+      sender.flush(any, remotes.get(any)); // every copy acknowledged, or the first failure thrown
+      for (Map.Entry<TopicPartition, Integer> entry : index.entrySet()) {
+        copied.get(entry.getValue()).next = next[entry.getValue()];
+      }
+      return null;
+    }
+
+    /** The copies of one task: its producer, offset syncs, transforms and first failure. */
+    private final class Sender {
+      static final long DROPPED = -1;
+      static final long FAILED = -2;
+      final AtomicReference<Exception> failure = new AtomicReference<>();
+      private volatile TopicPartition failedPartition; // of the first failure
+      private volatile String failedRemote;
+      private final long overhead = Long.parseLong(settings.getOrDefault("record.overhead", "0"));
+      private final Map<String, Object> producerConfig = clientConfig("producer.");
+      private final KafkaProducer<byte[], byte[]> producer = KafkaClients.producer(producerConfig);
+      private final OffsetSyncWriter syncs = syncWriter();
+      private final RecordTransform transform;
+      private final Map<String, Long> limits = new HashMap<>();
+
+      Sender() throws Exception {
+        String plan = settings.get("transform");
+        transform = plan == null
+            ? null
+            : RecordTransform.decode(
+                plan,
+                "true".equals(settings.get("transform.headers")),
+                "true".equals(settings.get("transform.record")));
+      }
+
+      /**
+       * Sends the copy of {@code record} (of {@code tp}) to {@code remote}: its size; {@link
+       * #DROPPED} if the flow's transforms drop it; {@link #FAILED} if the producer refused it
+       * ({@link #failure} says why). A record larger than the remote topic takes fails the task.
+       */
+      long send(
+          ConsumerRecord<byte[], byte[]> record, TopicPartition tp, String remote, Copied copied,
+          long readAt) {
+        byte[] key = record.key();
+        byte[] value = record.value();
+        Headers headers = record.headers();
+        if (transform != null) {
+          RecordTransform.Result result = transform.apply(record, remote);
+          if (result == null) {
+            return DROPPED;
+          }
+          key = result.key;
+          value = result.value;
+          headers = result.headers;
+        }
+        long size = size(key, value, headers);
+        long limit = limits.computeIfAbsent(remote, r -> Long.parseLong(settings.get("limit." + r)));
+        if (size + overhead > limit) {
+          producer.flush();
+          throw new IllegalStateException(
+              settings.get("error.prefix") + "record " + tp + "@" + record.offset() + " (" + size
+                  + " bytes) is larger than max.message.bytes=" + limit + " of " + remote
+                  + " on " + settings.get("target")
+                  + "; raise max.message.bytes on the target topic (nothing after it was copied)");
+        }
+        long upstream = record.offset();
+        long timestamp = record.timestamp();
+        if (timestamp >= 0) {
+          copied.read(readAt - timestamp);
+        }
+        copied.inFlight.incrementAndGet();
+        try {
+          producer.send(
+              new ProducerRecord<>(
+                  remote, tp.partition(), timestamp >= 0 ? timestamp : null, key, value, headers),
+              (metadata, error) -> {
+                if (error != null) {
+                  failed(error, tp, remote);
+                  if (syncs != null) {
+                    syncs.failed(tp);
+                  }
+                } else if (metadata.hasOffset()) {
+                  copied.acknowledged(
+                      upstream,
+                      metadata.offset(),
+                      timestamp >= 0 ? System.currentTimeMillis() - timestamp : Copied.NO_TIMESTAMP,
+                      size);
+                  if (syncs != null) {
+                    syncs.acknowledged(tp, upstream, metadata.offset());
+                  }
+                }
+                copied.inFlight.decrementAndGet();
+              });
+        } catch (KafkaException refusedOrFailed) { // a producer in a failed state throws here
+          copied.inFlight.decrementAndGet();
+          failed(refusedOrFailed, tp, remote);
+          return FAILED;
+        }
+        return size;
+      }
+
+      private void failed(Exception error, TopicPartition tp, String remote) {
+        if (failure.compareAndSet(null, error)) {
+          failedPartition = tp;
+          failedRemote = remote;
+        }
+      }
+
+      /**
+       * Waits for every copy sent to be acknowledged; throws the first failure in one line,
+       * naming the partition it failed for ({@code tp} and {@code remote} if not known).
+       */
+      void flush(TopicPartition tp, String remote) {
+        producer.flush();
+        Exception error = failure.get();
+        if (error == null) {
+          return;
+        }
         KafkaClients.discardProducer(producerConfig);
+        if (failedPartition != null) {
+          tp = failedPartition;
+          remote = failedRemote;
+        }
         for (Throwable cause = error; cause != null; cause = cause.getCause()) {
           if (cause instanceof AuthenticationException || cause instanceof AuthorizationException) {
             throw refusedBy(
@@ -745,13 +883,10 @@ public final class MirrorCopier {
           }
         }
         throw new IllegalStateException(
-            settings.get("error.prefix") + "copying " + tp + " to " + remote + " on " + settings.get("target")
-                + " failed: " + error,
+            settings.get("error.prefix") + "copying " + tp + " to " + remote + " on "
+                + settings.get("target") + " failed: " + error,
             error);
       }
-      copied.records = records;
-      copied.bytes = bytes;
-      copied.next = Math.min(next, until);
     }
 
     /**

@@ -42,11 +42,6 @@ final class PartitionReader {
     return consumer.poll(timeout).records(tp);
   }
 
-  /** {@code rest}, polled but not copied, are the next poll's records. */
-  void keep(List<ConsumerRecord<byte[], byte[]>> rest) {
-    kept = rest;
-  }
-
   /** The range ended at {@code until}; {@code rest} are the records polled at or past it. */
   void endRange(long until, List<ConsumerRecord<byte[], byte[]>> rest) {
     kept = rest;
@@ -64,12 +59,6 @@ final class PartitionReader {
   /** The next offset the consumer fetches (past any kept records). */
   long position() {
     return consumer.position(tp);
-  }
-
-  /** The partition's end as this consumer last saw it (its position plus its lag), or -1. */
-  long endSeen() {
-    java.util.OptionalLong lag = consumer.currentLag(tp);
-    return lag.isPresent() ? consumer.position(tp) + lag.getAsLong() : -1;
   }
 
   long earliest() {
