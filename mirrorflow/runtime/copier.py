@@ -7,7 +7,8 @@ JVM, and answers in one encoded block (``MirrorCopier.Copied.encode``): :class:`
 
 A :class:`CopyStream` is the copier run continuously in the driver's JVM: one task, with one
 consumer for all the flow's source partitions, reading from the flow's positions with no end,
-copying records as they arrive and writing offset syncs, until it is ended. The driver only supervises it: every
+copying records as they arrive and writing offset syncs, until it is ended. The driver only
+supervises it: every
 :data:`~mirrorflow.runtime.driver.STREAM_COMMIT_S` it harvests what was acknowledged since the
 last harvest (a :class:`CopierResult` whose ``reached`` offsets are the positions to write, and
 whose runs all lie below them) and writes it, as it does after a batch.
