@@ -219,11 +219,21 @@ def test_new_topics_and_partitions_are_picked_up_live_and_a_sigkill_loses_nothin
             60,
             "the new topic's records",
         )
-        # The stream, ended by the new partitions, started again at once and caught them up
-        # itself: no batch (a Spark job) since the flow first caught up, for a small backlog.
+        # The running stream took the new topic and partition in and went on: no batch (a Spark
+        # job) and no new stream since the flow first caught up.
+        wait_for(
+            lambda: (
+                len(read_topic(secondary, f"primary.{first}")) == 3
+                and sum(map(len, read_topic(secondary, f"primary.{first}").values())) >= 500
+            ),
+            60,
+            "the new partition's records",
+        )
         text = log.read_text()
         since = text[text.index("primary->secondary: caught up; copying continuously") :]
         assert not re.search(r"primary->secondary batch \d+:", since), since[-3000:]
+        assert since.count("copying continuously") == 1, since
+        assert re.search(rf"new partitions join the stream \(.*{re.escape(later)}", since), since
         time.sleep(2)
         os.killpg(job.pid, signal.SIGKILL)  # the driver dies mid-stream, no clean shutdown
         job.wait(30)

@@ -7,8 +7,8 @@ JVM, and answers in one encoded block (``MirrorCopier.Copied.encode``): :class:`
 
 A :class:`CopyStream` is the copier run continuously in the driver's JVM: one task, with one
 consumer for all the flow's source partitions, reading from the flow's positions with no end,
-copying records as they arrive and writing offset syncs, until it is ended. The driver only
-supervises it: every
+copying records as they arrive and writing offset syncs, until it is ended; partitions new to the
+flow join it while it runs. The driver only supervises it: every
 :data:`~mirrorflow.runtime.driver.STREAM_COMMIT_S` it harvests what was acknowledged since the
 last harvest (a :class:`CopierResult` whose ``reached`` offsets are the positions to write, and
 whose runs all lie below them) and writes it, as it does after a batch.
@@ -105,11 +105,27 @@ class CopyStream:
         settings,
         allowed_until_ms: int = STREAM_OPEN,
     ) -> None:
-        self.copier, self.batch, self.partitions = copier, batch, partitions
+        self.copier, self.batch, self.partitions = copier, batch, list(partitions)
         settings.put("batch", batch)
         settings.put("stream.allowed.until.ms", str(allowed_until_ms))
-        lines = [f"{t}\t{p}\t{start}" for (t, p), start in zip(partitions, starts, strict=True)]
-        copier.stream(lines, settings)
+        self.max_request_size = settings.get("producer.max.request.size")
+        copier.stream(self._lines(partitions, starts), settings)
+
+    @staticmethod
+    def _lines(partitions: list[Partition], starts: list[int]) -> list[str]:
+        return [f"{t}\t{p}\t{start}" for (t, p), start in zip(partitions, starts, strict=True)]
+
+    def extend(self, partitions: list[Partition], starts: list[int], settings) -> bool:
+        """Add ``partitions`` (new to the flow) from ``starts`` to the running stream, which
+        goes on copying the others; ``settings``: the copier's settings for the flow's topics
+        now (the new remote topics' names and size limits). False, and nothing added, when
+        they need a producer the stream does not have (a remote topic taking larger records):
+        then end the stream and start another."""
+        if settings.get("producer.max.request.size") != self.max_request_size:
+            return False
+        self.copier.extend(self.batch, self._lines(partitions, starts), settings)
+        self.partitions.extend(partitions)
+        return True
 
     def allow(self, until_ms: int) -> None:
         """Let the stream read and copy until ``until_ms`` (epoch ms): past it, its tasks copy

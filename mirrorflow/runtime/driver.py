@@ -695,7 +695,8 @@ class MirrorJob:
     def _stream(self, behind: int = 0) -> None:
         """Caught up (at least once, unless ``--no-continuous``): copy continuously in the
         driver's JVM (:class:`~mirrorflow.runtime.copier.CopyStream`) until a stop or pause, a
-        change of the flow's topics, or a failed task; every :data:`STREAM_COMMIT_S`, what the
+        topic leaving the flow, or a failed task (new topics and partitions join it as they
+        appear: :meth:`_extend`); every :data:`STREAM_COMMIT_S`, what the
         stream acknowledged is written as a batch's would be (the offset map, then the
         positions). Its tasks wait for records themselves: no doorbell, no listing of the ends.
         ``behind``: the records it starts behind (a stream started again, :meth:`_streams_on`)."""
@@ -734,11 +735,15 @@ class MirrorJob:
                     except Exception as exc:  # py4j's error: a task failed (see end())
                         error = str(exc)
                         break
-                    self._commit_stream(harvested, partitions, mapping)
+                    self._commit_stream(harvested, stream.partitions, mapping)
                     stream.allow(self._stream_allowance_ms())
+                    if self.mapping is not mapping:
+                        extended = self._extend(stream, mapping)
+                        if extended is None:
+                            break
+                        mapping = extended
                     if (
                         self.stopping()
-                        or self.mapping is not mapping
                         or self.scheduler.error is not None
                         or self._tasks_unanswered() is not None
                     ):
@@ -746,13 +751,40 @@ class MirrorJob:
             finally:
                 harvested, failed = stream.end()
                 error = failed or error
-                self._commit_stream(harvested, partitions, mapping)
+                self._commit_stream(harvested, stream.partitions, mapping)
         finally:
             self._end_batch(batch)
         if error is not None:
             raise batch_error(self.spec, error)
         if self._cancelled.is_set():
             raise BatchCancelled
+
+    def _extend(self, stream: CopyStream, mapping: dict[str, str]) -> dict[str, str] | None:
+        """The flow's topics changed (``mapping`` was theirs) while ``stream`` ran: new topics
+        and partitions join it, from where each starts, and it goes on; returns the mapping it
+        now copies. None when it cannot take the change (a topic left the flow or changed its
+        remote, or a new remote topic takes larger records than its producer sends): then it
+        ends, and the flow plans again."""
+        now = self.mapping
+        if any(now.get(source) != remote for source, remote in mapping.items()):
+            return None
+        streamed = set(stream.partitions)
+        new = [tp for tp in self._partitions(now) if tp not in streamed]
+        if not new:
+            return now
+        self._start([tp for tp in new if tp not in self.positions])
+        settings = self.copier.settings(now, self.remote_topics.max_message_bytes)
+        if not stream.extend(new, [self.positions[tp] for tp in new], settings):
+            return None
+        with self._batch_lock:
+            self._in_flight_partitions = list(stream.partitions)
+        log.info(
+            "%s: %d new partitions join the stream (%s)",
+            self.spec.flow,
+            len(new),
+            ", ".join(sorted({topic for topic, _p in new})),
+        )
+        return now
 
     def _streams_on(self, ranges: list[tuple[Partition, int, int]]) -> bool:
         """Whether a stream that just ended starts again rather than this batch: a continuous
@@ -876,24 +908,30 @@ class MirrorJob:
             log.info("%s: new topics to replicate: %s", self.spec.flow, ", ".join(added))
         self.mapping = mapping
 
-    def _partitions(self) -> list[Partition]:
+    def _partitions(self, mapping: dict[str, str] | None = None) -> list[Partition]:
+        """The source partitions of the flow's topics (of ``mapping``, by default the flow's)."""
         counts = self.remote_topics.source_partitions
-        return [(t, p) for t in sorted(self.mapping) for p in range(counts.get(t, 0))]
+        topics = self.mapping if mapping is None else mapping
+        return [(t, p) for t in sorted(topics) for p in range(counts.get(t, 0))]
+
+    def _start(self, new: list[Partition]) -> None:
+        """Positions for partitions the flow has none for: where each starts."""
+        if not new:
+            return
+        starts = self.source_offsets.starts(new)
+        self.positions.update(starts)
+        if self.spec.starting_offsets != "earliest" or self.spec.starting_offsets_group:
+            # Where these start depends on when they were first seen (the end then, a group's
+            # offsets then): kept at once, so that a restart resumes there rather than at a
+            # later end, skipping what arrived while the job was down.
+            assert self.writer is not None
+            self.writer.write(starts)
 
     def _plan(self) -> list[tuple[Partition, int, int]]:
         """The next batch: (partition, from, until) with records, at most the batch's size."""
         plan_at = time.time()
         partitions = self._partitions()
-        new = [tp for tp in partitions if tp not in self.positions]
-        if new:
-            starts = self.source_offsets.starts(new)
-            self.positions.update(starts)
-            if self.spec.starting_offsets != "earliest" or self.spec.starting_offsets_group:
-                # Where these start depends on when they were first seen (the end then, a
-                # group's offsets then): kept at once, so that a restart resumes there rather
-                # than at a later end, skipping what arrived while the job was down.
-                assert self.writer is not None
-                self.writer.write(starts)
+        self._start([tp for tp in partitions if tp not in self.positions])
         ends = (
             self._once_ends if self._once_ends is not None else self.source_offsets.ends(partitions)
         )

@@ -6,9 +6,11 @@ import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.Queue;
 import java.util.Set;
 import java.util.TreeSet;
 import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.ConcurrentLinkedQueue;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
@@ -140,16 +142,31 @@ public final class MirrorCopier {
     ALLOWED.put(
         batch,
         new AtomicLong(Long.parseLong(settings.getOrDefault("stream.allowed.until.ms", "" + OPEN))));
-    List<TopicPartition> partitions = new ArrayList<>();
-    for (String range : ranges) {
-      String[] fields = range.split("\t");
-      partitions.add(new TopicPartition(fields[0], Integer.parseInt(fields[1])));
-      stream.from.add(Long.parseLong(fields[2]));
-      stream.progress.add(new Copied());
-    }
-    List<Long> from = List.copyOf(stream.from);
-    stream.tasks.add(LOCAL_TASKS.submit(() -> task.stream(partitions, from, stream.progress)));
+    stream.add(ranges, Map.of());
+    stream.tasks.add(LOCAL_TASKS.submit(() -> task.stream(stream)));
     STREAMS.put(batch, stream);
+  }
+
+  /**
+   * Adds {@code ranges} ({@code topic\tpartition\tfrom}: partitions new to the flow, its
+   * topics' new partitions) to the running stream of {@code batch}, after its others in
+   * {@link #harvest}'s results. Its task takes them at its next poll, with {@code settings}'
+   * names and size limits of remote topics ({@code topic.*}, {@code limit.*}): the stream goes
+   * on copying its other partitions meanwhile, as a MirrorMaker 2 task's consumer is given new
+   * partitions without stopping.
+   */
+  public static void extend(String batch, List<String> ranges, Map<String, String> settings) {
+    Stream stream = STREAMS.get(batch);
+    if (stream == null) {
+      throw new IllegalStateException("no stream " + batch);
+    }
+    Map<String, String> names = new HashMap<>();
+    for (Map.Entry<String, String> entry : settings.entrySet()) {
+      if (entry.getKey().startsWith("topic.") || entry.getKey().startsWith("limit.")) {
+        names.put(entry.getKey(), entry.getValue());
+      }
+    }
+    stream.add(ranges, names);
   }
 
   /**
@@ -228,12 +245,36 @@ public final class MirrorCopier {
     }
   }
 
-  /** A stream's ranges: where each was last drained from, its progress and its task. */
+  /**
+   * A stream's partitions: where each was last drained from, its progress and its task; and the
+   * partitions added that its task has not taken yet.
+   */
   private static final class Stream {
     final List<Long> from = new ArrayList<>();
     final List<Copied> progress = new ArrayList<>();
     final List<Future<?>> tasks = new ArrayList<>();
     final AtomicReference<Throwable> error = new AtomicReference<>();
+    final Queue<Added> added = new ConcurrentLinkedQueue<>();
+
+    /** Partitions and where they start, and the settings naming their remote topics. */
+    record Added(List<TopicPartition> partitions, List<Copied> progress, Map<String, String> names) {}
+
+    synchronized void add(List<String> ranges, Map<String, String> names) {
+      List<TopicPartition> partitions = new ArrayList<>();
+      List<Copied> copied = new ArrayList<>();
+      for (String range : ranges) {
+        String[] fields = range.split("\t");
+        long start = Long.parseLong(fields[2]);
+        Copied progress = new Copied();
+        progress.sentNext = start;
+        progress.next = start;
+        partitions.add(new TopicPartition(fields[0], Integer.parseInt(fields[1])));
+        copied.add(progress);
+        this.from.add(start);
+        this.progress.add(progress);
+      }
+      added.add(new Added(partitions, copied, names));
+    }
 
     synchronized List<Copied> drain() {
       List<Copied> drained = new ArrayList<>();
@@ -655,43 +696,51 @@ public final class MirrorCopier {
     }
 
     /**
-     * Copies the partitions {@code tps} continuously from {@code from}, each into its {@code
-     * copied} (which {@link Copied#drain} reads while it runs), with one consumer for them all,
-     * until the stream's batch is cancelled or a copy fails. A partition the flow does not copy
-     * (its topic matched the subscription but not the flow's filters) stays where it is.
+     * Copies the partitions of {@code stream} continuously from where each starts, each into its
+     * {@link Copied} (which {@link Copied#drain} reads while it runs), with one consumer for them
+     * all, taking the partitions added to the stream at each poll, until the stream's batch is
+     * cancelled or a copy fails. A partition the flow does not copy (its topic matched the
+     * subscription but not the flow's filters) stays where it is.
      */
-    Void stream(List<TopicPartition> tps, List<Long> from, List<Copied> copied) throws Exception {
-      Map<TopicPartition, Integer> index = new HashMap<>();
+    Void stream(Stream stream) throws Exception {
+      Map<TopicPartition, Copied> copied = new HashMap<>();
       Map<TopicPartition, String> remotes = new HashMap<>();
-      long[] next = new long[tps.size()];
-      for (int i = 0; i < tps.size(); i++) {
-        TopicPartition tp = tps.get(i);
-        next[i] = from.get(i);
-        copied.get(i).sentNext = next[i];
-        copied.get(i).next = next[i];
-        String remote = settings.get("topic." + tp.topic());
-        if (remote != null) {
-          index.put(tp, i);
-          remotes.put(tp, remote);
-        }
-      }
+      Map<TopicPartition, Long> next = new HashMap<>();
       String batch = settings.get("batch");
-      if (index.isEmpty()) { // nothing to read: wait for the end
-        while (!cancelled(batch)) {
-          Thread.sleep(100);
-        }
-        return null;
-      }
       AtomicLong allowed = ALLOWED.get(batch);
-      Sender sender = new Sender();
-      KafkaConsumer<byte[], byte[]> consumer = new KafkaConsumer<>(consumerConfig());
+      Sender sender = null;
+      KafkaConsumer<byte[], byte[]> consumer = null;
       boolean failed = false;
       try {
-        consumer.assign(index.keySet());
-        for (Map.Entry<TopicPartition, Integer> entry : index.entrySet()) {
-          consumer.seek(entry.getKey(), next[entry.getValue()]);
-        }
-        while (sender.failure.get() == null && !cancelled(batch)) {
+        while (!failed && !cancelled(batch) && (sender == null || sender.failure.get() == null)) {
+          boolean assign = false;
+          for (Stream.Added added; (added = stream.added.poll()) != null; ) {
+            settings.putAll(added.names());
+            for (int i = 0; i < added.partitions().size(); i++) {
+              TopicPartition tp = added.partitions().get(i);
+              String remote = settings.get("topic." + tp.topic());
+              if (remote != null) {
+                copied.put(tp, added.progress().get(i));
+                remotes.put(tp, remote);
+                next.put(tp, added.progress().get(i).sentNext);
+                assign = true;
+              }
+            }
+          }
+          if (copied.isEmpty()) { // nothing to read (yet): wait for partitions or the end
+            Thread.sleep(100);
+            continue;
+          }
+          if (consumer == null) {
+            sender = new Sender();
+            consumer = new KafkaConsumer<>(consumerConfig());
+          }
+          if (assign) {
+            consumer.assign(copied.keySet());
+            for (Map.Entry<TopicPartition, Long> entry : next.entrySet()) {
+              consumer.seek(entry.getKey(), entry.getValue());
+            }
+          }
           if (allowed != null && System.currentTimeMillis() > allowed.get()) {
             Thread.sleep(20); // not allowed to copy now (see ALLOWED): wait for the driver
             continue;
@@ -700,7 +749,7 @@ public final class MirrorCopier {
           try {
             polled = consumer.poll(Duration.ofMillis(500));
           } catch (AuthenticationException | AuthorizationException refused) {
-            throw refusedBy("source", "reading " + index.keySet(), refused, "READ on its topics");
+            throw refusedBy("source", "reading " + copied.keySet(), refused, "READ on its topics");
           } catch (OffsetOutOfRangeException gone) {
             for (Map.Entry<TopicPartition, Long> lost : gone.offsetOutOfRangePartitions().entrySet()) {
               TopicPartition tp = lost.getKey();
@@ -708,7 +757,7 @@ public final class MirrorCopier {
               LOG.warn(
                   "{}: offsets {} to {} are no longer on {} (retention or truncation); copying from {}",
                   tp, lost.getValue(), earliest - 1, settings.get("source"), earliest);
-              next[index.get(tp)] = earliest;
+              next.put(tp, earliest);
               consumer.seek(tp, earliest);
             }
             continue;
@@ -716,36 +765,34 @@ public final class MirrorCopier {
           long readAt = System.currentTimeMillis();
           Set<TopicPartition> held = new java.util.HashSet<>();
           for (TopicPartition tp : polled.partitions()) {
-            int i = index.get(tp);
             for (ConsumerRecord<byte[], byte[]> record : polled.records(tp)) {
               if (allowed != null && System.currentTimeMillis() > allowed.get()) {
                 consumer.seek(tp, record.offset()); // copied once allowed again
                 held.add(tp);
                 break;
               }
-              if (sender.send(record, tp, remotes.get(tp), copied.get(i), readAt) == Sender.FAILED) {
+              if (sender.send(record, tp, remotes.get(tp), copied.get(tp), readAt) == Sender.FAILED) {
                 failed = true;
                 break;
               }
-              next[i] = record.offset() + 1; // a copy sent, or a gap: dropped by the transforms
+              next.put(tp, record.offset() + 1); // a copy sent, or a gap: dropped by the transforms
             }
             if (failed) {
               break;
             }
           }
-          for (Map.Entry<TopicPartition, Integer> entry : index.entrySet()) {
+          for (Map.Entry<TopicPartition, Copied> entry : copied.entrySet()) {
             TopicPartition tp = entry.getKey();
-            Copied progress = copied.get(entry.getValue());
-            int i = entry.getValue();
-            if (!held.contains(tp)) {
+            Copied progress = entry.getValue();
+            if (!failed && !held.contains(tp)) {
               // Past the last record returned: offsets holding no record for us (transaction
               // markers, aborted or compacted records) up to the consumer's position.
-              next[i] = Math.max(next[i], consumer.position(tp));
+              next.put(tp, Math.max(next.get(tp), consumer.position(tp)));
             }
-            progress.sentNext = next[i];
+            progress.sentNext = next.get(tp);
             java.util.OptionalLong lag = consumer.currentLag(tp);
             if (lag.isPresent()) {
-              progress.endSeen = next[i] + lag.getAsLong();
+              progress.endSeen = next.get(tp) + lag.getAsLong();
               if (lag.getAsLong() == 0 && progress.inFlight.get() == 0) {
                 progress.caughtUpAt = readAt;
               }
@@ -753,12 +800,16 @@ public final class MirrorCopier {
           }
         }
       } finally {
-        consumer.close(Duration.ofSeconds(5));
+        if (consumer != null) {
+          consumer.close(Duration.ofSeconds(5));
+        }
       }
-      TopicPartition any = index.keySet().iterator().next();
-      sender.flush(any, remotes.get(any)); // every copy acknowledged, or the first failure thrown
-      for (Map.Entry<TopicPartition, Integer> entry : index.entrySet()) {
-        copied.get(entry.getValue()).next = next[entry.getValue()];
+      if (sender != null) {
+        TopicPartition any = copied.keySet().iterator().next();
+        sender.flush(any, remotes.get(any)); // every copy acknowledged, or the first failure thrown
+      }
+      for (Map.Entry<TopicPartition, Copied> entry : copied.entrySet()) {
+        entry.getValue().next = next.get(entry.getKey());
       }
       return null;
     }
