@@ -1,7 +1,8 @@
-"""The one line a user reads when a batch fails: the cause found in what Spark, Kafka's Java
-clients or mirrorflow's code on an executor raised, and whether trying again can mend it (a
-cluster that did not answer: :class:`~mirrorflow.errors.ClusterUnreachable`, retried with
-backoff) or not (a refused principal, a bad setting: the flow stops)."""
+"""How a batch or a stream ends other than done: the one line a user reads when it fails (the
+cause found in what Spark, Kafka's Java clients or mirrorflow's code on an executor raised, and
+whether trying again can mend it: a cluster that did not answer,
+:class:`~mirrorflow.errors.ClusterUnreachable`, retried with backoff; or not: a refused
+principal, a bad setting, and the flow stops), or :class:`BatchCancelled`."""
 
 from __future__ import annotations
 
@@ -10,6 +11,11 @@ import re
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
 from mirrorflow.replication.spec import MirrorSpec
 from mirrorflow.runtime import eos_writer as mirror_writer
+
+
+class BatchCancelled(Exception):
+    """The flow was cancelled (paused or held) before or while its batch or stream ran."""
+
 
 _UNREACHABLE = re.compile(
     r"TimeoutException|NetworkException|DisconnectException|Local: Timed out|"

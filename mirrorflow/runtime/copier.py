@@ -9,7 +9,7 @@ A :class:`CopyStream` is the copier run continuously in the driver's JVM: one ta
 consumer for all the flow's source partitions, reading from the flow's positions with no end,
 copying records as they arrive and writing offset syncs, until it is ended; partitions new to the
 flow join it while it runs. The driver only supervises it: every
-:data:`~mirrorflow.runtime.driver.STREAM_COMMIT_S` it harvests what was acknowledged since the
+:data:`~mirrorflow.runtime.streaming.STREAM_COMMIT_S` it harvests what was acknowledged since the
 last harvest (a :class:`CopierResult` whose ``reached`` offsets are the positions to write, and
 whose runs all lie below them) and writes it, as it does after a batch.
 """

@@ -4,7 +4,7 @@ from the source (:mod:`mirrorflow.replication.lag`).
 
 The mirror job (:class:`mirrorflow.runtime.driver.MirrorJob`) counts what it copies here and
 records each change of state; its ``report-progress`` task rewrites ``progress.json`` every
-:data:`~mirrorflow.runtime.driver.REPORT_PROGRESS_S`, busy or idle (liveness), and its
+:data:`~mirrorflow.runtime.flow_tasks.REPORT_PROGRESS_S`, busy or idle (liveness), and its
 ``measure-lag`` task measures the lag, the target away or not.
 """
 

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("mirrorflow.mirror")
 
 TREND_FILE = "trend.json"
-INTERVAL_S = 10.0  # as the driver's report-progress task (REPORT_PROGRESS_S)
+INTERVAL_S = 10.0  # as the flow's report-progress task (flow_tasks.REPORT_PROGRESS_S)
 WINDOW_S = 3600.0  # the ring keeps the last hour
 MODE = 0o644  # figures only: readable by whoever reads the state directory
 

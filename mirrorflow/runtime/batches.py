@@ -1,0 +1,263 @@
+"""A flow's batches: each partition's range from its position to the source's end, planned by
+the driver and copied at once, then written.
+
+:meth:`Batches.plan` lists the source's ends and cuts the ranges (at most
+``--max-records-per-batch`` records in all, shared in proportion). :meth:`Batches.copy` copies
+them:
+
+- **at least once** (the default): the JVM copier (:class:`~mirrorflow.runtime.copier.JvmCopier`)
+  copies them on the executors with Kafka's Java clients, one task per range, and writes
+  MirrorMaker 2's offset syncs from the acknowledgements; once every copy is acknowledged the
+  batch's runs go to the offset map, then its positions are written. A small batch
+  (:meth:`Batches.runs_locally`) runs the same tasks in the driver's JVM, without a Spark job, as
+  Spark SQL answers ``collect`` of a local relation on the driver (``Dataset.isLocal``);
+- **exactly once**: Spark's Kafka batch source reads the ranges and
+  :func:`mirrorflow.runtime.eos_writer.copy_records` commits each partition's copies, its runs of
+  the offset map and its position in one Kafka transaction; the offset syncs follow.
+
+A batch that fails or is cancelled keeps what it committed (exactly once, its open transactions
+are aborted); a source that stops answering mid-batch leaves its ranges unfinished
+(``stalled``), what was copied kept.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict
+from typing import TYPE_CHECKING
+
+from mirrorflow.errors import ClusterUnreachable, MirrorflowError
+from mirrorflow.mm2.formats import OffsetSync
+from mirrorflow.replication.topics import client_principal, write_records
+from mirrorflow.runtime import exactly_once
+from mirrorflow.runtime.batch_errors import BatchCancelled, batch_error
+from mirrorflow.runtime.copier import SOURCE_STALL_S
+from mirrorflow.runtime.metrics import Copied
+
+if TYPE_CHECKING:
+    from mirrorflow.runtime.driver import MirrorJob
+
+log = logging.getLogger("mirrorflow.mirror")
+
+Partition = tuple[str, int]
+LOCAL_BATCH_MAX_BYTES = 8 << 20  # a local batch's records times the flow's mean record size
+
+
+class Batches:
+    """The batches of ``job``'s flow: planned, copied and written one at a time."""
+
+    def __init__(self, job: MirrorJob) -> None:
+        self.job = job
+        self.capped = False  # the last plan left records for the next batch
+        self.stalled: list[tuple[Partition, int]] = []  # ranges the source left unfinished
+        # A run to the end (``--once``): the source's ends at its start, planned to and no further.
+        self.once_ends: dict[Partition, int] | None = None
+
+    def plan(self) -> list[tuple[Partition, int, int]]:
+        """The next batch: (partition, from, until) with records, at most the batch's size."""
+        job = self.job
+        plan_at = time.time()
+        partitions = job.partitions()
+        job.start_partitions([tp for tp in partitions if tp not in job.positions])
+        ends = self.once_ends if self.once_ends is not None else job.source_offsets.ends(partitions)
+        job.backlog.planned_ends, job.backlog.plan_at = ends, plan_at
+        job.backlog.observe(ends, job.positions, int(plan_at * 1000))
+        pending = {}
+        for tp in partitions:
+            end, position = ends.get(tp, 0), job.positions[tp]
+            if position > end:
+                restart = job.source_offsets.starts([tp])[tp]
+                log.warning(
+                    "%s: %s-%d ends at %d, before its position %d (topic re-created or "
+                    "truncated); copying from %d",
+                    job.spec.flow,
+                    tp[0],
+                    tp[1],
+                    end,
+                    position,
+                    restart,
+                )
+                job.positions[tp] = position = restart
+            if end > position:
+                pending[tp] = end - position
+        if job.metrics is not None:
+            job.metrics.lag(job.positions, ends, job.mapping, plan_at)
+        total, cap = sum(pending.values()), job.spec.max_records_per_batch
+        self.capped = total > cap
+        if not total:
+            job.backlog.caught_up_at = plan_at
+        ranges = []
+        for tp, count in sorted(pending.items()):
+            take = count if total <= cap else max(1, count * cap // total)
+            ranges.append((tp, job.positions[tp], job.positions[tp] + take))
+        return ranges
+
+    def copy(self, ranges: list[tuple[Partition, int, int]]) -> None:
+        """Copy one batch (its ranges), write its positions and record it; a cancellation
+        (:meth:`~mirrorflow.runtime.driver.MirrorJob.cancel`) ends it early
+        (:class:`~mirrorflow.runtime.batch_errors.BatchCancelled`, or, at least once, the
+        positions of what was copied)."""
+        job = self.job
+        batch = job.begin_batch([tp for tp, _start, _until in ranges])
+        context = job.spark.sparkContext
+        context.addJobTag(batch)
+        try:
+            self._copy(batch, ranges)
+        finally:
+            context.removeJobTag(batch)
+            job.end_batch(batch)
+
+    def _copy(self, batch: str, ranges: list[tuple[Partition, int, int]]) -> None:
+        job, spec, report = self.job, self.job.spec, self.job.report
+        mapping = job.mapping
+        if report.state != "RUNNING":  # copying from now on, not idle (what the page says)
+            job.record_state("RUNNING")
+        started = time.monotonic()
+        planned = sum(until - start for _tp, start, until in ranges)
+        if spec.exactly_once:
+            try:
+                records, size, syncs, copied = self._copy_in_transactions(ranges, mapping)
+            except Exception as exc:  # Spark's error: its text holds the copy's message
+                # A killed or failed task may leave its transaction open, which would hold
+                # back the target partition's read_committed consumers: abort them now.
+                self._abort_transactions([tp for tp, _s, _u in ranges])
+                if job.cancelled:
+                    raise BatchCancelled from None
+                if isinstance(exc, MirrorflowError):
+                    raise
+                raise batch_error(spec, exc) from None
+            done = f"{records} records, {size} bytes, {syncs} offset syncs"
+        else:
+            local = self.runs_locally(ranges)
+            self.stalled = []
+            try:
+                result = job.copier.copy(
+                    batch,
+                    ranges,
+                    job.copier.settings(mapping, job.remote_topics.max_message_bytes),
+                    local,
+                    f"mirror {spec.flow} batch {report.batches}",
+                )
+            except MirrorflowError:
+                if job.cancelled:  # cancelled by Spark: copied again on resume
+                    log.warning(
+                        "%s: batch %d cancelled by Spark: what it copied is copied again when "
+                        "the flow resumes",
+                        spec.flow,
+                        report.batches,
+                    )
+                    raise BatchCancelled from None
+                raise
+            self.stalled = result.stalled
+            records, size, runs, copied = result.records, result.bytes, result.runs, result.copied
+            reached = result.reached
+            ranges = [(tp, start, reached[i]) for i, (tp, start, _until) in enumerate(ranges)]
+            done = f"{records} records, {size} bytes" + (" (in the driver)" if local else "")
+            report.local_batches += local
+            job.store_runs(runs)
+            assert job.writer is not None
+            job.writer.write({tp: until for tp, start, until in ranges if until > start})
+            if self.stalled and not job.cancelled:
+                (topic, partition), offset = self.stalled[0]
+                for tp, _start, until in ranges:
+                    job.positions[tp] = until
+                raise ClusterUnreachable(
+                    f"cluster {spec.source} did not answer: no records of "
+                    f"{topic}-{partition} from offset {offset} within {SOURCE_STALL_S:.0f}s "
+                    "(what was copied is kept)",
+                    f"check that {spec.source} is up; retrying",
+                )
+        for tp, _start, until in ranges:
+            job.positions[tp] = until
+        report.copied[0] += records
+        report.copied[1] += size
+        if job.metrics is not None:
+            job.metrics.batch(
+                copied, job.positions, job.backlog.planned_ends, mapping, job.backlog.plan_at
+            )
+        elapsed = time.monotonic() - started
+        cut = sum(until - start for _tp, start, until in ranges) < planned
+        log.info(
+            "%s batch %d: %s from %d partitions in %.3f s%s",
+            spec.flow,
+            report.batches,
+            done,
+            len(ranges),
+            elapsed,
+            " (cancelled: the flow was paused; positions at its last acknowledged copies)"
+            if cut
+            else "",
+        )
+        report.last_batch_s, report.last_batch_at = elapsed, time.time()
+        job.copied_now()
+        if not self.capped and not cut:  # everything on the source at the plan is copied
+            job.backlog.caught_up_at = job.backlog.plan_at
+        job.record_state("RUNNING")
+
+    def _abort_transactions(self, partitions: list[Partition]) -> None:
+        """An exactly-once batch that failed or was cancelled: fence its partitions'
+        transactional producers, which aborts their open transactions (a worker killed
+        mid-transaction leaves one open, which would hold back every read_committed consumer of
+        the target partition until the transaction timeout). A transaction committed before
+        stays committed, with its positions: the flow resumes after it."""
+        job = self.job
+        if not job.fence(partitions):
+            return
+        log.info(
+            "%s: batch %d %s: the open transactions of its %d partitions are aborted; nothing "
+            "of it is visible but what it committed",
+            job.spec.flow,
+            job.report.batches,
+            "cancelled (the flow was paused)" if job.cancelled else "failed",
+            len(partitions),
+        )
+
+    def runs_locally(self, ranges: list[tuple[Partition, int, int]]) -> bool:
+        """Whether an at-least-once batch is small enough to copy in the driver's JVM: at most
+        ``local_batch_max_records`` records (0: never), and at most
+        :data:`LOCAL_BATCH_MAX_BYTES` by the flow's mean record size so far."""
+        limit = self.job.spec.local_batch_max_records
+        records = sum(until - start for _tp, start, until in ranges)
+        if limit <= 0 or records > limit:
+            return False
+        copied = self.job.report.copied
+        mean = copied[1] / copied[0] if copied[0] else 0
+        return records * mean <= LOCAL_BATCH_MAX_BYTES
+
+    def _copy_in_transactions(
+        self, ranges: list[tuple[Partition, int, int]], mapping: dict[str, str]
+    ) -> tuple[int, int, int, dict[Partition, Copied]]:
+        """Exactly-once: the Python workers copy each source partition in a transaction that
+        also commits its position and its runs in the offset map; then the offset syncs go
+        out. Returns (records, bytes, syncs, what was copied per partition)."""
+        job = self.job
+        result = exactly_once.copy_batch(
+            job.spark,
+            job.spec,
+            ranges,
+            mapping=mapping,
+            producer_config=job.copy_producer_config,
+            max_message_bytes=dict(job.remote_topics.max_message_bytes),
+            positions=job.positions,
+            offset_map=job.offset_map,
+            lease_holder=asdict(job.lease.holder) if job.lease is not None else None,
+        )
+        if job.spec.emit_offset_syncs and result.syncs:
+            self._write_offset_syncs(result.syncs)
+        return result.records, result.bytes, len(result.syncs), result.copied
+
+    def _write_offset_syncs(self, syncs: list[OffsetSync]) -> None:
+        job, spec = self.job, self.job.spec
+        cluster, topic = spec.offset_syncs_cluster, spec.offset_syncs_topic
+        config = spec.source_client if cluster == spec.source else spec.target_client
+        write_records(
+            job.producers[cluster],
+            topic,
+            [(sync.key(), sync.value()) for sync in syncs],
+            cluster=cluster,
+            principal=client_principal(config),
+            what=f"writing offset syncs to {topic}",
+            hint="the batch will be replayed when the job restarts; check the cluster",
+            timeout_s=60,
+        )

@@ -1,0 +1,212 @@
+"""A flow's stream, supervised from its driver: the continuous copy a caught-up at-least-once
+flow runs instead of batches.
+
+The copy itself is the JVM copier's (:class:`~mirrorflow.runtime.copier.CopyStream`: one task,
+one consumer for all the flow's source partitions, in the driver's JVM). :class:`FlowStream`
+starts it from the flow's positions, every :data:`STREAM_COMMIT_S` writes what it acknowledged
+as a batch's copies are written (the offset map, then the positions, then the figures), hands
+it the topics and partitions new to the flow as the refresh finds them, lets it copy only while
+the flow's lease is fresh, and ends it at a stop or pause, a topic leaving the flow, or a failed
+task (in the batch's one-line error).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from mirrorflow.runtime.batch_errors import BatchCancelled, batch_error
+from mirrorflow.runtime.copier import STREAM_OPEN, CopierResult, CopyStream
+
+if TYPE_CHECKING:
+    from mirrorflow.runtime.driver import MirrorJob
+
+log = logging.getLogger("mirrorflow.mirror")
+
+Partition = tuple[str, int]
+# A stream's acknowledged copies are taken, written (offset map, then positions) and counted in
+# the flow's figures this often.
+STREAM_COMMIT_S = 1.0
+# A stream that ended (a topic left the flow) starts again at once, catching up itself, when
+# the flow is this far behind at most: no Spark job, which in an application of many flows waits
+# for the executors' few slots behind the others' batches.
+STREAM_AGAIN_MAX_RECORDS = 50_000
+
+
+class FlowStream:
+    """The stream of ``job``'s flow: :meth:`run` copies continuously until it ends."""
+
+    def __init__(self, job: MirrorJob) -> None:
+        self.job = job
+
+    def starts_again(self, ranges: list[tuple[Partition, int, int]]) -> bool:
+        """Whether a stream that just ended starts again rather than a batch of ``ranges``
+        (the whole backlog, not capped): a continuous flow whose backlog is small, at most
+        :data:`STREAM_AGAIN_MAX_RECORDS`."""
+        spec = self.job.spec
+        return (
+            spec.continuous
+            and not spec.exactly_once
+            and sum(until - start for _tp, start, until in ranges) <= STREAM_AGAIN_MAX_RECORDS
+        )
+
+    def run(self, behind: int = 0) -> None:
+        """Copy continuously from the flow's positions until a stop or pause, a topic leaving
+        the flow, or a failed task (:class:`~mirrorflow.errors.MirrorflowError`, one line);
+        :class:`~mirrorflow.runtime.batch_errors.BatchCancelled` once the flow is cancelled.
+        ``behind``: the records it starts behind (a stream started again)."""
+        job = self.job
+        assert job.scheduler is not None
+        mapping = job.mapping
+        partitions = [tp for tp in job.partitions() if tp in job.positions]
+        batch = job.begin_batch(partitions)
+        error: str | None = None
+        try:
+            stream = CopyStream(
+                job.copier.java,
+                batch,
+                partitions,
+                [job.positions[tp] for tp in partitions],
+                job.copier.settings(mapping, job.remote_topics.max_message_bytes),
+                self.allowance_ms(),
+            )
+            if behind:
+                log.info(
+                    "%s: copying continuously from %d partitions, %d records behind: the "
+                    "stream catches them up",
+                    job.spec.flow,
+                    len(partitions),
+                    behind,
+                )
+            else:
+                log.info(
+                    "%s: caught up; copying continuously from %d partitions",
+                    job.spec.flow,
+                    len(partitions),
+                )
+            try:
+                while not job.wait_for_stop(STREAM_COMMIT_S):
+                    try:
+                        harvested = stream.harvest()
+                    except Exception as exc:  # py4j's error: a task failed (see end())
+                        error = str(exc)
+                        break
+                    self._commit(harvested, stream.partitions, mapping)
+                    stream.allow(self.allowance_ms())
+                    if job.mapping is not mapping:
+                        extended = self._extend(stream, mapping)
+                        if extended is None:
+                            break
+                        mapping = extended
+                    if (
+                        job.stopping()
+                        or job.scheduler.error is not None
+                        or job.tasks_unanswered() is not None
+                    ):
+                        break
+            finally:
+                harvested, failed = stream.end()
+                error = failed or error
+                self._commit(harvested, stream.partitions, mapping)
+        finally:
+            job.end_batch(batch)
+        if error is not None:
+            raise batch_error(job.spec, error)
+        if job.cancelled:
+            raise BatchCancelled
+
+    def _extend(self, stream: CopyStream, mapping: dict[str, str]) -> dict[str, str] | None:
+        """The flow's topics changed (``mapping`` was theirs) while ``stream`` ran: new topics
+        and partitions join it, from where each starts, and it goes on; returns the mapping it
+        now copies. None when it cannot take the change (a topic left the flow or changed its
+        remote, or a new remote topic takes larger records than its producer sends): then it
+        ends, and the flow plans again."""
+        job = self.job
+        now = job.mapping
+        if any(now.get(source) != remote for source, remote in mapping.items()):
+            return None
+        streamed = set(stream.partitions)
+        new = [tp for tp in job.partitions(now) if tp not in streamed]
+        if not new:
+            return now
+        job.start_partitions([tp for tp in new if tp not in job.positions])
+        settings = job.copier.settings(now, job.remote_topics.max_message_bytes)
+        if not stream.extend(new, [job.positions[tp] for tp in new], settings):
+            return None
+        job.in_flight_partitions(stream.partitions)
+        log.info(
+            "%s: %d new partitions join the stream (%s)",
+            job.spec.flow,
+            len(new),
+            ", ".join(sorted({topic for topic, _p in new})),
+        )
+        return now
+
+    def allowance_ms(self) -> int:
+        """Until when (epoch ms) a stream may copy: while the flow's lease is fresh, renewed
+        first if it is not (:class:`~mirrorflow.replication.lease.LeaseLost` if another job
+        took it). A job frozen past it (SIGSTOP, a long pause) finds on waking that its stream
+        may not copy any more, and copies nothing until it has renewed the lease here."""
+        lease = self.job.lease
+        if lease is None:
+            return STREAM_OPEN
+        if not lease.fresh():
+            lease.renew()
+        return int(lease.fresh_until() * 1000)
+
+    def _commit(
+        self, harvested: CopierResult, partitions: list[Partition], mapping: dict[str, str]
+    ) -> None:
+        """Write what a stream acknowledged since its last harvest: its runs to the offset map,
+        then the positions it reached; its figures to the metrics and ``progress.json``."""
+        job = self.job
+        assert job.writer is not None
+        now = time.time()
+        job.store_runs(harvested.runs)
+        moved = {
+            tp: reached
+            for tp, reached in zip(partitions, harvested.reached, strict=True)
+            if reached > job.positions.get(tp, reached)
+        }
+        if moved:
+            job.writer.write(moved)
+            job.positions.update(moved)
+        report, backlog, metrics = job.report, job.backlog, job.metrics
+        report.copied[0] += harvested.records
+        report.copied[1] += harvested.bytes
+        ends = {
+            tp: max(end, job.positions[tp])
+            for tp, end in zip(partitions, harvested.ends_seen, strict=True)
+            if end >= 0
+        }
+        if ends:
+            backlog.planned_ends.update(ends)
+            backlog.plan_at = now
+            backlog.observe(ends, job.positions, int(now * 1000))
+        caught_up = harvested.caught_up_ms
+        # Every partition's task found nothing new with its copies acknowledged: when the last
+        # of them did, everything then on the source was copied.
+        idle = (
+            bool(caught_up)
+            and min(caught_up) >= 0
+            and all(job.positions[tp] >= end for tp, end in ends.items())
+        )
+        if idle:
+            backlog.caught_up_at = max(backlog.caught_up_at or 0.0, min(caught_up) / 1000)
+        if harvested.records:
+            job.copied_now()
+            report.last_batch_at = now
+            report.last_batch_s = STREAM_COMMIT_S
+            if metrics is not None:
+                metrics.batch(harvested.copied, job.positions, ends, mapping, now)
+            if report.state != "RUNNING":
+                job.record_state("RUNNING")
+            return
+        if metrics is not None:
+            if idle and backlog.caught_up_at is not None:
+                metrics.caught_up(job.positions, mapping, backlog.caught_up_at)
+            else:
+                metrics.lag(job.positions, ends, mapping, now)
+        if idle and report.state != "IDLE":  # else copies are still unacknowledged: not idle
+            job.record_state("IDLE")
