@@ -368,11 +368,16 @@ def test_a_logged_in_user_sees_the_flow_running_stalled_and_stopped(
                 flow_row_state(page, page_url, ("PAUSED",), 60)
                 produce_fresh(primary, topic, 2, BACKLOG, start=next_key)
                 next_key += BACKLOG
-                wait_for(
-                    lambda: truth.sample(page, page_url)["records"] == BACKLOG,
-                    3 * REFRESH_S,
-                    "the paused flow's backlog on the page",
-                )
+                try:
+                    wait_for(
+                        lambda: truth.sample(page, page_url)["records"] == BACKLOG,
+                        3 * REFRESH_S,
+                        "the paused flow's backlog on the page",
+                    )
+                except AssertionError as exc:  # what the page said last, and the job's log
+                    raise AssertionError(
+                        f"{exc}; last samples {truth.samples[-3:]}; progress {progress(state)}"
+                    ) from None
                 assert truth.samples[-1]["state"] == "PAUSED", truth.samples[-1]
                 assert truth.samples[-1]["behind"] == BACKLOG
                 wait_for(
