@@ -1,17 +1,19 @@
-"""Continuous copying (the at-least-once default) on real clusters: once caught up, a flow copies in
-a stream in the driver's JVM; a pause ends the stream, a SIGKILL mid-stream loses nothing, a stop
-writes the last positions, and what it wrote (positions, offset map, offset syncs) says exactly
-where each copy is."""
+"""Continuous copying (the at-least-once default) on real clusters: once caught up, a flow copies
+in a stream in the driver's JVM; a pause ends the stream, a SIGKILL mid-stream loses nothing, a
+frozen target holds the stream until it answers again, a stop writes the last positions, and what
+it wrote (positions, offset map, offset syncs) says exactly where each copy is."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
 
 import pytest
 
+from mirrorflow.devtools import sandbox as sandbox_mod
 from mirrorflow.replication.offset_map import decode_key, decode_value, map_topic
 from mirrorflow.runtime import launch
 from tests.conftest import create_topics
@@ -89,6 +91,27 @@ def test_a_continuous_flow_copies_a_steady_stream_and_a_sigkill_mid_stream_loses
         )
         produce_fresh(primary, topic, 2, 1, start=14_100)
         wait_for(complete, 60, "the record copied by the stream")
+        # The target freezes (SIGSTOP: connections open, no answer) for longer than a lease
+        # renewal waits, while records arrive: the stream holds, copying nothing, and copies
+        # again once the target answers, without ending: no retry, no new stream, no batch.
+        before_freeze = len(log.read_text())
+        target_broker = sandbox_mod.load(sandbox.directory)["secondary"].pid
+        os.kill(target_broker, signal.SIGSTOP)
+        try:
+            produce_fresh(primary, topic, 2, 200, start=14_101)
+            time.sleep(25)
+        finally:
+            os.kill(target_broker, signal.SIGCONT)
+        wait_for(complete, 90, "the records that arrived while the target was frozen")
+        wait_for(
+            lambda: "the stream copies again" in log.read_text()[before_freeze:],
+            60,
+            "the stream to copy again",
+        )
+        since = log.read_text()[before_freeze:]
+        assert "the stream holds (copies nothing) until the lease is renewed" in since, since
+        assert "retrying" not in since and "copying continuously" not in since, since
+        assert not re.search(rf"{re.escape(FLOW)} batch \d+:", since), since
         stop_file.touch()  # the stream ends, its last copies' positions written
         assert job.wait(60) == 0, log.read_text()[-3000:]
     finally:
@@ -120,7 +143,7 @@ def test_a_continuous_flow_copies_a_steady_stream_and_a_sigkill_mid_stream_loses
                 == by_offset["source"][partition][run.upstream + i]
             ), (partition, run, i)
         mapped += run.count
-    assert mapped >= 14_101, mapped
+    assert mapped >= 14_301, mapped
     # And so does every offset sync.
     syncs = [s for s in offset_syncs(primary, "mm2-offset-syncs.secondary.internal")]
     assert any(s.topic == topic for s in syncs)

@@ -6,8 +6,9 @@ one consumer for all the flow's source partitions, in the driver's JVM). :class:
 starts it from the flow's positions, every :data:`STREAM_COMMIT_S` writes what it acknowledged
 as a batch's copies are written (the offset map, then the positions, then the figures), hands
 it the topics and partitions new to the flow as the refresh finds them, lets it copy only while
-the flow's lease is fresh, and ends it at a stop or pause, a topic leaving the flow, or a failed
-task (in the batch's one-line error).
+the flow's lease is fresh (holding it, not ending it, while the target does not answer a
+renewal), and ends it at a stop or pause, a topic leaving the flow, or a failed task (in the
+batch's one-line error).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from mirrorflow.errors import ClusterUnreachable
 from mirrorflow.runtime.batch_errors import BatchCancelled, batch_error
 from mirrorflow.runtime.copier import STREAM_OPEN, CopierResult, CopyStream
 
@@ -39,6 +41,7 @@ class FlowStream:
 
     def __init__(self, job: MirrorJob) -> None:
         self.job = job
+        self.holding = False  # the target did not answer a renewal: copying nothing
 
     def starts_again(self, ranges: list[tuple[Partition, int, int]]) -> bool:
         """Whether a stream that just ended starts again rather than a batch of ``ranges``
@@ -147,12 +150,33 @@ class FlowStream:
         """Until when (epoch ms) a stream may copy: while the flow's lease is fresh, renewed
         first if it is not (:class:`~mirrorflow.replication.lease.LeaseLost` if another job
         took it). A job frozen past it (SIGSTOP, a long pause) finds on waking that its stream
-        may not copy any more, and copies nothing until it has renewed the lease here."""
-        lease = self.job.lease
+        may not copy any more, and copies nothing until it has renewed the lease here.
+
+        A target that does not answer the renewal (down, or too slow: a renewal waits
+        :data:`~mirrorflow.replication.lease.COMMIT_TIMEOUT_S`) holds the stream: its
+        allowance stays past, so it copies nothing, but it does not end, and it copies again as
+        soon as a renewal (here or the ``renew-lease`` task) succeeds, with no restart and no
+        batch. The flow fails as it does for any task's outage, once the target has not
+        answered for ``retry_timeout_s``."""
+        job = self.job
+        lease = job.lease
         if lease is None:
             return STREAM_OPEN
         if not lease.fresh():
-            lease.renew()
+            try:
+                lease.renew()
+            except ClusterUnreachable as exc:
+                if not self.holding:
+                    self.holding = True
+                    log.warning(
+                        "%s: the stream holds (copies nothing) until the lease is renewed: %s",
+                        job.spec.flow,
+                        exc.message,
+                    )
+                return int(lease.fresh_until() * 1000)
+        if self.holding:
+            self.holding = False
+            log.info("%s: lease renewed: the stream copies again", job.spec.flow)
         return int(lease.fresh_until() * 1000)
 
     def _commit(
