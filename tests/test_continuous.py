@@ -15,6 +15,7 @@ import pytest
 from confluent_kafka import KafkaException
 
 from mirrorflow.devtools import sandbox as sandbox_mod
+from mirrorflow.replication.lease import LEASES_TOPIC, RENEW_S
 from mirrorflow.replication.offset_map import decode_key, decode_value, map_topic
 from mirrorflow.runtime import launch
 from tests.conftest import create_topics
@@ -92,6 +93,19 @@ def test_a_continuous_flow_copies_a_steady_stream_and_a_sigkill_mid_stream_loses
         )
         produce_fresh(primary, topic, 2, 1, start=14_100)
         wait_for(complete, 60, "the record copied by the stream")
+        # Under a steady stream the flow's control traffic on the target is one transaction
+        # per lease renewal, the positions riding with it: not one each second as well.
+        began = time.time()
+        produce_fresh(primary, topic, 2, 2_000, start=14_101, seconds=12.0)
+        ended = time.time()
+        wait_for(complete, 60, "the steady stream's copies")
+        renewals = [
+            stamp
+            for records in read_topic(secondary, LEASES_TOPIC).values()
+            for _o, key, _v, _h, stamp in records
+            if key == FLOW.encode() and began * 1000 <= stamp <= ended * 1000
+        ]
+        assert len(renewals) <= (ended - began) / RENEW_S + 2, (len(renewals), ended - began)
         # The target freezes (SIGSTOP: connections open, no answer) for longer than a lease
         # renewal waits, while records arrive: the stream holds, copying nothing, and copies
         # again once the target answers, without ending: no retry, no new stream, no batch.
@@ -99,7 +113,7 @@ def test_a_continuous_flow_copies_a_steady_stream_and_a_sigkill_mid_stream_loses
         target_broker = sandbox_mod.load(sandbox.directory)["secondary"].pid
         os.kill(target_broker, signal.SIGSTOP)
         try:
-            produce_fresh(primary, topic, 2, 200, start=14_101)
+            produce_fresh(primary, topic, 2, 200, start=16_101)
             time.sleep(25)
         finally:
             os.kill(target_broker, signal.SIGCONT)
@@ -152,7 +166,7 @@ def test_a_continuous_flow_copies_a_steady_stream_and_a_sigkill_mid_stream_loses
                 == by_offset["source"][partition][run.upstream + i]
             ), (partition, run, i)
         mapped += run.count
-    assert mapped >= 14_301, mapped
+    assert mapped >= 16_301, mapped
     # And so does every offset sync.
     syncs = [s for s in offset_syncs(primary, "mm2-offset-syncs.secondary.internal")]
     assert any(s.topic == topic for s in syncs)

@@ -49,6 +49,9 @@ from mirrorflow.replication.topics import (
 
 LEASES_TOPIC = "mirrorflow-leases.internal"
 RENEW_S = 2.0
+# A renewal is due this much before RENEW_S has passed, so that the renewal task, on its RENEW_S
+# beat, and a stream's commits, on theirs, do not both find it not quite due.
+RENEW_EARLY_S = 0.5
 EXPIRY_S = 10.0
 TIMEOUT_S = 30.0  # taking the lease (fencing earlier holders), reading the leases topic
 # A transaction (a renewal, positions) gives up after this long: by then the lease is as good
@@ -176,6 +179,12 @@ class FlowLease:
         """Whether the last renewal is recent enough that no other job can have taken the lease
         since (a process that was frozen finds it is not, and renews before it writes more)."""
         return self.held and time.monotonic() - self.renewed < EXPIRY_S - 2 * RENEW_S
+
+    def renewal_due(self) -> bool:
+        """Whether the lease should be renewed now: its last renewal, a renewal or a commit of
+        positions (which renews it), is about :data:`RENEW_S` old. A flow writing its positions
+        on that beat renews its lease with them, in one transaction."""
+        return time.monotonic() - self.renewed >= RENEW_S - RENEW_EARLY_S
 
     def fresh_until(self) -> float:
         """Until when (Unix time) :meth:`fresh` holds without another renewal: what this job

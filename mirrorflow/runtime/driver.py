@@ -243,7 +243,9 @@ class MirrorJob:
         return True
 
     def renew_lease(self) -> None:
-        if self.lease is not None:
+        """The ``renew-lease`` task: renew the flow's lease unless a commit of positions just
+        did (a stream writes them on the renewal's beat)."""
+        if self.lease is not None and self.lease.renewal_due():
             self.lease.renew()
 
     def _stored_positions(self) -> dict[Partition, int]:

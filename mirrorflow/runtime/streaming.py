@@ -4,7 +4,8 @@ flow runs instead of batches.
 The copy itself is the JVM copier's (:class:`~mirrorflow.runtime.copier.CopyStream`: one task,
 one consumer for all the flow's source partitions, in the driver's JVM). :class:`FlowStream`
 starts it from the flow's positions, every :data:`STREAM_COMMIT_S` writes what it acknowledged
-as a batch's copies are written (the offset map, then the positions, then the figures), hands
+as a batch's copies are written (the offset map, then the figures; the positions with the
+flow's next lease renewal, in its transaction), hands
 it the topics and partitions new to the flow as the refresh finds them, lets it copy only while
 the flow's lease is fresh (holding it, not ending it, while the target does not answer a
 renewal), and ends it at a stop or pause, a topic leaving the flow, or a failed task (in the
@@ -42,6 +43,7 @@ class FlowStream:
     def __init__(self, job: MirrorJob) -> None:
         self.job = job
         self.holding = False  # the target did not answer a renewal: copying nothing
+        self.unwritten: dict[Partition, int] = {}  # positions reached, written with the lease
 
     def starts_again(self, ranges: list[tuple[Partition, int, int]]) -> bool:
         """Whether a stream that just ended starts again rather than a batch of ``ranges``
@@ -65,6 +67,7 @@ class FlowStream:
         partitions = [tp for tp in job.partitions() if tp in job.positions]
         batch = job.begin_batch(partitions)
         error: str | None = None
+        self.unwritten = {}
         try:
             stream = CopyStream(
                 job.copier.java,
@@ -111,7 +114,7 @@ class FlowStream:
             finally:
                 harvested, failed = stream.end()
                 error = failed or error
-                self._commit(harvested, stream.partitions, mapping)
+                self._commit(harvested, stream.partitions, mapping, final=True)
         finally:
             job.end_batch(batch)
         if error is not None:
@@ -152,38 +155,54 @@ class FlowStream:
         took it). A job frozen past it (SIGSTOP, a long pause) finds on waking that its stream
         may not copy any more, and copies nothing until it has renewed the lease here.
 
-        A target that does not answer the renewal (down, or too slow: a renewal waits
-        :data:`~mirrorflow.replication.lease.COMMIT_TIMEOUT_S`) holds the stream: its
-        allowance stays past, so it copies nothing, but it does not end, and it copies again as
-        soon as a renewal (here or the ``renew-lease`` task) succeeds, with no restart and no
-        batch. The flow fails as it does for any task's outage, once the target has not
-        answered for ``retry_timeout_s``."""
+        A target that does not answer a renewal, or the positions written with one (down, or
+        too slow: a transaction waits :data:`~mirrorflow.replication.lease.COMMIT_TIMEOUT_S`),
+        holds the stream: its allowance is past, so it copies nothing, but it does not end; it
+        tries a renewal here at every harvest and copies again as soon as one succeeds, with no
+        restart and no batch. The flow fails as it does for any task's outage, once the target
+        has not answered for ``retry_timeout_s``."""
         job = self.job
         lease = job.lease
         if lease is None:
             return STREAM_OPEN
-        if not lease.fresh():
+        if self.holding or not lease.fresh():
             try:
                 lease.renew()
             except ClusterUnreachable as exc:
-                if not self.holding:
-                    self.holding = True
-                    log.warning(
-                        "%s: the stream holds (copies nothing) until the lease is renewed: %s",
-                        job.spec.flow,
-                        exc.message,
-                    )
-                return int(lease.fresh_until() * 1000)
+                self._hold(exc)
+                return min(int(time.time() * 1000), int(lease.fresh_until() * 1000))
         if self.holding:
             self.holding = False
             log.info("%s: lease renewed: the stream copies again", job.spec.flow)
         return int(lease.fresh_until() * 1000)
 
+    def _hold(self, exc: ClusterUnreachable) -> None:
+        """The target did not answer a renewal: the stream holds (copies nothing) until one
+        succeeds (:meth:`allowance_ms`)."""
+        if not self.holding:
+            self.holding = True
+            log.warning(
+                "%s: the stream holds (copies nothing) until the lease is renewed: %s",
+                self.job.spec.flow,
+                exc.message,
+            )
+
     def _commit(
-        self, harvested: CopierResult, partitions: list[Partition], mapping: dict[str, str]
+        self,
+        harvested: CopierResult,
+        partitions: list[Partition],
+        mapping: dict[str, str],
+        final: bool = False,
     ) -> None:
         """Write what a stream acknowledged since its last harvest: its runs to the offset map,
-        then the positions it reached; its figures to the metrics and ``progress.json``."""
+        then the positions it reached, with the next lease renewal (or at once if ``final``:
+        the stream ended); its figures to the metrics and ``progress.json``.
+
+        Positions are written on the lease's beat (:data:`~mirrorflow.replication.lease.RENEW_S`),
+        in the renewal's transaction, rather than at every harvest: a flow's control traffic on
+        its target is one transaction per renewal, busy or idle. A job killed between two
+        renewals copies up to that much again when it starts (at least once), as MirrorMaker 2
+        does since its last offset flush (every 60 s by default)."""
         job = self.job
         assert job.writer is not None
         now = time.time()
@@ -193,9 +212,19 @@ class FlowStream:
             for tp, reached in zip(partitions, harvested.reached, strict=True)
             if reached > job.positions.get(tp, reached)
         }
-        if moved:
-            job.writer.write(moved)
-            job.positions.update(moved)
+        self.unwritten.update(moved)
+        lease = job.lease
+        due = lease is None or (not self.holding and lease.renewal_due())
+        if self.unwritten and (final or due):
+            try:
+                job.writer.write(self.unwritten)  # renews the lease, in the same transaction
+            except ClusterUnreachable as exc:
+                if final or lease is None:
+                    raise
+                self._hold(exc)  # written with the renewal that ends the hold
+            else:
+                self.unwritten = {}
+        job.positions.update(moved)
         report, backlog, metrics = job.report, job.backlog, job.metrics
         report.copied[0] += harvested.records
         report.copied[1] += harvested.bytes
