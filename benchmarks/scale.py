@@ -317,6 +317,9 @@ def run_system(bench: Bench, topo: Topology, system: str, config: Path) -> Scale
         if load.error or load.undelivered:
             result.problems.append(f"load: {load.error or f'{load.undelivered} not delivered'}")
         verify(bench, topo, sinks, base, result)
+        if result.problems:  # where the system's threads wait, for the failure's cause
+            for dump in system_run.thread_dumps():
+                log(f"    thread dump: {dump}")
     finally:
         result.problems += system_run.end(args.stop_timeout)
         result.broker_cpu_s = round(broker_cpu(bench) - brokers0, 2)

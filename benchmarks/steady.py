@@ -280,6 +280,39 @@ class System:
             ]
         return problems + replicate.stop(self.runs, timeout)
 
+    def thread_dumps(self) -> list[Path]:
+        """A thread dump (``jstack -l``) of every JVM in the system's trees, beside its log:
+        where each thread waits, when a check fails and the system still runs."""
+        import subprocess
+
+        import psutil
+
+        dumps = []
+        for run in self.runs:
+            try:
+                root = psutil.Process(run.proc.pid)
+                tree = [root, *root.children(recursive=True)]
+            except psutil.Error:
+                continue
+            for process in tree:
+                try:
+                    if process.name() != "java":
+                        continue
+                except psutil.Error:  # gone meanwhile
+                    continue
+                path = run.log.with_name(f"{run.log.stem}.jstack-{process.pid}.txt")
+                with contextlib.suppress(OSError, subprocess.SubprocessError):
+                    with path.open("w") as out:
+                        subprocess.run(
+                            ["jstack", "-l", str(process.pid)],
+                            stdout=out,
+                            stderr=subprocess.STDOUT,
+                            timeout=60,
+                            check=False,
+                        )
+                    dumps.append(path)
+        return dumps
+
     def cpu_s(self) -> float | None:
         """The exact CPU seconds of the whole trees over their lives (after :meth:`end`)."""
         reports = [r.report for r in self.runs if r.report.exists()]

@@ -113,3 +113,35 @@ def test_latencies_skip_probes_warm_up_and_duplicates() -> None:
     assert (result.received, result.duplicates, result.measured) == (3, 1, 2)
     assert result.timestamp_changed == 1
     assert (result.p50_ms, result.max_ms) == (12.5, 20.0)
+
+
+def test_a_failed_check_dumps_the_threads_of_every_jvm_in_the_system(tmp_path: Path) -> None:
+    """A system whose launcher (a shell) runs a JVM: the JVM's threads are dumped beside the
+    system's log, the shell is not."""
+    import subprocess
+
+    from benchmarks.replicate import Launch, Running
+
+    program = tmp_path / "Sleeper.java"
+    program.write_text(
+        "public class Sleeper { public static void main(String[] a) throws Exception {"
+        ' System.out.println("up"); Thread.sleep(120_000); } }'
+    )
+    shell = subprocess.Popen(
+        ["bash", "-c", f"java {program}; true"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert shell.stdout is not None and shell.stdout.readline().strip() == "up"
+        launch = Launch("sleeper", [])
+        run = Running(launch, shell, tmp_path / "report.json", tmp_path / "sleeper.log")
+        system = steady.System("sleeper", [run], procstats.TreeSampler([shell.pid]))
+        dumps = system.thread_dumps()
+        assert len(dumps) == 1, dumps
+        assert dumps[0].parent == tmp_path and dumps[0].name.startswith("sleeper.jstack-")
+        assert dumps[0].name != f"sleeper.jstack-{shell.pid}.txt"  # the JVM's, not the shell's
+        text = dumps[0].read_text()
+        assert "Full thread dump" in text and "Sleeper.main" in text, text[:500]
+    finally:
+        subprocess.run(["pkill", "-P", str(shell.pid)], check=False)
+        shell.kill()
+        shell.wait(10)
