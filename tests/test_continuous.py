@@ -17,6 +17,7 @@ from confluent_kafka import KafkaException
 from mirrorflow.devtools import sandbox as sandbox_mod
 from mirrorflow.replication.lease import LEASES_TOPIC, RENEW_S
 from mirrorflow.replication.offset_map import decode_key, decode_value, map_topic
+from mirrorflow.replication.positions import SourceOffsetReader, offsets_topic
 from mirrorflow.runtime import launch
 from tests.conftest import create_topics
 from tests.mirror_harness import (
@@ -99,6 +100,23 @@ def test_a_continuous_flow_copies_a_steady_stream_and_a_sigkill_mid_stream_loses
         produce_fresh(primary, topic, 2, 2_000, start=14_101, seconds=12.0)
         ended = time.time()
         wait_for(complete, 60, "the steady stream's copies")
+
+        def positions_at_the_ends() -> bool:
+            reader = SourceOffsetReader(
+                secondary.client_config(),
+                secondary.client_config(),
+                offsets_topic("primary"),
+                "primary",
+            )
+            try:
+                stored = {p: o for (t, p), o in reader.read_to_end().items() if t == topic}
+            finally:
+                reader.close()
+            return stored == {p: rs[-1][0] for p, rs in read_topic(primary, topic).items()}
+
+        # The positions are written while the stream runs (with the renewals), not only at its
+        # end: a failover waiting for them to reach the source's ends must not wait forever.
+        wait_for(positions_at_the_ends, 5 * RENEW_S, "the stream's positions, while it runs")
         renewals = [
             stamp
             for records in read_topic(secondary, LEASES_TOPIC).values()

@@ -243,9 +243,11 @@ class MirrorJob:
         return True
 
     def renew_lease(self) -> None:
-        """The ``renew-lease`` task: renew the flow's lease unless a commit of positions just
-        did (a stream writes them on the renewal's beat)."""
-        if self.lease is not None and self.lease.renewal_due():
+        """The ``renew-lease`` task: renew the flow's lease, with the positions a running
+        stream reached since (in one transaction), unless a batch's positions just renewed it."""
+        if self.lease is None or self.stream.write_positions():
+            return
+        if self.lease.renewal_due():
             self.lease.renew()
 
     def _stored_positions(self) -> dict[Partition, int]:

@@ -15,6 +15,7 @@ batch's one-line error).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -44,6 +45,7 @@ class FlowStream:
         self.job = job
         self.holding = False  # the target did not answer a renewal: copying nothing
         self.unwritten: dict[Partition, int] = {}  # positions reached, written with the lease
+        self._unwritten_lock = threading.Lock()  # the stream's harvests and the renewal task
 
     def starts_again(self, ranges: list[tuple[Partition, int, int]]) -> bool:
         """Whether a stream that just ended starts again rather than a batch of ``ranges``
@@ -67,7 +69,8 @@ class FlowStream:
         partitions = [tp for tp in job.partitions() if tp in job.positions]
         batch = job.begin_batch(partitions)
         error: str | None = None
-        self.unwritten = {}
+        with self._unwritten_lock:
+            self.unwritten = {}
         try:
             stream = CopyStream(
                 job.copier.java,
@@ -117,6 +120,8 @@ class FlowStream:
                 self._commit(harvested, stream.partitions, mapping, final=True)
         finally:
             job.end_batch(batch)
+            with self._unwritten_lock:  # written at the end, or read again at the retry
+                self.unwritten = {}
         if error is not None:
             raise batch_error(job.spec, error)
         if job.cancelled:
@@ -176,6 +181,18 @@ class FlowStream:
             log.info("%s: lease renewed: the stream copies again", job.spec.flow)
         return int(lease.fresh_until() * 1000)
 
+    def write_positions(self) -> bool:
+        """Write the positions the stream reached and has not written, in one transaction
+        that renews the flow's lease (the ``renew-lease`` task calls it on its beat, and a
+        stream that ends): whether there were any."""
+        with self._unwritten_lock:
+            if not self.unwritten:
+                return False
+            assert self.job.writer is not None
+            self.job.writer.write(self.unwritten)
+            self.unwritten = {}
+            return True
+
     def _hold(self, exc: ClusterUnreachable) -> None:
         """The target did not answer a renewal: the stream holds (copies nothing) until one
         succeeds (:meth:`allowance_ms`)."""
@@ -212,18 +229,10 @@ class FlowStream:
             for tp, reached in zip(partitions, harvested.reached, strict=True)
             if reached > job.positions.get(tp, reached)
         }
-        self.unwritten.update(moved)
-        lease = job.lease
-        due = lease is None or (not self.holding and lease.renewal_due())
-        if self.unwritten and (final or due):
-            try:
-                job.writer.write(self.unwritten)  # renews the lease, in the same transaction
-            except ClusterUnreachable as exc:
-                if final or lease is None:
-                    raise
-                self._hold(exc)  # written with the renewal that ends the hold
-            else:
-                self.unwritten = {}
+        with self._unwritten_lock:
+            self.unwritten.update(moved)
+        if final or job.lease is None:
+            self.write_positions()
         job.positions.update(moved)
         report, backlog, metrics = job.report, job.backlog, job.metrics
         report.copied[0] += harvested.records
