@@ -160,9 +160,10 @@ class FlowStream:
         took it). A job frozen past it (SIGSTOP, a long pause) finds on waking that its stream
         may not copy any more, and copies nothing until it has renewed the lease here.
 
-        A target that does not answer a renewal, or the positions written with one (down, or
-        too slow: a transaction waits :data:`~mirrorflow.replication.lease.COMMIT_TIMEOUT_S`),
-        holds the stream: its allowance is past, so it copies nothing, but it does not end; it
+        A target that does not answer a renewal (the ``renew-lease`` task's, which carries the
+        positions, or this one; down, or too slow: a transaction waits
+        :data:`~mirrorflow.replication.lease.COMMIT_TIMEOUT_S`) holds the stream: its
+        allowance is past, so it copies nothing, but it does not end; it
         tries a renewal here at every harvest and copies again as soon as one succeeds, with no
         restart and no batch. The flow fails as it does for any task's outage, once the target
         has not answered for ``retry_timeout_s``."""
