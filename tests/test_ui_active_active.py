@@ -43,6 +43,7 @@ from tests.ui_harness import (
     artefacts_dir,
     chromium,
     fetch,
+    goto,
     login,
     render_dags,
     running_airflow,
@@ -84,7 +85,7 @@ def example_flow_file(directory: Path, box, topic: str) -> Path:
 def read_page(page, url: str) -> dict[str, dict]:
     """Each flow as the page shows it: its table row (state, reason, lag) and its arrow in the
     topology (state, label); the arrow must agree with the row."""
-    page.goto(url)
+    goto(page, url)
     page.locator("#flows").wait_for(timeout=15_000)
     shown: dict[str, dict] = {}
     for row in page.locator("#flows tbody tr[data-flow]").all():
@@ -343,7 +344,7 @@ def test_history_pages_and_the_failback_buttons(
         page = login(browser, airflow_aa, "/mirrorflow/history", UI_USER, airflow_aa.ui_password())
 
         # The history, ten a page: from the newest, older and older, and back.
-        page.goto(f"{base}/history?limit=10")
+        goto(page, f"{base}/history?limit=10")
 
         def listed() -> list[str]:
             return [
@@ -375,6 +376,6 @@ def test_history_pages_and_the_failback_buttons(
             assert made[run_id]["triggering_user_name"] == UI_USER, made[run_id]
 
         # The flow's page has the same buttons beside the failover's.
-        page.goto(f"{base}/flows/primary/secondary")
+        goto(page, f"{base}/flows/primary/secondary")
         assert page.locator(f'#actions tr[data-dag="{failback}"] button').count() == 2
         assert page.locator('#actions tr[data-dag="failover__primary__secondary"]').count() == 1

@@ -30,6 +30,7 @@ from tests.ui_harness import (
     AirflowWithViewer,
     artefacts_dir,
     fetch,
+    goto,
     login,
     plugin_get_routes,
     render_dags,
@@ -231,7 +232,7 @@ def test_history_and_trigger_buttons(airflow_dr: AirflowWithViewer, sandbox, top
             page.screenshot(path=str(shots / "6-report.png"), full_page=True)
 
             # The flow's page, from the health page's link.
-            page.goto(f"{ui}/mirrorflow/")
+            goto(page, f"{ui}/mirrorflow/")
             page.locator(f'tr[data-flow="{FLOW}"] a.flow').click()
             page.wait_for_url(re.compile(r".*/mirrorflow/flows/primary/secondary$"))
             assert page.locator(f'#partitions tbody tr[data-topic="{topic}"]').count() == 2
@@ -241,7 +242,7 @@ def test_history_and_trigger_buttons(airflow_dr: AirflowWithViewer, sandbox, top
             page.screenshot(path=str(shots / "6b-flow.png"), full_page=True)
 
             # The buttons: a dry run at once, a real run only once confirmed.
-            page.goto(f"{ui}/mirrorflow/history")
+            goto(page, f"{ui}/mirrorflow/history")
             dry_run_id, real_run_id = trigger_with_buttons(
                 page, FAILOVER_DAG, "Fail over…", shots / "7-triggered-dry-run.png"
             )

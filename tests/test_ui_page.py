@@ -41,6 +41,7 @@ from tests.ui_harness import (
     artefacts_dir,
     assert_refused,
     fetch,
+    goto,
     plugin_get_routes,
     render_dags,
     require_chromium,
@@ -113,7 +114,7 @@ def flow_row_state(page, url: str, states: tuple[str, ...], timeout: float) -> d
     """Reload ``url`` until the flow's row shows one of ``states``; its cells' texts."""
     deadline, seen = time.monotonic() + timeout, None
     while time.monotonic() < deadline:
-        page.goto(url)
+        goto(page, url)
         row = page.locator(f'tr[data-flow="{FLOW}"]')
         seen = row.get_attribute("data-state", timeout=10_000)
         if seen in states:
@@ -145,7 +146,7 @@ def heights(path_d: str) -> list[float]:
 
 def row_of(page, url: str) -> dict[str, object]:
     """The flow's row now: state, reason, lag (records, seconds; None: not shown)."""
-    page.goto(url)
+    goto(page, url)
     row = page.locator(f'tr[data-flow="{FLOW}"]')
     state = row.get_attribute("data-state", timeout=10_000)
     cells = row.locator("td").all_inner_texts()
@@ -256,7 +257,7 @@ def check_burst_on_flow_page(page, url: str, state, highest: float, burst_at: fl
     """The flow's page: its four charts, the rate's highest the burst's, each figure with its
     unit; the replication latency the samples' (of the burst's fresh records, under a minute);
     offsets with separators."""
-    page.goto(url)
+    goto(page, url)
     charts = {c.get_attribute("data-series"): c for c in page.locator("figure.chart").all()}
     assert set(charts) == {"lag_records", "lag_seconds", "rate", "latency_ms"}
     rate = charts["rate"]
@@ -320,7 +321,7 @@ def test_a_logged_in_user_sees_the_flow_running_stalled_and_stopped(
             try:
                 page = browser.new_page(viewport={"width": 1400, "height": 800})
                 # Anonymous: the page sends the browser to Airflow's login page.
-                page.goto(page_url)
+                goto(page, page_url)
                 assert "/auth/login" in page.url, page.url
                 page.screenshot(path=str(shots / "0-login.png"))
                 page.locator('input[name="username"]').fill(UI_USER)
@@ -346,12 +347,12 @@ def test_a_logged_in_user_sees_the_flow_running_stalled_and_stopped(
                     "two samples after the burst",
                 )
                 assert all(r < 50 for t, r in rates(samples(state)) if t > burst_end + 10)
-                page.goto(page_url)
+                goto(page, page_url)
                 highest = check_burst_in_table(page, state)
                 page.screenshot(path=str(shots / "1b-trends-burst.png"), full_page=True)
                 check_burst_on_flow_page(page, flow_url, state, highest, burst_at)
                 # The same page inside Airflow's UI, from its Browse menu entry.
-                page.goto(f"{ui}/plugin/mirrorflow")
+                goto(page, f"{ui}/plugin/mirrorflow")
                 frame = page.frame_locator("iframe")
                 assert frame.locator(f'tr[data-flow="{FLOW}"]').get_attribute(
                     "data-state", timeout=30_000
@@ -474,7 +475,7 @@ def test_a_logged_in_user_sees_the_flow_running_stalled_and_stopped(
                     60,
                     "two samples after the freeze",
                 )
-                page.goto(flow_url)
+                goto(page, flow_url)
                 status, body, _ = fetch(
                     f"{ui}/mirrorflow/api/flows/primary/secondary",
                     {"Authorization": f"Bearer {airflow_ui.api().token}"},

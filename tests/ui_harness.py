@@ -155,11 +155,27 @@ def chromium() -> Iterator[object]:
             browser.close()
 
 
+def goto(page, url: str, attempts: int = 3) -> None:
+    """``page.goto(url)``, once more when the page's own reload aborted it. The Replication page
+    reloads itself every few seconds (its meta refresh); a ``goto`` that starts as that reload
+    does is cancelled by it (``net::ERR_ABORTED``, or "interrupted by another navigation")."""
+    from playwright.sync_api import Error
+
+    for attempt in range(1, attempts + 1):
+        try:
+            page.goto(url)
+            return
+        except Error as error:
+            raced = "ERR_ABORTED" in str(error) or "interrupted by another navigation" in str(error)
+            if not raced or attempt == attempts:
+                raise
+
+
 def login(browser, airflow: LocalAirflow, path: str, user: str, password: str):
     """A new page, logged in through Airflow's login page on the way to ``path`` (under the
     api-server, e.g. ``/mirrorflow/``), which it shows then."""
     page = browser.new_context(viewport={"width": 1400, "height": 900}).new_page()
-    page.goto(f"http://127.0.0.1:{airflow.port}{path}")
+    goto(page, f"http://127.0.0.1:{airflow.port}{path}")
     assert "/auth/login" in page.url, page.url
     page.locator('input[name="username"]').fill(user)
     page.locator('input[name="password"]').fill(password)
