@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mirrorflow.dr import failback
+from mirrorflow.dr import failback, failback_groups
 from mirrorflow.errors import MirrorflowError
 
 
@@ -34,11 +34,11 @@ def test_a_bad_request_fails_in_one_line_naming_it(changes, error):
 
 def test_where_a_group_resumes_in_a_copied_range():
     runs = [[10, 100, 3], [15, 103, 2]]  # 10,11,12 -> 100..102; 15,16 -> 103,104
-    assert failback._via_runs(runs, 10, 17, None) == 100
-    assert failback._via_runs(runs, 12, 17, None) == 102
-    assert failback._via_runs(runs, 13, 17, None) == 103  # a gap: the next copy
-    assert failback._via_runs(runs, 17, 17, None) == 105  # past the last copy
-    assert failback._via_runs([], 5, 5, None) is None
+    assert failback_groups.via_runs(runs, 10, 17, None) == 100
+    assert failback_groups.via_runs(runs, 12, 17, None) == 102
+    assert failback_groups.via_runs(runs, 13, 17, None) == 103  # a gap: the next copy
+    assert failback_groups.via_runs(runs, 17, 17, None) == 105  # past the last copy
+    assert failback_groups.via_runs([], 5, 5, None) is None
 
 
 def write_failover(tmp_path, run_id: str, started: str, held: bool = True, dry: bool = False):

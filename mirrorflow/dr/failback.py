@@ -2,11 +2,9 @@
 failover go back to ``S``, the consumer groups are translated back, and ``S->T`` resumes from the
 positions it was held at, so nothing the old primary already has is copied again.
 
-The failback copies the reverse direction itself (confluent-kafka, no Spark job), from where the
-failover left ``T`` to ``T``'s end, so it needs no reverse flow in the flow files: an identity
-policy cannot have one (a cycle, a validation error). It writes that copy's end as the positions
-of ``T->S`` (``mm2-offsets.<T>.internal`` on ``S``), so a reverse flow enabled later, or the next
-failback, starts after it.
+The failback copies the reverse direction itself, so it needs no reverse flow in the flow files,
+and writes that copy's end as the positions of ``T->S`` (:mod:`mirrorflow.dr.failback_copy`); the
+groups are translated back by :mod:`mirrorflow.dr.failback_groups`.
 
 Provenance mode (same topic names in active/active, ``provenance.header.enabled``) has the
 reverse flow: it copies ``T``'s records back itself (``reverse-copy`` and ``set-aside`` are
@@ -30,21 +28,14 @@ Steps (:data:`STEPS`):
 ``fence-producers``
     With principals: ACL DENY WRITE on ``T``'s copied topics, so nothing more is written there.
 ``set-aside``
-    Identity policy: the records of ``S`` past the cut are copied to
-    ``<topic>.diverged.<run id>`` on ``S`` (same partition) and reported, never dropped. Skipped
-    with the default policy: those records keep their place in ``orders`` and ``S->T`` copies
-    them to ``S.orders`` on ``T`` when it resumes.
+    Identity policy: the records of ``S`` past the cut copied to ``<topic>.diverged.<run id>``
+    on ``S`` (:mod:`mirrorflow.dr.failback_copy`).
 ``reverse-copy``
-    Copies each range found by the preflight (to its end now) to ``S``, keeping partition, key,
-    value, headers and timestamp, records where each copy landed (the run record), and writes
-    the positions of ``T->S``.
+    Each range found by the preflight copied to ``S``; the positions of ``T->S``
+    (:mod:`mirrorflow.dr.failback_copy`).
 ``group-sync``
-    Each group's committed offsets on ``T`` translated back: on the forward flow's remote topics
-    with its offset map (the first source record whose copy the group had not read), on the
-    copied topics with the copy's record of where each record landed; committed on ``S`` (a
-    group with members there is left alone, reported). Default policy: a group that read a
-    topic's records on ``T`` but has no offset on a partition of ``T``'s own topic that was
-    copied back starts that partition of ``T.orders`` at its first record copied back.
+    Each group's committed offsets on ``T`` translated back and committed on ``S``
+    (:mod:`mirrorflow.dr.failback_groups`).
 ``unfence``
     Removes exactly the DENY WRITE ACLs the failover created on ``S`` (``fences.json``).
 ``resume``
@@ -66,8 +57,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from mirrorflow import paths
-from mirrorflow.dr import range_copy
+from mirrorflow.dr import (
+    failback_copy,
+    failback_groups,  # noqa: F401  (its step registers here)
+    range_copy,
+)
 from mirrorflow.dr.clusters import (
     end_offsets,
     log_bounds,
@@ -83,6 +77,7 @@ from mirrorflow.dr.failback_run import (  # noqa: F401  (the workflow's names, a
     FailbackRun,
     latest_failover,
     report_context,
+    spec_and_policy,
 )
 from mirrorflow.dr.failover_rollback import measure_and_record
 from mirrorflow.dr.fences import (
@@ -95,47 +90,16 @@ from mirrorflow.dr.fences import (
 )
 from mirrorflow.dr.offsets import flat_offsets, nested_offsets, partition_key
 from mirrorflow.dr.records import positions_at_cut
-from mirrorflow.dr.steps import Log, Partition, StepRecord, StepSkipped, safe_run_id
+from mirrorflow.dr.steps import Log, StepRecord, StepSkipped, safe_run_id
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
-from mirrorflow.replication.group_offsets_client import GroupOffsetsClient
-from mirrorflow.replication.spec import MirrorSpec
 from mirrorflow.replication.topics import ClusterAdmin
 from mirrorflow.runtime import jobs
-
-
-def _spec_and_policy(request: FailbackRequest):
-    """The forward flow's spec and its replication policy (the flow files, from the project
-    root as the mirror job reads them)."""
-    from mirrorflow.config.topology import load_topology
-
-    files = request.flow_paths()
-    spec = request.spec()
-    topology = load_topology(files, base_dir=paths.project_root())
-    return spec, topology, topology.flow(request.flow).policy
 
 
 def _is_identity(policy) -> bool:
     from mirrorflow.mm2.policy import IdentityReplicationPolicy
 
     return isinstance(policy, IdentityReplicationPolicy)
-
-
-def _reverse_positions(spec: MirrorSpec) -> dict[Partition, int]:
-    """``T->S``'s positions on ``S`` (next offset to copy), as a failback or a flow wrote them."""
-    from mirrorflow.replication.positions import SourceOffsetReader, offsets_topic
-
-    reader = SourceOffsetReader(
-        spec.source_consumer_client,
-        spec.source_admin,
-        offsets_topic(spec.target),
-        spec.target,
-        spec.source,
-    )
-    reader.missing_ok = True
-    try:
-        return {tp: last + 1 for tp, last in reader.read_to_end().items()}
-    finally:
-        reader.close()
 
 
 # -- the steps ---------------------------------------------------------------------------------
@@ -146,7 +110,7 @@ def preflight(request: FailbackRequest, run: FailbackRun, record: StepRecord, lo
     """The failover undone, both clusters, the policy, the ranges to copy back and set aside."""
     from mirrorflow.replication.checkpoint_stores import read_offset_map
 
-    spec, _topology, policy = _spec_and_policy(request)
+    spec, _topology, policy = spec_and_policy(request)
     # The failover first: one that failed is refused before any cluster is asked.
     failover = latest_failover(request.flow, request.failover_run_id, jobs.held(request.flow_dir()))
     for alias, config in ((spec.source, spec.source_admin), (spec.target, spec.target_admin)):
@@ -188,7 +152,7 @@ def preflight(request: FailbackRequest, run: FailbackRun, record: StepRecord, lo
     # What T holds that S does not: default policy, T's own topic of the same name (written
     # there during the failover); identity, the same topic past the forward flow's copies.
     forward_map = read_offset_map(spec)
-    reverse_positions = _reverse_positions(spec)
+    reverse_positions = failback_copy.reverse_positions(spec)
     copies: list[dict[str, Any]] = []
     for topic in [] if provenance else topics:
         partitions = range_copy.topic_partitions(target, topic)
@@ -279,7 +243,7 @@ def fence_producers(
     principals = request.principals
     if not principals:
         raise StepSkipped("no principal to fence")
-    spec, _t, _p = _spec_and_policy(request)
+    spec, _t, _p = spec_and_policy(request)
     topics = sorted({c["topic"] for c in run.details("preflight").get("copies", [])})
     bindings = deny_write_bindings([(p, t) for t in topics for p in principals])
     acls = [{"principal": b.principal, "topic": b.name} for b in bindings]
@@ -308,328 +272,6 @@ def fence_producers(
     log(record.summary)
 
 
-@WORKFLOW.step("set-aside")
-def set_aside(request: FailbackRequest, run: FailbackRun, record: StepRecord, log: Log) -> None:
-    """Identity policy: copy the records of ``S`` past the cut to the side topic."""
-    pre = run.details("preflight")
-    if pre.get("provenance"):
-        raise StepSkipped(
-            f"provenance mode: the records written on {request.source} after the cut stay in "
-            f"their topics and reach {request.target} when {request.flow} resumes"
-        )
-    if not pre.get("identity"):
-        raise StepSkipped(
-            f"{pre.get('policy')}: the records written on {request.source} after the cut "
-            f"stay in their topics and reach {request.target} when {request.flow} resumes"
-        )
-    spec, _t, _p = _spec_and_policy(request)
-    source = ClusterAdmin(spec.source, spec.source_admin)
-    ranges = pre.get("diverged", [])
-    for d in ranges:
-        line = (
-            f"{d['topic']}-{d['partition']} offsets {d['start']}..{d['end'] - 1} "
-            f"({d['end'] - d['start']} record(s)) written on {spec.source} after the cut, "
-            f"never copied to {spec.target}"
-        )
-        if request.dry_run:
-            run.change("records-copied", f"would set aside {line} in {d['to']}")
-            log(f"would set aside {line} in {d['to']}")
-            continue
-        range_copy.ensure_topic(run, source, d["to"], source, d["topic"])
-        d["copies"] = range_copy.copy_recorded(
-            run, (spec.source, spec.source), spec.source_consumer_client, spec.source_client, d
-        )
-        log(f"set aside {line} in {d['to']}")
-    records = sum(d["end"] - d["start"] for d in ranges)
-    record.details = {"diverged": ranges, "records": records, "applied": not request.dry_run}
-    record.summary = (
-        f"{'would set' if request.dry_run else 'set'} aside {records} record(s) of "
-        f"{spec.source} written after the cut in "
-        f"{', '.join(sorted({d['to'] for d in ranges})) or 'no topic (none diverged)'}"
-    )
-    log(record.summary)
-
-
-@WORKFLOW.step("reverse-copy")
-def reverse_copy(request: FailbackRequest, run: FailbackRun, record: StepRecord, log: Log) -> None:
-    """Copy what ``T`` holds past the failover's point back to ``S``; ``T->S``'s positions."""
-    from mirrorflow.replication.positions import PositionWriter, offsets_topic
-
-    spec, _t, _p = _spec_and_policy(request)
-    pre = run.details("preflight")
-    if pre.get("provenance"):
-        _reverse_flow_copies(request, spec)
-    source = ClusterAdmin(spec.source, spec.source_admin)
-    target = ClusterAdmin(spec.target, spec.target_admin)
-    copies = [dict(c) for c in pre.get("copies", [])]
-    ends = end_offsets(target, [(c["topic"], c["partition"]) for c in copies])
-    for c in copies:
-        c["end"] = max(c["start"], ends[(c["topic"], c["partition"])])
-    total = sum(c["end"] - c["start"] for c in copies)
-    copied = 0
-    if not request.dry_run:
-        for c in copies:
-            if c["end"] <= c["start"]:
-                c["runs"] = []
-                continue
-            range_copy.ensure_topic(run, source, c["to"], target, c["topic"])
-            c["runs"] = range_copy.copy_recorded(
-                run, (spec.target, spec.source), spec.target_consumer, spec.source_client, c
-            )
-            copied += sum(r[2] for r in c["runs"])
-        if copies:
-            from mirrorflow.replication.topics import ensure_internal_topic
-
-            topic = offsets_topic(spec.target)
-            ensure_internal_topic(
-                source,
-                topic,
-                min(spec.offsets_replication_factor, len(source.metadata().brokers)),
-                "offset.storage.replication.factor",
-                spec.offsets_partitions,
-            )
-            writer = PositionWriter(spec.source_client, topic, spec.target, spec.source)
-            written = {(c["topic"], c["partition"]): c["end"] for c in copies}
-            try:
-                writer.write(written)
-            finally:
-                writer.close()
-            run.change(
-                "positions",
-                f"wrote {spec.target}->{spec.source}'s positions to {topic} on {spec.source}: "
-                + ", ".join(f"{partition_key(tp)}@{o}" for tp, o in sorted(written.items())),
-            )
-    else:
-        for c in copies:
-            if c["end"] > c["start"]:
-                run.change(
-                    "records-copied",
-                    f"would copy {c['topic']}-{c['partition']} [{c['start']}, {c['end']}) to "
-                    f"{c['to']} on {spec.source}",
-                )
-        if copies:
-            run.change(
-                "positions",
-                f"would write {spec.target}->{spec.source}'s positions after the copies",
-            )
-    after = (
-        {}
-        if request.dry_run  # the topics may not exist yet
-        else end_offsets(source, sorted({(c["to"], c["partition"]) for c in copies}))
-    )
-    resume_at = {}
-    if pre.get("identity") and not pre.get("provenance"):
-        topics = set(pre.get("topics", []))
-        cut = [tp for tp in flat_offsets(pre.get("positions_at_cut", {})) if tp[0] in topics]
-        resume_at = end_offsets(source, sorted(cut)) if not request.dry_run else {}
-    for c in copies:
-        log(
-            f"{'would copy' if request.dry_run else 'copied'} {spec.target} "
-            f"{c['topic']}-{c['partition']} offsets {c['start']}..{c['end'] - 1} "
-            f"({c['end'] - c['start']} record(s)) to {c['to']} on {spec.source}"
-        )
-    record.details = {
-        "copies": copies,
-        "written_on_target": total,
-        "copied": copied,
-        "source_ends_after": {partition_key(tp): o for tp, o in sorted(after.items())},
-        "resume_positions": nested_offsets(resume_at),
-    }
-    record.summary = (
-        f"{'would copy' if request.dry_run else 'copied'} "
-        f"{total if request.dry_run else copied} record(s) written on {spec.target} during "
-        f"the failover back to {spec.source} "
-        f"({', '.join(sorted({c['to'] for c in copies})) or 'no topic'}); "
-        f"{'would write' if request.dry_run else 'wrote'} {spec.target}->{spec.source}'s "
-        "positions after them"
-    )
-    log(record.summary)
-
-
-def _reverse_flow_copies(request: FailbackRequest, spec: MirrorSpec) -> None:
-    """Provenance mode: the reverse flow ``T->S`` copies ``T``'s records back (it never copies
-    ``S``'s own back, and marks the others): raises StepSkipped saying how far it is."""
-    reverse = _reverse_spec(request, spec)
-    target = ClusterAdmin(spec.target, spec.target_admin)
-    partitions = [
-        tp for tp in replicated_partitions(reverse, target) if not tp[0].endswith("heartbeats")
-    ]
-    ends = end_offsets(target, partitions)
-    positions = _reverse_positions(spec)
-    behind = sum(max(0, ends[tp] - positions.get(tp, 0)) for tp in partitions)
-    raise StepSkipped(
-        f"provenance mode: the reverse flow {reverse.flow} copies what was written on "
-        f"{spec.target} back to {spec.source} (its mirror job must run); it has "
-        f"{behind} offset(s) of {spec.target} still to read"
-    )
-
-
-def _reverse_spec(request: FailbackRequest, spec: MirrorSpec) -> MirrorSpec:
-    """The opposite flow's spec (``T->S``), from the same flow files."""
-    from mirrorflow.replication.spec import spec_for_flow
-
-    reverse = f"{spec.target}->{spec.source}"
-    return spec_for_flow(request.flow_paths(), reverse, base_dir=paths.project_root())
-
-
-def _via_runs(runs: list[list[int]], offset: int, end: int, after: int | None) -> int | None:
-    """Where a group at ``offset`` of the copied range resumes on ``S``: the copy of the first
-    record at or past it; past the last copy, right after it; nothing copied, ``after``."""
-    for upstream, downstream, count in runs:
-        if offset < upstream + count:
-            return downstream + max(0, offset - upstream)
-    if runs:
-        return runs[-1][1] + runs[-1][2]
-    return after
-
-
-def _first_copies(
-    group: str,
-    offsets: dict[Partition, tuple[int, str]],
-    remote: dict[Partition, Partition],
-    copies: dict[Partition, dict],
-    on_source: GroupOffsetsClient,
-    source: str,
-) -> list[dict]:
-    """Default policy: where ``group`` starts on the copied-back topics (``T.orders`` on ``S``)
-    for the partitions it has no offset of on ``T``'s own topic, though it read that topic's
-    data (on ``S.orders`` there, say): at the first record copied back, so it reads every
-    record written on ``T`` during the failover once. A group that has an offset there on
-    ``S`` already (an earlier failback) keeps it. Identity policy: the copies land in ``orders``
-    itself, after what a group that never read it on ``T`` has not read on ``S``: it keeps its
-    offset there, and nothing is committed for it (the caller does not ask)."""
-    read = {remote[tp][0] for tp in offsets if tp in remote}
-    read |= {tp[0] for tp in offsets if tp in copies}
-    unread = [
-        (tp, c)
-        for tp, c in sorted(copies.items())
-        if tp[0] in read and tp not in offsets and c["end"] > c["start"] and c.get("runs") != []
-    ]
-    if not unread:
-        return []
-    copied = [(tp, c) for tp, c in unread if c.get("runs")]
-    kept = on_source.committed(group, [(c["to"], tp[1]) for tp, c in copied]) if copied else {}
-    rows = []
-    for (topic, p), c in unread:
-        row = {"on_target": f"{topic}-{p}", "target_offset": None, "topic": c["to"]}
-        if "runs" not in c:  # a dry run: where the copies land is not known
-            at, how = None, "first copied record (dry run: known after the copy)"
-        elif (c["to"], p) in kept:
-            at, how = None, f"kept: {kept[(c['to'], p)][0]} on {source} already"
-        else:
-            at, how = c["runs"][0][1], "first copied record (no offset on the DR cluster)"
-        rows.append({**row, "partition": p, "offset": at, "how": how})
-    return rows
-
-
-@WORKFLOW.step("group-sync")
-def group_sync(request: FailbackRequest, run: FailbackRun, record: StepRecord, log: Log) -> None:
-    """The groups' offsets on ``T`` translated back and committed on ``S``."""
-    from confluent_kafka import TopicPartition
-
-    from mirrorflow.replication.checkpoint_stores import read_offset_map
-    from mirrorflow.replication.group_offset_sync import GroupOffsetSync
-
-    spec, _t, _p = _spec_and_policy(request)
-    pre = run.details("preflight")
-    copy = run.details("reverse-copy")
-    identity = pre.get("identity")
-    target = ClusterAdmin(spec.target, spec.target_admin)
-    source = ClusterAdmin(spec.source, spec.source_admin)
-    forward = read_offset_map(spec)
-    # Provenance mode: T's topics also hold T's own records, which the reverse flow copied to
-    # S; a group resumes at the earlier of the first record of either side it has not read.
-    reverse = read_offset_map(_reverse_spec(request, spec)) if pre.get("provenance") else None
-    reverse_positions = _reverse_positions(spec) if reverse is not None else {}
-    copies = {(c["topic"], c["partition"]): c for c in copy.get("copies", [])}
-    resumes = flat_offsets(copy.get("resume_positions", {}))  # identity: S's ends after the copy
-    remote: dict[Partition, Partition] = {}  # T's copy of S's partition -> S's partition
-    for topic, p in forward.partitions:
-        remote[(spec.remote_topic(topic), p)] = (topic, p)
-    reader = GroupOffsetsClient(target, spec.target_consumer)
-    state = GroupOffsetSync(spec, {spec.target: source}, dict)  # describes groups on S
-    writer = GroupOffsetsClient(source, spec.source_consumer_client)
-    results: dict[str, list[dict]] = {}
-    committed: dict[str, dict[str, int]] = {}
-    active = []
-    for group in pre.get("groups", []):
-        offsets = reader.committed(group, sorted(set(remote) | set(copies)))
-        rows = []
-        for (topic, p), (offset, _meta) in sorted(offsets.items()):
-            c = copies.get((topic, p))
-            # Identity: a group at or past the forward flow's last copy has read nothing
-            # the failback sets aside: it resumes at the copies, after those records.
-            in_copy = c is not None and (not identity or offset >= c["start"])
-            if in_copy and c is not None:  # (in_copy says c is not None)
-                if "runs" not in c:  # a dry run: where the copies land is not known
-                    at, how = None, "copy (dry run: known after the copy)"
-                else:
-                    at = _via_runs(c["runs"], offset, c["end"], resumes.get((topic, p)))
-                    how = "copy"
-                where = c["to"]
-            elif (topic, p) in remote:
-                translation = forward.translate_back(remote[(topic, p)], offset)
-                at = None if translation is None else translation.upstream
-                where, how = remote[(topic, p)][0], "offset map"
-                if reverse is not None:
-                    own = reverse.translate((topic, p), offset, reverse_positions.get((topic, p)))
-                    if own is not None:
-                        at = own.downstream if at is None else min(at, own.downstream)
-                        how = "offset maps of both flows"
-            else:
-                continue
-            rows.append(
-                {
-                    "on_target": f"{topic}-{p}",
-                    "target_offset": offset,
-                    "topic": where,
-                    "partition": p,
-                    "offset": at,
-                    "how": how,
-                }
-            )
-        if not identity:
-            rows += _first_copies(group, offsets, remote, copies, writer, spec.source)
-        results[group] = rows
-        wanted = [
-            TopicPartition(r["topic"], r["partition"], r["offset"])
-            for r in rows
-            if r["offset"] is not None
-        ]
-        if not wanted:
-            continue
-        if state._state(group) == "ACTIVE":
-            active.append(group)
-            log(f"group {group} has members on {spec.source}: its offsets are not committed")
-            continue
-        committed[group] = offsets_now = {f"{t.topic}-{t.partition}": t.offset for t in wanted}
-        where = ", ".join(f"{tp}@{o}" for tp, o in offsets_now.items())
-        if request.dry_run:
-            run.change(
-                "group-offsets", f"would commit offsets of group {group} on {spec.source}: {where}"
-            )
-        else:
-            writer.commit(group, wanted)
-            run.change(
-                "group-offsets",
-                f"committed offsets of group {group} on {spec.source}: {where}",
-                undo={"cluster": spec.source, "group": group},
-            )
-    for group, rows in results.items():
-        where = ", ".join(
-            f"{r['topic']}-{r['partition']}@{'-' if r['offset'] is None else r['offset']}"
-            for r in rows
-        )
-        log(f"group {group}: read on {spec.source} from {where or 'nothing yet'}")
-    record.details = {"targets": results, "committed": committed, "active": active}
-    record.summary = (
-        f"{'would commit' if request.dry_run else 'committed'} "
-        f"{sum(len(o) for o in committed.values())} offset(s) of {len(committed)} group(s) "
-        f"on {spec.source}" + (f", skipped {len(active)} with members there" if active else "")
-    )
-    log(record.summary)
-
-
 @WORKFLOW.step("unfence")
 def unfence(request: FailbackRequest, run: FailbackRun, record: StepRecord, log: Log) -> None:
     """Remove exactly the DENY WRITE ACLs the failover recorded in ``fences.json``."""
@@ -637,7 +279,7 @@ def unfence(request: FailbackRequest, run: FailbackRun, record: StepRecord, log:
     fences = read_fences(request.flow)
     if not fences:
         raise StepSkipped(f"the failover fenced no producer ({path} lists none)")
-    spec, _t, _p = _spec_and_policy(request)
+    spec, _t, _p = spec_and_policy(request)
     acls = sorted({(f["principal"], f["topic"]) for f in fences})
     verb = "would remove" if request.dry_run else "removed"
 
@@ -672,7 +314,7 @@ def resume(request: FailbackRequest, run: FailbackRun, record: StepRecord, log: 
     from mirrorflow.replication.positions import PositionWriter
     from mirrorflow.replication.remote_cluster import flow_positions
 
-    spec, _t, _p = _spec_and_policy(request)
+    spec, _t, _p = spec_and_policy(request)
     pre = run.details("preflight")
     copy = run.details("reverse-copy")
     before = flow_positions(spec)

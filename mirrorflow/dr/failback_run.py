@@ -1,11 +1,13 @@
 """A failback's request, its run record and report context, its workflow (:data:`WORKFLOW`),
-and which failover it undoes (:func:`latest_failover`); the steps are in
-:mod:`mirrorflow.dr.failback`."""
+which failover it undoes (:func:`latest_failover`), and the forward flow's spec and policy its
+steps read (:func:`spec_and_policy`); the steps are in :mod:`mirrorflow.dr.failback`,
+:mod:`mirrorflow.dr.failback_copy` and :mod:`mirrorflow.dr.failback_groups`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mirrorflow import paths
 from mirrorflow.dr import request, steps
 from mirrorflow.dr.failover_run import reports_dir, rollback_command
 from mirrorflow.dr.records import (
@@ -56,6 +58,17 @@ class FailbackRun(steps.Run):
 
 
 WORKFLOW = steps.Workflow(FailbackRun, FailbackRequest, STEPS)
+
+
+def spec_and_policy(request: FailbackRequest):
+    """The forward flow's spec and its replication policy (the flow files, from the project
+    root as the mirror job reads them)."""
+    from mirrorflow.config.topology import load_topology
+
+    files = request.flow_paths()
+    spec = request.spec()
+    topology = load_topology(files, base_dir=paths.project_root())
+    return spec, topology, topology.flow(request.flow).policy
 
 
 def latest_failover(flow: str, run_id: str = "", held_by: str | None = None) -> dict:
