@@ -18,13 +18,15 @@ Steps (:data:`STEPS`):
     changed something, not a dry run, not rolled back; its ``positions_at_cut``): one that failed
     is refused in one line naming the rollback (or: run the failover again); both clusters
     answer; ``S->T`` still held; the failover's RPO measured on ``S`` unless it was
-    (:func:`mirrorflow.dr.rpo.measure_missing`); the replication policy; what
-    to copy back: per partition of each replicated topic, the range of ``T``'s topic written
-    during the failover (default policy: ``T``'s own ``orders``, copied to ``T.orders`` on ``S``
-    as MirrorMaker 2's active/active names it; identity: ``orders`` past the forward flow's last
-    copy, copied to ``orders``); with the identity policy, the records on ``S`` past the cut
-    (never copied to ``T``); the consumer groups on ``T`` (the flow's ``groups``, narrowed by the
-    run's pattern); no reverse flow running (a job running ``T->S`` must be paused first).
+    (:func:`mirrorflow.dr.rpo.measure_missing`); the replication policy; what to copy back
+    (:func:`mirrorflow.dr.failback_copy.copy_ranges`): per partition of each replicated topic,
+    the range of ``T``'s topic written during the failover (default policy: ``T``'s own
+    ``orders``, copied to ``T.orders`` on ``S`` as MirrorMaker 2's active/active names it;
+    identity: ``orders`` past the forward flow's last copy, copied to ``orders``); with the
+    identity policy, the records on ``S`` past the cut (never copied to ``T``,
+    :func:`mirrorflow.dr.failback_copy.diverged_ranges`); the consumer groups on ``T`` (the
+    flow's ``groups``, narrowed by the run's pattern); no reverse flow running (a job running
+    ``T->S`` must be paused first).
 ``fence-producers``
     With principals: ACL DENY WRITE on ``T``'s copied topics, so nothing more is written there.
 ``set-aside``
@@ -60,17 +62,13 @@ from typing import Any
 from mirrorflow.dr import (
     failback_copy,
     failback_groups,  # noqa: F401  (its step registers here)
-    range_copy,
 )
 from mirrorflow.dr.clusters import (
-    end_offsets,
-    log_bounds,
     reachable,
     replicated_groups,
     replicated_partitions,
 )
 from mirrorflow.dr.failback_run import (  # noqa: F401  (the workflow's names, as callers use them)
-    DIVERGED_SUFFIX,
     STEPS,
     WORKFLOW,
     FailbackRequest,
@@ -90,7 +88,7 @@ from mirrorflow.dr.fences import (
 )
 from mirrorflow.dr.offsets import flat_offsets, nested_offsets, partition_key
 from mirrorflow.dr.records import positions_at_cut
-from mirrorflow.dr.steps import Log, StepRecord, StepSkipped, safe_run_id
+from mirrorflow.dr.steps import Log, StepRecord, StepSkipped
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
 from mirrorflow.replication.topics import ClusterAdmin
 from mirrorflow.runtime import jobs
@@ -108,8 +106,6 @@ def _is_identity(policy) -> bool:
 @WORKFLOW.step("preflight")
 def preflight(request: FailbackRequest, run: FailbackRun, record: StepRecord, log: Log) -> None:
     """The failover undone, both clusters, the policy, the ranges to copy back and set aside."""
-    from mirrorflow.replication.checkpoint_stores import read_offset_map
-
     spec, _topology, policy = spec_and_policy(request)
     # The failover first: one that failed is refused before any cluster is asked.
     failover = latest_failover(request.flow, request.failover_run_id, jobs.held(request.flow_dir()))
@@ -149,49 +145,10 @@ def preflight(request: FailbackRequest, run: FailbackRun, record: StepRecord, lo
         for t in {t for t, _p in replicated_partitions(spec, source)} | {t for t, _ in cut}
         if spec.should_replicate(t) and not policy.is_heartbeats_topic(t)
     )
-    # What T holds that S does not: default policy, T's own topic of the same name (written
-    # there during the failover); identity, the same topic past the forward flow's copies.
-    forward_map = read_offset_map(spec)
-    reverse_positions = failback_copy.reverse_positions(spec)
-    copies: list[dict[str, Any]] = []
-    for topic in [] if provenance else topics:
-        partitions = range_copy.topic_partitions(target, topic)
-        if not partitions:
-            continue
-        ends = end_offsets(target, [(topic, p) for p in partitions])
-        bounds = log_bounds(target, [(topic, p) for p in partitions])
-        for p in partitions:
-            if identity:
-                last = forward_map.last_run((topic, p))
-                start = last.downstream_end if last is not None else bounds[(topic, p)][0]
-            else:
-                start = bounds[(topic, p)][0]
-            start = max(start, reverse_positions.get((topic, p), 0), bounds[(topic, p)][0])
-            copies.append(
-                {
-                    "topic": topic,
-                    "partition": p,
-                    "to": topic if identity else policy.format_remote_topic(spec.target, topic),
-                    "start": start,
-                    "end": max(start, ends[(topic, p)]),
-                }
-            )
+    copies = failback_copy.copy_ranges(spec, policy, target, [] if provenance else topics, identity)
     diverged: list[dict[str, Any]] = []
     if identity and not provenance:  # provenance: S's later records go to T when S->T resumes
-        held = {tp: position for tp, position in cut.items() if tp[0] in topics}
-        ends = end_offsets(source, sorted(held))
-        side = {t: f"{t}.{DIVERGED_SUFFIX}.{safe_run_id(request.run_id)}" for t, _ in held}
-        for (topic, p), position in sorted(held.items()):
-            if ends[(topic, p)] > position:
-                diverged.append(
-                    {
-                        "topic": topic,
-                        "partition": p,
-                        "to": side[topic],
-                        "start": position,
-                        "end": ends[(topic, p)],
-                    }
-                )
+        diverged = failback_copy.diverged_ranges(source, cut, topics, request.run_id)
     groups = replicated_groups(spec, target, request.group_pattern)
     written_on_target = sum(c["end"] - c["start"] for c in copies)
     # The failover's RPO, measured now that its source is back (once: kept in its record).

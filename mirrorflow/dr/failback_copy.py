@@ -1,6 +1,7 @@
 """The failback's copies, its steps ``set-aside`` and ``reverse-copy``
 (:data:`mirrorflow.dr.failback_run.WORKFLOW`): the records written on ``T`` during the failover
-copied back to ``S``, and, with the identity policy, the records of ``S`` past the cut set aside.
+copied back to ``S``, and, with the identity policy, the records of ``S`` past the cut set aside;
+the preflight finds both ranges here (:func:`copy_ranges`, :func:`diverged_ranges`).
 
 The failback copies the reverse direction itself (confluent-kafka, no Spark job), from where the
 failover left ``T`` to ``T``'s end, so it needs no reverse flow in the flow files: an identity
@@ -22,12 +23,20 @@ enabled later, or the next failback, starts after it. In provenance mode the rev
 
 from __future__ import annotations
 
+from typing import Any
+
 from mirrorflow import paths
 from mirrorflow.dr import range_copy
-from mirrorflow.dr.clusters import end_offsets, replicated_partitions
-from mirrorflow.dr.failback_run import WORKFLOW, FailbackRequest, FailbackRun, spec_and_policy
+from mirrorflow.dr.clusters import end_offsets, log_bounds, replicated_partitions
+from mirrorflow.dr.failback_run import (
+    DIVERGED_SUFFIX,
+    WORKFLOW,
+    FailbackRequest,
+    FailbackRun,
+    spec_and_policy,
+)
 from mirrorflow.dr.offsets import flat_offsets, nested_offsets, partition_key
-from mirrorflow.dr.steps import Log, Partition, StepRecord, StepSkipped
+from mirrorflow.dr.steps import Log, Partition, StepRecord, StepSkipped, safe_run_id
 from mirrorflow.replication.spec import MirrorSpec
 from mirrorflow.replication.topics import ClusterAdmin
 
@@ -56,6 +65,68 @@ def reverse_spec(request: FailbackRequest, spec: MirrorSpec) -> MirrorSpec:
 
     reverse = f"{spec.target}->{spec.source}"
     return spec_for_flow(request.flow_paths(), reverse, base_dir=paths.project_root())
+
+
+def copy_ranges(
+    spec: MirrorSpec, policy, target: ClusterAdmin, topics: list[str], identity: bool
+) -> list[dict[str, Any]]:
+    """What ``T`` holds that ``S`` does not, per partition of ``topics`` on ``T`` (the
+    preflight's ``copies``): default policy, ``T``'s own topic of the same name (written there
+    during the failover), to copy to its remote topic on ``S`` (``T.orders``); identity, the same
+    topic past the forward flow's last copy, to copy to itself. A range starts no earlier than
+    ``T->S``'s positions (:func:`reverse_positions`) and ends at ``T``'s end now."""
+    from mirrorflow.replication.checkpoint_stores import read_offset_map
+
+    forward_map = read_offset_map(spec)
+    positions = reverse_positions(spec)
+    copies: list[dict[str, Any]] = []
+    for topic in topics:
+        partitions = range_copy.topic_partitions(target, topic)
+        if not partitions:
+            continue
+        ends = end_offsets(target, [(topic, p) for p in partitions])
+        bounds = log_bounds(target, [(topic, p) for p in partitions])
+        for p in partitions:
+            if identity:
+                last = forward_map.last_run((topic, p))
+                start = last.downstream_end if last is not None else bounds[(topic, p)][0]
+            else:
+                start = bounds[(topic, p)][0]
+            start = max(start, positions.get((topic, p), 0), bounds[(topic, p)][0])
+            copies.append(
+                {
+                    "topic": topic,
+                    "partition": p,
+                    "to": topic if identity else policy.format_remote_topic(spec.target, topic),
+                    "start": start,
+                    "end": max(start, ends[(topic, p)]),
+                }
+            )
+    return copies
+
+
+def diverged_ranges(
+    source: ClusterAdmin, cut: dict[Partition, int], topics: list[str], run_id: str
+) -> list[dict[str, Any]]:
+    """Identity policy: the records of ``S`` past the cut (never copied to ``T``), per
+    partition of ``topics`` held at the cut, and their side topic on ``S`` (the preflight's
+    ``diverged``, which ``set-aside`` copies)."""
+    diverged: list[dict[str, Any]] = []
+    held = {tp: position for tp, position in cut.items() if tp[0] in topics}
+    ends = end_offsets(source, sorted(held))
+    side = {t: f"{t}.{DIVERGED_SUFFIX}.{safe_run_id(run_id)}" for t, _ in held}
+    for (topic, p), position in sorted(held.items()):
+        if ends[(topic, p)] > position:
+            diverged.append(
+                {
+                    "topic": topic,
+                    "partition": p,
+                    "to": side[topic],
+                    "start": position,
+                    "end": ends[(topic, p)],
+                }
+            )
+    return diverged
 
 
 @WORKFLOW.step("set-aside")
