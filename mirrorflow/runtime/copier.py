@@ -42,6 +42,13 @@ STREAM_OPEN = 2**63 - 1  # a stream's allowance without end (MirrorCopier.OPEN)
 # A batch's producer lingers 20 ms (fuller requests, for throughput); a stream's, copying
 # records as they arrive, 5 ms (Kafka 4's default), unless the flow sets producer linger.ms.
 STREAM_LINGER_MS = 5
+# A batch's producer fills requests of up to 512 KiB per partition (throughput). A stream's uses
+# Kafka's default, 16 KiB: each partition with copies waiting takes a buffer of ``batch.size``
+# from its producer's pool, which keeps it, and a stream writes to every partition of its flow,
+# hundreds in a mesh (every cluster's heartbeat chains). At 512 KiB, the 30 streams of a mesh of
+# 6 in one application held more than the driver's 1 GiB heap (OutOfMemoryError).
+BATCHES_BATCH_SIZE = 512 << 10
+STREAM_BATCH_SIZE = 16 << 10
 
 _HEAD = struct.Struct(">qqq")  # records, bytes, ranges
 _RANGE = struct.Struct(">13q")  # see MirrorCopier.Copied.encode
@@ -183,51 +190,20 @@ class JvmCopier:
             self._class.forget(batch)
 
     def settings(self, mapping: dict[str, str], max_message_bytes: dict[str, int]) -> Any:
-        """The copier's settings (see ``MirrorCopier``'s documentation) for the flow's topics
-        (``mapping``: source -> remote) and their remote topics' size limits, as a Java map."""
+        """The copier's settings (:func:`copier_settings`, with the flow's record transforms)
+        for the flow's topics (``mapping``: source -> remote) and their remote topics' size
+        limits, as a Java map."""
         limits = {rem: max_message_bytes[rem] for rem in mapping.values()}
         key = (tuple(sorted(mapping.items())), tuple(sorted(limits.items())))
         if self._settings is not None and self._settings[0] == key:
             return self._settings[1]
         spec = self.spec
-        largest = min(max(max(limits.values(), default=0), 1 << 20) + (64 << 10), (1 << 31) - 1)
-        producer = {
-            "linger.ms": "20",
-            "batch.size": "524288",
-            **spec.target_producer,
-            "enable.idempotence": "true",
-            "acks": "all",
-            "max.request.size": str(largest),
-            "buffer.memory": str(min(max(64 << 20, 2 * largest), 256 << 20)),
-        }
-        settings = {
-            "source": spec.source,
-            "target": spec.target,
-            "source.principal": principal(spec.source_consumer),
-            "target.principal": principal(spec.target_producer),
-            "record.overhead": str(mirror_writer.RECORD_OVERHEAD),
-            "poll.timeout.ms": str(int(SOURCE_STALL_S * 1000)),
-            "error.prefix": mirror_writer.ERROR_PREFIX,
-            **{f"consumer.{k}": v for k, v in spec.source_consumer.items()},
-            **{f"producer.{k}": v for k, v in producer.items()},
-            **{f"topic.{src}": rem for src, rem in mapping.items()},
-            **{f"limit.{rem}": str(limit) for rem, limit in limits.items()},
-        }
-        if "linger.ms" not in spec.target_producer:  # a stream's copies wait less (latency)
-            settings["stream.producer.linger.ms"] = str(STREAM_LINGER_MS)
+        settings = copier_settings(spec, mapping, limits)
         plan = self.transform_plan()
         if plan is not None and spec.transform is not None:
             settings["transform"] = plan
             settings["transform.headers"] = str(spec.transform.changes_headers).lower()
             settings["transform.record"] = str(spec.transform.changes_record).lower()
-        if spec.emit_offset_syncs:
-            settings["syncs.topic"] = spec.offset_syncs_topic
-            settings["syncs.lag.max"] = str(spec.max_offset_lag)
-            settings["syncs.interval.ms"] = str(spec.offset_syncs_interval_ms)
-            settings["syncs"] = spec.offset_syncs_cluster
-            settings["syncs.principal"] = principal(spec.offset_syncs_producer)
-            for k, v in spec.offset_syncs_producer.items():
-                settings[f"syncs.producer.{k}"] = v
         java_map = self.spark.sparkContext._jvm.java.util.HashMap()  # type: ignore[union-attr]
         for k, v in settings.items():
             java_map.put(k, v)
@@ -263,3 +239,51 @@ class JvmCopier:
         except Exception as exc:  # py4j's error: its text holds the copier's message
             raise batch_error(self.spec, exc) from None
         return CopierResult.decode(bytes(encoded), [tp for tp, _start, _until in ranges])
+
+
+def copier_settings(
+    spec: MirrorSpec, mapping: dict[str, str], limits: dict[str, int]
+) -> dict[str, str]:
+    """The copier's settings (see ``MirrorCopier``'s documentation) for ``spec``'s flow copying
+    ``mapping`` (source topic -> remote topic), whose remote topics take records of at most
+    ``limits`` bytes: its clients' Java properties (``consumer.*``, ``producer.*``, a stream's
+    own ``stream.producer.*``, ``syncs.producer.*``), the remote topics and their limits, the
+    offset syncs' settings. Not the record transforms (:meth:`JvmCopier.transform_plan`)."""
+    largest = min(max(max(limits.values(), default=0), 1 << 20) + (64 << 10), (1 << 31) - 1)
+    producer = {
+        "linger.ms": "20",
+        "batch.size": str(BATCHES_BATCH_SIZE),
+        **spec.target_producer,
+        "enable.idempotence": "true",
+        "acks": "all",
+        "max.request.size": str(largest),
+        "buffer.memory": str(min(max(64 << 20, 2 * largest), 256 << 20)),
+    }
+    settings = {
+        "source": spec.source,
+        "target": spec.target,
+        "source.principal": principal(spec.source_consumer),
+        "target.principal": principal(spec.target_producer),
+        "record.overhead": str(mirror_writer.RECORD_OVERHEAD),
+        "poll.timeout.ms": str(int(SOURCE_STALL_S * 1000)),
+        "error.prefix": mirror_writer.ERROR_PREFIX,
+        **{f"consumer.{k}": v for k, v in spec.source_consumer.items()},
+        **{f"producer.{k}": v for k, v in producer.items()},
+        **{f"topic.{src}": rem for src, rem in mapping.items()},
+        **{f"limit.{rem}": str(limit) for rem, limit in limits.items()},
+    }
+    # A stream's producer: its copies wait less (latency), and its batches are Kafka's default
+    # size, unless the flow sets them.
+    if "linger.ms" not in spec.target_producer:
+        settings["stream.producer.linger.ms"] = str(STREAM_LINGER_MS)
+    if "batch.size" not in spec.target_producer:
+        settings["stream.producer.batch.size"] = str(STREAM_BATCH_SIZE)
+    if spec.emit_offset_syncs:
+        settings["syncs.topic"] = spec.offset_syncs_topic
+        settings["syncs.lag.max"] = str(spec.max_offset_lag)
+        settings["syncs.interval.ms"] = str(spec.offset_syncs_interval_ms)
+        settings["syncs"] = spec.offset_syncs_cluster
+        settings["syncs.principal"] = principal(spec.offset_syncs_producer)
+        for k, v in spec.offset_syncs_producer.items():
+            settings[f"syncs.producer.{k}"] = v
+    return settings

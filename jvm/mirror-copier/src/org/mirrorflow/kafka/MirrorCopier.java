@@ -122,16 +122,18 @@ public final class MirrorCopier {
    * MirrorMaker 2 task reads all its partitions with one consumer), copying each record as
    * {@link #copy}'s tasks do, with no end: it reads, copies and writes offset syncs as records
    * arrive, until {@link #endStream}. Its batch is {@code settings}' {@code batch}. The driver takes what is
-   * acknowledged with {@link #harvest}, as often as it commits positions. Its producers linger
-   * {@code stream.producer.linger.ms} when set (instead of {@code producer.linger.ms}), and it
+   * acknowledged with {@link #harvest}, as often as it commits positions. Its producer takes
+   * {@code stream.producer.*} settings in place of {@code producer.*} ones (a shorter linger,
+   * smaller batches), and it
    * copies until {@code stream.allowed.until.ms} unless {@link #allow}ed longer.
    */
   public static void stream(List<String> ranges, Map<String, String> settings) {
     String batch = settings.get("batch");
     HashMap<String, String> own = new HashMap<>(settings);
-    String linger = settings.get("stream.producer.linger.ms");
-    if (linger != null) {
-      own.put("producer.linger.ms", linger); // copies go out as they arrive
+    for (Map.Entry<String, String> entry : settings.entrySet()) {
+      if (entry.getKey().startsWith("stream.producer.")) { // e.g. copies go out as they arrive
+        own.put(entry.getKey().substring("stream.".length()), entry.getValue());
+      }
     }
     // An idle partition's consumer keeps one fetch waiting on the broker, answered as soon as a
     // record arrives (fetch.min.bytes 1): a long wait costs no latency, and an idle stream then
