@@ -156,3 +156,44 @@ def test_a_group_offset_fetch_that_times_out_is_reported_as_unreachable(monkeypa
     )
     with pytest.raises(ClusterUnreachable, match="cluster dc1 did not answer while reading"):
         client.committed("billing", [("orders", 0)])
+
+
+class _Unknown:
+    """A topic's described configs as librdkafka answers while the broker does not know it."""
+
+    def result(self):
+        from confluent_kafka import KafkaError, KafkaException
+
+        raise KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART, "Unknown topic"))
+
+
+def test_a_remote_topic_created_but_unknown_to_its_overloaded_broker_is_retried(monkeypatch):
+    """In a mesh of 6 on 2 cores a broker took longer than the wait to learn the heartbeat
+    topics its controller had just created: the flow failed for good ("describing [...]
+    failed: Broker: Unknown topic or partition"). It is the target not answering: retried."""
+    from confluent_kafka.admin import ConfigEntry
+
+    from mirrorflow.replication import topics
+
+    monkeypatch.setattr(topics, "ADMIN_TIMEOUT_S", 0.3)
+    target = SimpleNamespace(
+        alias="dc2",
+        principal="bob",
+        client=SimpleNamespace(describe_configs=lambda rs: {r: _Unknown() for r in rs}),
+    )
+    remote = topics.RemoteTopics(
+        None, target, lambda t: True, lambda t: f"dc1.{t}", 1, lambda c: True, "dc1->dc2"
+    )
+    with pytest.raises(ClusterUnreachable) as raised:
+        remote._max_message_bytes(["dc1.heartbeats"])
+    assert raised.value.message == (
+        "cluster dc2 did not answer while describing dc1.heartbeats: created, but still unknown "
+        "to it after 0s"
+    )
+
+    class Known:
+        def result(self):
+            return {"max.message.bytes": ConfigEntry("max.message.bytes", "1048588")}
+
+    target.client = SimpleNamespace(describe_configs=lambda rs: {r: Known() for r in rs})
+    assert remote._max_message_bytes(["dc1.heartbeats"]) == {"dc1.heartbeats": 1048588}

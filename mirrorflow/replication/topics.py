@@ -295,7 +295,12 @@ class RemoteTopics:
         return result
 
     def _max_message_bytes(self, remotes: list[str]) -> dict[str, int]:
-        """``max.message.bytes`` of each remote topic (retried while a new topic propagates)."""
+        """``max.message.bytes`` of each remote topic (retried while a new topic propagates).
+
+        A topic the target created but still does not know after ``ADMIN_TIMEOUT_S`` is the
+        target not answering (:class:`~mirrorflow.errors.ClusterUnreachable`: the refresh runs
+        again, the flow fails only after its retry timeout): an overloaded broker can take that
+        long to learn its controller's new topics, as in a mesh creating hundreds at once."""
         resources = [ConfigResource(ResourceType.TOPIC, t) for t in remotes]
         deadline = time.monotonic() + ADMIN_TIMEOUT_S
         while True:
@@ -306,7 +311,13 @@ class RemoteTopics:
                 }
             except KafkaException as exc:
                 unknown = exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART
-                if not unknown or time.monotonic() > deadline:
+                if unknown and time.monotonic() > deadline:
+                    raise did_not_answer(
+                        self.target.alias,
+                        f"describing {', '.join(remotes)}",
+                        f"created, but still unknown to it after {ADMIN_TIMEOUT_S:.0f}s",
+                    ) from None
+                if not unknown:
                     needs = f"DESCRIBE_CONFIGS on topics {', '.join(remotes)}"
                     raise cluster_error(self.target, f"describing {remotes}", exc, needs) from None
                 time.sleep(0.2)
