@@ -16,6 +16,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import tempfile
 import threading
 import time
@@ -271,6 +272,10 @@ class System:
             deadline = time.monotonic() + timeout
             while any(r.proc.poll() is None for r in alive) and time.monotonic() < deadline:
                 time.sleep(0.25)
+            late = [r for r in alive if r.proc.poll() is None]
+            if late:  # where a stop waits, before SIGTERM
+                for dump in [*self.thread_dumps(late), *self.python_stacks(late)]:
+                    print(f"    thread dump: {dump}", flush=True)
             problems += [
                 f"{r.launch.name} stopped with exit code {r.proc.returncode} (log: {r.log})"
                 if r.proc.returncode is not None
@@ -280,15 +285,16 @@ class System:
             ]
         return problems + replicate.stop(self.runs, timeout)
 
-    def thread_dumps(self) -> list[Path]:
-        """A thread dump (``jstack -l``) of every JVM in the system's trees, beside its log:
-        where each thread waits, when a check fails and the system still runs."""
+    def thread_dumps(self, runs: list | None = None) -> list[Path]:
+        """A thread dump (``jstack -l``) of every JVM in the system's trees (``runs``' only, if
+        given), beside its log: where each thread waits, when a check fails and the system
+        still runs."""
         import subprocess
 
         import psutil
 
         dumps = []
-        for run in self.runs:
+        for run in self.runs if runs is None else runs:
             try:
                 root = psutil.Process(run.proc.pid)
                 tree = [root, *root.children(recursive=True)]
@@ -312,6 +318,28 @@ class System:
                         )
                     dumps.append(path)
         return dumps
+
+    @staticmethod
+    def python_stacks(runs: list) -> list[Path]:
+        """Every Python thread's stack of the mirror jobs in ``runs``' trees, written to their
+        logs: ``spark_jobs/mirror.py`` dumps them on SIGUSR2 (:mod:`faulthandler`). Only those
+        processes get the signal (it ends any other)."""
+        import psutil
+
+        logs = []
+        for run in runs:
+            try:
+                root = psutil.Process(run.proc.pid)
+                tree = [root, *root.children(recursive=True)]
+            except psutil.Error:
+                continue
+            for process in tree:
+                with contextlib.suppress(psutil.Error):
+                    if any(arg.endswith("spark_jobs/mirror.py") for arg in process.cmdline()):
+                        process.send_signal(signal.SIGUSR2)
+                        logs.append(run.log)
+        time.sleep(1)  # faulthandler writes at once; let it land before the stop
+        return logs
 
     def cpu_s(self) -> float | None:
         """The exact CPU seconds of the whole trees over their lives (after :meth:`end`)."""

@@ -4,6 +4,7 @@ percentiles, topologies, flow files, latency bookkeeping (no Kafka, no Spark).""
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
 import pytest
@@ -141,6 +142,46 @@ def test_a_failed_check_dumps_the_threads_of_every_jvm_in_the_system(tmp_path: P
         assert dumps[0].name != f"sleeper.jstack-{shell.pid}.txt"  # the JVM's, not the shell's
         text = dumps[0].read_text()
         assert "Full thread dump" in text and "Sleeper.main" in text, text[:500]
+    finally:
+        subprocess.run(["pkill", "-P", str(shell.pid)], check=False)
+        shell.kill()
+        shell.wait(10)
+
+
+def test_a_slow_stop_dumps_the_mirror_jobs_python_threads_into_its_log(tmp_path: Path) -> None:
+    """A mirror job (``spark_jobs/mirror.py``, which dumps its threads on SIGUSR2) under a
+    launcher shell that has no such handler: the job writes every thread's stack to the log and
+    goes on; the shell is not signalled (SIGUSR2 would end it)."""
+    import subprocess
+    import sys
+
+    from benchmarks.replicate import Launch, Running
+
+    job = tmp_path / "spark_jobs" / "mirror.py"
+    job.parent.mkdir()
+    job.write_text(
+        "import faulthandler, signal, sys, time\n"
+        "faulthandler.register(signal.SIGUSR2, all_threads=True)\n"
+        "print('up', flush=True)\n"
+        "def waiting_for_the_stop():\n"
+        "    time.sleep(120)\n"
+        "waiting_for_the_stop()\n"
+    )
+    log = tmp_path / "job.log"
+    with log.open("w") as out:
+        shell = subprocess.Popen(
+            ["bash", "-c", f"{sys.executable} {job}; true"], stdout=out, stderr=out, text=True
+        )
+    try:
+        for _ in range(100):
+            if "up" in log.read_text():
+                break
+            time.sleep(0.1)
+        run = Running(Launch("job", []), shell, tmp_path / "report.json", log)
+        assert steady.System.python_stacks([run]) == [log]
+        text = log.read_text()
+        assert "waiting_for_the_stop" in text and "mirror.py" in text, text
+        assert shell.poll() is None  # neither the shell nor the job ended
     finally:
         subprocess.run(["pkill", "-P", str(shell.pid)], check=False)
         shell.kill()
