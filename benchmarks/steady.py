@@ -295,12 +295,7 @@ class System:
 
         dumps = []
         for run in self.runs if runs is None else runs:
-            try:
-                root = psutil.Process(run.proc.pid)
-                tree = [root, *root.children(recursive=True)]
-            except psutil.Error:
-                continue
-            for process in tree:
+            for process in _tree(run):
                 try:
                     if process.name() != "java":
                         continue
@@ -328,14 +323,12 @@ class System:
 
         logs = []
         for run in runs:
-            try:
-                root = psutil.Process(run.proc.pid)
-                tree = [root, *root.children(recursive=True)]
-            except psutil.Error:
-                continue
-            for process in tree:
+            for process in _tree(run):
                 with contextlib.suppress(psutil.Error):
-                    if any(arg.endswith("spark_jobs/mirror.py") for arg in process.cmdline()):
+                    # the script itself, not a wrapper naming it among its arguments
+                    if process.cmdline()[1:2] and process.cmdline()[1].endswith(
+                        "spark_jobs/mirror.py"
+                    ):
                         process.send_signal(signal.SIGUSR2)
                         logs.append(run.log)
         time.sleep(1)  # faulthandler writes at once; let it land before the stop
@@ -523,3 +516,14 @@ class Session:
             print("\n!!! AT LEAST ONE RUN FAILED OR LOST DATA: see 'check' above !!!")
             return 1
         return 0
+
+
+def _tree(run) -> list:
+    """The processes of ``run``'s tree (psutil), its root first; none once it is gone."""
+    import psutil
+
+    try:
+        root = psutil.Process(run.proc.pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
