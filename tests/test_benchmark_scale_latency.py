@@ -168,9 +168,15 @@ def test_a_slow_stop_dumps_the_mirror_jobs_python_threads_into_its_log(tmp_path:
         "waiting_for_the_stop()\n"
     )
     log = tmp_path / "job.log"
+    # Beside the job, a process naming its script as its last argument, as spark-submit's JVM
+    # does (HotSpot uses SIGUSR2 itself: the signal crashed it): it must not be signalled.
+    launcher = f"{sys.executable} -c 'import time; time.sleep(120)' {job} &"
     with log.open("w") as out:
         shell = subprocess.Popen(
-            ["bash", "-c", f"{sys.executable} {job}; true"], stdout=out, stderr=out, text=True
+            ["bash", "-c", f"{launcher} {sys.executable} {job}; true"],
+            stdout=out,
+            stderr=out,
+            text=True,
         )
     try:
         for _ in range(100):
@@ -182,6 +188,10 @@ def test_a_slow_stop_dumps_the_mirror_jobs_python_threads_into_its_log(tmp_path:
         text = log.read_text()
         assert "waiting_for_the_stop" in text and "mirror.py" in text, text
         assert shell.poll() is None  # neither the shell nor the job ended
+        import psutil
+
+        named = [p for p in psutil.Process(shell.pid).children() if "-c" in p.cmdline()]
+        assert len(named) == 1 and named[0].status() != psutil.STATUS_ZOMBIE, named
     finally:
         subprocess.run(["pkill", "-P", str(shell.pid)], check=False)
         shell.kill()
