@@ -129,6 +129,18 @@ def test_failed_paused_and_stopped():
     assert (backlog.state, backlog.lag_records, backlog.lag_seconds) == ("PAUSED", 1000, 90.0)
     assert derive(FLOW, progress("PAUSED"), now=NOW).state == "PAUSED"
     assert derive(FLOW, progress(), now=NOW, flow_paused=True).state == "PAUSED"
+    # asked to pause while its job runs: "pausing" until the job confirms it (it may still copy
+    # its batch in progress), whichever way the pause was asked
+    asked = derive(FLOW, progress(), now=NOW, job_alive=True, flow_paused=True)
+    assert (asked.state, asked.reason) == (
+        "PAUSED",
+        "pausing: the flow is paused (its paused file exists); its job has not stopped copying "
+        "yet; nothing to copy (measured 2s ago)",
+    )
+    by_dag = derive(FLOW, progress(), now=NOW, job_alive=True, dags=dags)
+    assert by_dag.reason.startswith("pausing: its DAG flow__primary__secondary is paused;")
+    confirmed = derive(FLOW, progress("PAUSED"), now=NOW, job_alive=True, flow_paused=True)
+    assert confirmed.reason.startswith("the flow is paused (its paused file exists);")
     site = derive(FLOW, progress("STOPPED"), now=NOW, dags=SiteDag("mirror__secondary", True))
     assert site.state == "PAUSED"
     assert site.reason.startswith("the site's mirror DAG mirror__secondary is paused;")

@@ -207,8 +207,17 @@ def test_the_active_active_example_through_pause_stop_and_restart(
             shown = wait_states(page, url, {AB: ("PAUSED",), BA: ("PAUSED",)}, 60)
             # Each reason then says what its lag was when measured (the paused flows' lag is
             # measured by their jobs' applications).
-            assert shown[AB]["reason"].startswith("the flow is paused (its paused file exists)")
-            assert shown[BA]["reason"].startswith(f"its DAG {FLOW_DAG[BA]} is paused"), shown
+            # ("pausing: " first, until its job confirms the pause)
+            assert (
+                shown[AB]["reason"]
+                .removeprefix("pausing: ")
+                .startswith("the flow is paused (its paused file exists)")
+            ), shown
+            assert (
+                shown[BA]["reason"]
+                .removeprefix("pausing: ")
+                .startswith(f"its DAG {FLOW_DAG[BA]} is paused")
+            ), shown
             assert shown[AB]["lag"] == "—" or LAG.fullmatch(shown[AB]["lag"]), shown
             wait_for(
                 lambda: progress(state, flow_dirs[AB].name).get("state") == "PAUSED",

@@ -365,8 +365,15 @@ def test_a_logged_in_user_sees_the_flow_running_stalled_and_stopped(
 
                 # Paused with records produced meanwhile: PAUSED, and the backlog shows, on the
                 # page and in the metrics (measured by the job's application).
+                # The page says "pausing" until the job confirms it has stopped copying (its
+                # batch in progress may still copy): the backlog is produced after that.
                 jobs.set_paused(flow_dir, True)
                 flow_row_state(page, page_url, ("PAUSED",), 60)
+                wait_for(
+                    lambda: row_of(page, page_url)["reason"].startswith("the flow is paused"),
+                    60,
+                    "the job's confirmation of the pause on the page",
+                )
                 produce_fresh(primary, topic, 2, BACKLOG, start=next_key)
                 next_key += BACKLOG
                 try:

@@ -7,7 +7,8 @@ mirror DAG is paused, the flow's thresholds, and the time now. The result is one
 
 - ``FAILED``: the flow stopped on an error (the error is the reason);
 - ``PAUSED``: the flow is paused (its flow DAG, or its ``paused`` file), or no job runs it and
-  its site's mirror DAG is paused;
+  its site's mirror DAG is paused; the reason starts with "pausing:" while its running job has
+  not yet confirmed the pause (it may still copy its batch in progress);
 - ``STOPPED``: no job runs the flow (never started, stopped, or its process is gone) and none is
   expected to (the site's mirror DAG is not known to be on);
 - ``STALLED``: a job should run the flow but nothing was heard from it within
@@ -148,10 +149,15 @@ def derive(
     if job_state == "FAILED":
         error = _str(progress.get("error")) or "the flow failed (no error recorded)"
         return health(FAILED, error)
-    if dags.flow_dag_paused:
-        return health(PAUSED, f"its DAG {dags.flow_dag} is paused")
-    if flow_paused or job_state == "PAUSED":
-        return health(PAUSED, "the flow is paused (its paused file exists)")
+    if dags.flow_dag_paused or flow_paused or job_state == "PAUSED":
+        why = (
+            f"its DAG {dags.flow_dag} is paused"
+            if dags.flow_dag_paused
+            else "the flow is paused (its paused file exists)"
+        )
+        if running and job_alive:  # asked, not yet confirmed by its job (known to run)
+            why = f"pausing: {why}; its job has not stopped copying yet"
+        return health(PAUSED, why)
     timeout = settings.stall_timeout_seconds
     should_run = dags.mirror_dag_paused is False  # its site's DAG is on
     if not running:
