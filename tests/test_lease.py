@@ -145,3 +145,53 @@ def test_a_holder_whose_target_went_away_mid_renewal_renews_once_it_is_back(
             time.sleep(1)
     assert held.current().holder == held.holder
     held.release()
+
+
+def test_a_renewal_whose_abort_timed_out_renews_once_the_target_is_back(
+    sandbox, topic_name, monkeypatch
+):
+    """The target stops while a renewal's record waits to be sent: the record times out, the
+    transaction must be aborted, and the abort times out too (the target is still away). Once
+    the target is back the holder renews again. (A timed-out abort left librdkafka refusing
+    every later transaction, "Conflicting abort_transaction API call is already in progress",
+    as seen in a mesh of 6 clusters on overloaded brokers: the flow's renewals failed until it
+    gave up.)"""
+    from mirrorflow.devtools import sandbox as sandbox_mod
+    from mirrorflow.errors import ClusterUnreachable
+
+    monkeypatch.setattr(lease, "COMMIT_TIMEOUT_S", 4.0)
+    secondary = sandbox["secondary"]
+    flow = f"{topic_name('abort')}->secondary"
+    config = secondary.client_config()
+    # Its records time out before its commit does: the transaction then needs an abort.
+    producer = {**config, "message.timeout.ms": "1500"}
+    lease.FlowLease.ensure_topic(ClusterAdmin("secondary", config), 1)
+    held = lease.FlowLease(
+        flow, "secondary", producer, config, config, lease.Holder.this_process("/state/abort")
+    )
+    held.take()
+    seen = []
+    # Frozen (SIGSTOP: connections open, no answer): the abort waits for the coordinator.
+    broker = sandbox_mod.load(sandbox.directory)["secondary"].pid
+    os.kill(broker, signal.SIGSTOP)
+    try:
+        for _ in range(3):
+            with pytest.raises(ClusterUnreachable) as away:
+                held.renew()
+            seen.append(away.value.message)
+            assert "\n" not in away.value.message
+    finally:
+        os.kill(broker, signal.SIGCONT)
+    assert all(s.startswith("cluster secondary did not answer") for s in seen), seen
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            held.renew()
+            break
+        except ClusterUnreachable as exc:
+            assert time.monotonic() < deadline, (
+                f"the holder never renewed with its target back: {exc.message}; before: {seen}"
+            )
+            time.sleep(1)
+    assert held.current().holder == held.holder
+    held.release()

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import socket
 import threading
@@ -46,6 +47,8 @@ from mirrorflow.replication.topics import (
     refusal,
     unauthorized,
 )
+
+log = logging.getLogger("mirrorflow.mirror")
 
 LEASES_TOPIC = "mirrorflow-leases.internal"
 RENEW_S = 2.0
@@ -168,6 +171,10 @@ class FlowLease:
         self._producer: Producer | None = None
         self._lock = threading.Lock()  # one transaction at a time: renewals and positions
         self._commit_pending = False  # a commit timed out: finished before the next transaction
+        self._abort_pending = False  # an abort timed out: finished before the next transaction
+        # Its producer failed for good, though not fenced by another holder: the next
+        # transaction takes the lease again (a new producer) if no other job holds it.
+        self._broken: str | None = None
         self.renewed = 0.0  # monotonic time of the last renewal that committed
 
     @property
@@ -246,7 +253,13 @@ class FlowLease:
                     f"{EXPIRY_S:.0f}s after its last renewal",
                 )
             time.sleep(RENEW_S)
-        self._commit_pending = False
+        self._start_producer()
+        self.renew()
+
+    def _start_producer(self) -> None:
+        """A new transactional producer of the lease, initialised: it fences every earlier
+        producer of the flow's transactional id (an earlier holder's, or this job's own)."""
+        self._commit_pending = self._abort_pending = False
         self._producer = clients.producer(
             self.target,
             {
@@ -262,7 +275,7 @@ class FlowLease:
         except KafkaException as exc:
             self._producer = None
             raise self._failure(exc.args[0], "taking") from None
-        self.renew()
+        self._broken = None
 
     def renew(self) -> None:
         """Write the holder's record again, in a transaction; :class:`LeaseLost` if another
@@ -300,9 +313,29 @@ class FlowLease:
                 f"its previous transaction still waits for the target after {timeout:.0f}s",
             )
         try:
+            if self._producer is None and self._broken is not None:
+                self._take_again()
             self._locked_transaction(holder, records, timeout)
         finally:
             self._lock.release()
+
+    def _take_again(self) -> None:
+        """After its producer failed for good (:attr:`_broken`), take the lease again with a new
+        one, unless another job holds it now (:class:`LeaseLost`); a target that does not
+        answer leaves it to the next transaction."""
+        record = self.current()
+        if not self.free(record):
+            assert record is not None and record.holder is not None
+            broken, self._broken = self._broken, None
+            raise LeaseLost(
+                f"flow {self.flow} lost its lease on {self.target} to another job "
+                f"({record.holder.describe()}) while this one's producer failed ({broken})",
+                "nothing more of this job lands; the other job copies the flow",
+            )
+        log.info(
+            "flow %s: taking its lease again (its producer failed: %s)", self.flow, self._broken
+        )
+        self._start_producer()
 
     def _locked_transaction(
         self, holder: Holder | None, records: list[tuple[str, bytes, bytes]], timeout: float
@@ -314,8 +347,11 @@ class FlowLease:
                 "start the flow again: it takes the lease if no other job holds it",
             )
         try:
-            if self._commit_pending:  # an earlier commit timed out: librdkafka takes no
-                self._commit(producer, timeout)  # other call until it is finished
+            if self._abort_pending:  # an earlier abort timed out: librdkafka takes no other
+                producer.abort_transaction(timeout)  # call until it is finished
+                self._abort_pending = False
+            if self._commit_pending:  # an earlier commit timed out: likewise
+                self._commit(producer, timeout)
             producer.begin_transaction()
             for topic, value, key in records:
                 producer.produce(topic, value, key)
@@ -325,6 +361,10 @@ class FlowLease:
             error = exc.args[0]
             if error.txn_requires_abort() or _fenced(error):
                 self._commit_pending = False
+            if error.fatal() and not _fenced(error) and not unauthorized(error):
+                # broken, not taken by another job: taken again at the next transaction
+                self._producer, self._broken = None, error.str()
+                raise self._failure(error, "renewing") from None
             if _fenced(error):
                 self._producer = None
                 raise LeaseLost(
@@ -333,9 +373,11 @@ class FlowLease:
                     "from the target)",
                     "nothing more of this job lands; the other job copies the flow",
                 ) from None
-            with contextlib.suppress(KafkaException):
-                if error.txn_requires_abort():
+            if error.txn_requires_abort():
+                self._abort_pending = True  # until an abort has finished (this one, or later)
+                with contextlib.suppress(KafkaException):
                     producer.abort_transaction(timeout)
+                    self._abort_pending = False
             raise self._failure(error, "renewing") from None
 
     def _commit(self, producer: Producer, timeout: float) -> None:
@@ -359,11 +401,12 @@ class FlowLease:
 
 
 def _fenced(error: KafkaError) -> bool:
+    """Whether another producer of the flow's transactional id (another job's) fenced this one."""
     return error.code() in (
         KafkaError._FENCED,
         KafkaError.PRODUCER_FENCED,
         KafkaError.INVALID_PRODUCER_EPOCH,
-    ) or (error.fatal() and not unauthorized(error))
+    )
 
 
 def confirm(
