@@ -141,3 +141,49 @@ def test_mm2s_default_filter_class_name_selects_the_port():
     assert isinstance(load_topic_filter({"topic.filter.class": name}), DefaultTopicFilter)
     with pytest.raises(MirrorflowError, match="Java class mirrorflow cannot run"):
         load_topic_filter({"topic.filter.class": "com.acme.TopicFilter"})
+
+
+class CountingTopics(TopicFilter):
+    """A plugged-in filter that may change its mind: it counts its questions."""
+
+    asked: list[str] = []
+
+    def should_replicate_topic(self, topic: str) -> bool:
+        CountingTopics.asked.append(topic)
+        return True
+
+
+def test_a_flow_decides_a_topic_once_with_mm2s_classes_and_asks_a_plugged_in_one_each_time(
+    tmp_path, monkeypatch
+):
+    """A job asks for every topic of its source at each refresh and for each heartbeat topic at
+    each beat: MirrorMaker 2's policy and filter (ported, pure) answer once per topic; a Python
+    class plugged in is asked every time, as MirrorMaker 2 asks its classes."""
+    from mirrorflow.config.topology import load_topology
+
+    asked: list[str] = []
+    why_not = DefaultTopicFilter.why_not
+
+    def counted(self, topic):
+        asked.append(topic)
+        return why_not(self, topic)
+
+    monkeypatch.setattr(DefaultTopicFilter, "why_not", counted)
+    flows = tmp_path / "mm2.properties"
+    flows.write_text(
+        "clusters = a, b\na.bootstrap.servers = x:1\nb.bootstrap.servers = y:1\n"
+        "a->b.enabled = true\na->b.topics = orders.*\n"
+    )
+    flow = load_topology([flows]).flow("a->b")
+    for _ in range(3):
+        assert flow.should_replicate_topic("orders")
+        assert not flow.should_replicate_topic("payments")
+        assert flow.why_not_replicated("b.orders") == "cycle: it already came from b"
+    assert sorted(asked) == ["orders", "payments"]
+
+    plugged = tmp_path / "plugged.properties"
+    plugged.write_text(flows.read_text() + f"a->b.topic.filter.class = {__name__}.CountingTopics\n")
+    flow = load_topology([plugged]).flow("a->b")
+    for _ in range(3):
+        assert flow.should_replicate_topic("orders")
+    assert CountingTopics.asked == ["orders"] * 3

@@ -156,6 +156,7 @@ class Flow:
         self.source = source
         self.target = target
         self.name = f"{source}->{target}"
+        self._decisions: dict[str, str | None] = {}  # topic -> why_not_replicated's answer
 
     def __repr__(self) -> str:
         return f"Flow({self.name!r})"
@@ -328,7 +329,28 @@ class Flow:
         return self.is_cycle(upstream)
 
     def why_not_replicated(self, topic: str) -> str | None:
-        """None if MM2 replicates ``topic`` in this flow, else the reason, naming the rule."""
+        """None if MM2 replicates ``topic`` in this flow, else the reason, naming the rule.
+
+        Decided once per topic name when the policy and the topic filter are MirrorMaker 2's
+        (ported here: their answers depend on the name and the flow's configuration only); a
+        job asks for every topic of its source at each refresh, its positions at each report
+        and its heartbeats at each beat (hundreds of heartbeat topics in a mesh). A plugged-in
+        Python class is asked every time, as MirrorMaker 2 asks its classes."""
+        if topic in self._decisions:
+            return self._decisions[topic]
+        reason = self._why_not_replicated(topic)
+        if self._decisions_fixed:
+            self._decisions[topic] = reason
+        return reason
+
+    @cached_property
+    def _decisions_fixed(self) -> bool:
+        return all(
+            type(plugin).__module__.startswith("mirrorflow.")
+            for plugin in (self.policy, self.topic_filter)
+        )
+
+    def _why_not_replicated(self, topic: str) -> str | None:
         heartbeats = self.setting("heartbeats.replication.enabled") and (
             self.policy.is_heartbeats_topic(topic)
         )

@@ -98,6 +98,24 @@ class CopierResult:
         return result
 
 
+def java_lines(copier: Any, lines: list[str]) -> Any:
+    """``lines`` as a Java list, in one py4j call (``MirrorCopier.lines``; py4j would send a
+    Python list item by item, a round trip each: hundreds for a flow of many partitions)."""
+    return copier.lines("\n".join(lines))
+
+
+def java_settings(copier: Any, settings: dict[str, str]) -> Any:
+    """``settings`` as a Java map, in one py4j call (``MirrorCopier.settings``), as
+    :func:`java_lines`. A value holding a NUL character (none of Kafka's) goes entry by
+    entry."""
+    if any("\0" in k or "\0" in v for k, v in settings.items()):
+        java_map = copier.settings("")
+        for k, v in settings.items():
+            java_map.put(k, v)
+        return java_map
+    return copier.settings("\0".join(f"{k}\0{v}" for k, v in settings.items()))
+
+
 class CopyStream:
     """A continuous copy of ``partitions`` from ``starts`` (their positions) in the driver's
     JVM, named ``batch`` (so that ``MirrorCopier.cancel`` ends it, as a batch's); ``settings``
@@ -118,9 +136,11 @@ class CopyStream:
         self.max_request_size = settings.get("producer.max.request.size")
         copier.stream(self._lines(partitions, starts), settings)
 
-    @staticmethod
-    def _lines(partitions: list[Partition], starts: list[int]) -> list[str]:
-        return [f"{t}\t{p}\t{start}" for (t, p), start in zip(partitions, starts, strict=True)]
+    def _lines(self, partitions: list[Partition], starts: list[int]) -> Any:
+        return java_lines(
+            self.copier,
+            [f"{t}\t{p}\t{start}" for (t, p), start in zip(partitions, starts, strict=True)],
+        )
 
     def extend(self, partitions: list[Partition], starts: list[int], settings) -> bool:
         """Add ``partitions`` (new to the flow) from ``starts`` to the running stream, which
@@ -204,9 +224,7 @@ class JvmCopier:
             settings["transform"] = plan
             settings["transform.headers"] = str(spec.transform.changes_headers).lower()
             settings["transform.record"] = str(spec.transform.changes_record).lower()
-        java_map = self.spark.sparkContext._jvm.java.util.HashMap()  # type: ignore[union-attr]
-        for k, v in settings.items():
-            java_map.put(k, v)
+        java_map = java_settings(self.java, settings)
         self._settings = (key, java_map)
         return java_map
 
@@ -223,7 +241,9 @@ class JvmCopier:
         what it copied of each (bytes, record ages at read, replication latencies at
         acknowledgement) and the offset each range reached (its end, or less when the batch
         was cancelled or its source stalled). A failure ends in the batch's one line."""
-        lines = [f"{t}\t{p}\t{start}\t{until}" for (t, p), start, until in ranges]
+        lines = java_lines(
+            self.java, [f"{t}\t{p}\t{start}\t{until}" for (t, p), start, until in ranges]
+        )
         settings.put("batch", batch)
         context = self.spark.sparkContext
         try:

@@ -117,6 +117,39 @@ public final class MirrorCopier {
   private MirrorCopier() {}
 
   /**
+   * The lines of {@code joined} ({@code \n}-separated; none when empty) as a list. A driver's
+   * Python passes a list of ranges in one call: py4j sends a Python list item by item, a round
+   * trip each.
+   */
+  public static List<String> lines(String joined) {
+    List<String> lines = new ArrayList<>();
+    if (!joined.isEmpty()) {
+      for (String line : joined.split("\n", -1)) {
+        lines.add(line);
+      }
+    }
+    return lines;
+  }
+
+  /**
+   * Settings encoded as {@code key NUL value NUL key NUL value ...} as a map, for the same
+   * reason as {@link #lines}: py4j sends a Python dict entry by entry.
+   */
+  public static Map<String, String> settings(String encoded) {
+    Map<String, String> settings = new HashMap<>();
+    if (!encoded.isEmpty()) {
+      String[] parts = encoded.split("\u0000", -1);
+      if (parts.length % 2 != 0) {
+        throw new IllegalArgumentException("settings: a key without its value");
+      }
+      for (int i = 0; i < parts.length; i += 2) {
+        settings.put(parts[i], parts[i + 1]);
+      }
+    }
+    return settings;
+  }
+
+  /**
    * Starts copying {@code ranges} ({@code topic\tpartition\tfrom}) continuously in this JVM
    * (the driver's): one task on its own thread, with one consumer for every range (as a
    * MirrorMaker 2 task reads all its partitions with one consumer), copying each record as
