@@ -1,29 +1,25 @@
 """The driver of a mirror job: one flow ``S->T``, MirrorMaker 2's semantics, supervised.
 
 :class:`MirrorJob` holds the flow's state (its topics, positions, offset map, lease, clients)
-and runs it with Spark's public API only, each part in a module of its own:
+and runs it with Spark's public API only:
 
-1. the flow's start (:mod:`mirrorflow.runtime.flow_start`): its lease taken, and each source
-   partition resumes from its position in ``mm2-offsets.<source>.internal`` on the target,
-   MirrorMaker 2's own record; a partition without one starts as ``auto.offset.reset`` (or
-   ``--starting-offsets``) says;
-2. the flow's topics are listed (and their remote topics created or grown) at start and every
+1. the flow's topics are listed (and their remote topics created or grown) at start and every
    ``refresh.topics.interval.seconds``, as MirrorMaker 2 does;
-3. the flow's loop (:mod:`mirrorflow.runtime.flow_loop`, retried across a cluster's outage)
-   copies a backlog in **batches** (:mod:`mirrorflow.runtime.batches`): every partition's range
+2. each source partition resumes from its position in ``mm2-offsets.<source>.internal`` on the
+   target, MirrorMaker 2's own record; a partition without one starts as ``auto.offset.reset``
+   (or ``--starting-offsets``) says (the flow's start, its lease and its positions:
+   :mod:`mirrorflow.runtime.flow_start`);
+3. a backlog is copied in **batches** (:mod:`mirrorflow.runtime.batches`): every partition's range
    from its position to its current end, copied at once (on the executors, or in the driver's
-   JVM when small; exactly once, in Kafka transactions), then written; caught up, an
-   at-least-once flow copies in a **stream** (:mod:`mirrorflow.runtime.streaming`): one
-   long-running task in the driver's JVM, whose acknowledged copies are written every second
+   JVM when small; exactly once, in Kafka transactions), then written;
+4. caught up, an at-least-once flow copies in a **stream** (:mod:`mirrorflow.runtime.streaming`):
+   one long-running task in the driver's JVM, whose acknowledged copies are written every second
    and which new topics and partitions join; exactly once (or ``--no-continuous``), the flow
    waits for the next record instead (the doorbell: a long-polling consumer on the driver) and
    copies it in a batch;
-4. beside the copying, the job's scheduler runs MirrorMaker 2's periodic tasks
-   (:mod:`mirrorflow.runtime.flow_tasks`): heartbeats, checkpoints
-   (:mod:`mirrorflow.replication.checkpoint_task`), group offset sync, config and ACL sync, the
-   topic refresh, the flow's lease and its progress report;
-5. a stop request ends the flow once the batch in progress ends, a pause or a hold at once
-   (:mod:`mirrorflow.runtime.flow_stop`).
+5. beside the copying, the job's scheduler runs MirrorMaker 2's periodic tasks: heartbeats,
+   checkpoints (:mod:`mirrorflow.replication.checkpoint_task`), group offset sync, config and
+   ACL sync, the topic refresh, the flow's lease and its progress report.
 
 Every copy's source and target offsets go to the flow's offset map
 (:mod:`mirrorflow.replication.offset_map`) before the position moves past them (exactly-once: in
@@ -33,12 +29,15 @@ results on the target.
 
 A crash anywhere copies the unacknowledged copies again (at-least-once), never loses a record,
 and every offset sync stays exact because it pairs a record with the acknowledged offset of its
-copy. Heartbeats are written to the target only, as MirrorMaker 2 writes them.
+copy. A stop request ends the flow once the batch in progress ends, a pause or a hold at once
+(:mod:`mirrorflow.runtime.flow_stop`). Heartbeats are written to the target only, as MirrorMaker 2
+writes them.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -57,9 +56,10 @@ from mirrorflow.replication.topics import (
     write_records,
 )
 from mirrorflow.runtime import exactly_once
+from mirrorflow.runtime.batch_errors import BatchCancelled
 from mirrorflow.runtime.batches import Batches
 from mirrorflow.runtime.copier import JvmCopier
-from mirrorflow.runtime.flow_loop import FlowLoop
+from mirrorflow.runtime.doorbell import Doorbell
 from mirrorflow.runtime.flow_report import FlowReport
 from mirrorflow.runtime.flow_start import FlowStarter
 from mirrorflow.runtime.flow_stop import FlowStopper
@@ -75,6 +75,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("mirrorflow.mirror")
 
 Partition = tuple[str, int]
+DOORBELL_WAIT_S = 0.5
+IDLE_REPLAN_S = 30.0  # an idle flow lists its partitions' ends this often, doorbell or not
 
 
 class MirrorJob:
@@ -89,6 +91,9 @@ class MirrorJob:
         # Set once the flow is cancelled and no batch is in flight: nothing more reaches the
         # target (see FlowStopper).
         self.quiet = self.stopper.quiet
+        self._answered_at = time.monotonic()  # when both clusters last answered
+        self._attempt_started = self._answered_at  # the current try of the batch loop
+        self._copied_at = 0.0  # when a batch was last copied (both clusters answered)
         self.admins = {
             alias: ClusterAdmin(alias, conf)
             for alias, conf in ((spec.source, spec.source_admin), (spec.target, spec.target_admin))
@@ -122,6 +127,7 @@ class MirrorJob:
         self.offset_map = OffsetMap()
         self.writer: PositionWriter | None = None
         self.lease: FlowLease | None = None  # the flow's lease on the target, while it runs
+        self.doorbell: Doorbell | None = None
         self.scheduler: Scheduler | None = None
         # Its state and figures: progress.json, the metrics, the lag measured from the source.
         self.report = FlowReport(
@@ -135,7 +141,6 @@ class MirrorJob:
         )
         self.copier = JvmCopier(spark, spec)  # at least once
         self.starter = FlowStarter(self)  # its lease and positions, at each start
-        self.loop = FlowLoop(self)  # batch, stream or wait, retried across outages
         self.tasks = FlowTasks(self)  # periodic: MirrorMaker 2's, the lease, the report
         self.batches = Batches(self)  # planned and copied at once
         self.stream = FlowStream(self)  # caught up: copied continuously
@@ -155,6 +160,14 @@ class MirrorJob:
         (:meth:`FlowStarter.prepare`)."""
         self.starter.prepare()
 
+    def renew_lease(self) -> None:
+        """The ``renew-lease`` task: renew the flow's lease, with the positions a running
+        stream reached since (in one transaction), unless a batch's positions just renewed it."""
+        if self.lease is None or self.stream.write_positions():
+            return
+        if self.lease.renewal_due():
+            self.lease.renew()
+
     def run(self, once: bool = False, stop_file: Path | None = None) -> None:
         """Run until everything available is copied (``once``), :meth:`request_stop` is
         called or ``stop_file`` appears.
@@ -165,25 +178,72 @@ class MirrorJob:
         ``retry_timeout_s`` (``--retry-timeout``; -1: retry forever) the flow fails, in one line
         naming the cluster and what to check. Other errors end the run at once.
         """
-        self.stopper.stop_file = stop_file
-        self.loop.run(once)
+        import tenacity
 
-    def renew_lease(self) -> None:
-        """The ``renew-lease`` task: renew the flow's lease, with the positions a running
-        stream reached since (in one transaction), unless a batch's positions just renewed it."""
-        if self.lease is None or self.stream.write_positions():
-            return
-        if self.lease.renewal_due():
-            self.lease.renew()
+        self.stopper.stop_file = stop_file
+        self._answered_at = time.monotonic()
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(ClusterUnreachable),
+            stop=self._give_up,
+            wait=tenacity.wait_exponential_jitter(
+                initial=self.spec.retry_backoff_s, max=self.spec.retry_backoff_max_s
+            ),
+            sleep=self._sleep_unless_stopped,
+            before_sleep=self._log_retry,
+            reraise=True,
+        )
+        try:
+            retrying(self._run_batches, once)
+        except ClusterUnreachable as exc:  # retried up to the bound: now it is the launcher's
+            raise MirrorflowError(
+                f"{exc.message}; gave up after {self._unanswered_s():.0f}s of retries "
+                f"(--retry-timeout {self.spec.retry_timeout_s:g})",
+                exc.hint,
+            ) from None
+        finally:
+            if self.lease is not None:
+                self.lease.release()  # the next start of the flow takes it at once
+
+    def _answered(self) -> None:
+        """Both clusters answered just now: an outage, if any, is over."""
+        self._answered_at = time.monotonic()
+
+    def _unanswered_s(self) -> float:
+        return time.monotonic() - self._answered_at
 
     def tasks_unanswered(self) -> tuple[float, ClusterUnreachable] | None:
-        """The failures of a periodic task whose cluster has not answered for
-        ``retry_timeout_s`` (:meth:`FlowLoop.tasks_unanswered`), else None."""
-        return self.loop.tasks_unanswered()
+        """An idle flow copies nothing, but its heartbeats (and other periodic tasks) still
+        reach the target: the failures of one whose cluster has not answered for
+        ``retry_timeout_s`` (since when, the last error), else None."""
+        assert self.scheduler is not None
+        unreachable, timeout = self.scheduler.unreachable(), self.spec.retry_timeout_s
+        if unreachable is None or timeout < 0 or time.monotonic() - unreachable[0] <= timeout:
+            return None
+        if self._copied_at > unreachable[0]:  # batches are copied: both clusters answer
+            return None
+        return unreachable
+
+    def _check_tasks_answered(self) -> None:
+        """Fail the flow as a batch's error would when :meth:`tasks_unanswered` says so."""
+        unanswered = self.tasks_unanswered()
+        if unanswered is not None:
+            since, error = unanswered
+            self._answered_at = min(self._answered_at, since)
+            raise error
+
+    def _give_up(self, state) -> bool:
+        """Whether to stop retrying: another wait and attempt (as long as the failed part of
+        the last one) would end past ``retry_timeout_s`` without an answer, so the flow fails
+        within its bound rather than after it."""
+        timeout = self.spec.retry_timeout_s
+        if timeout < 0:
+            return False
+        failing = time.monotonic() - max(self._attempt_started, self._answered_at)
+        return self._unanswered_s() + state.upcoming_sleep + failing > timeout
 
     def copied_now(self) -> None:
         """Records were just copied: both clusters answer."""
-        self.loop.copied_now()
+        self._copied_at = time.monotonic()
 
     # -- stopping (FlowStopper) ----------------------------------------------------------------
     def request_stop(self) -> None:
@@ -222,6 +282,121 @@ class MirrorJob:
 
     def end_batch(self, batch: str) -> None:
         self.stopper.end_batch(batch)
+
+    def _run_batches(self, once: bool) -> None:
+        from confluent_kafka import KafkaException
+
+        self._attempt_started = time.monotonic()
+        if self.stopping():
+            return
+        self.prepare()
+        self._answered()
+        self.starter.ship_library()
+        spec = self.spec
+        self.scheduler = self.tasks.schedule(once)
+        self.scheduler.start()
+        self.doorbell = Doorbell(spec.source_consumer_client, spec.flow)
+        if once:
+            self.batches.once_ends = self.source_offsets.ends(self.partitions())
+        outage = False  # leaving because a cluster did not answer
+        try:
+            caught_up = False  # the last batch copied every partition to its planned end
+            streamed = False  # the last copy was a stream's, which ended
+            while not self.stopping():
+                if self.scheduler.error is not None:
+                    raise self.scheduler.error
+                self._check_tasks_answered()
+                if self.lease is not None and not self.lease.fresh():
+                    self.lease.renew()  # a job that was frozen learns here it lost the lease
+                # Caught up, the doorbell (assigned at the new positions) rings at once for any
+                # record that arrived meanwhile: no need to list the partitions' ends again.
+                ranges = [] if caught_up else self.batches.plan()
+                self._answered()
+                if (
+                    streamed
+                    and ranges
+                    and not self.batches.capped
+                    and self.stream.starts_again(ranges)
+                ):
+                    try:
+                        self.stream.run(behind=sum(until - start for _tp, start, until in ranges))
+                    except BatchCancelled:
+                        break
+                elif ranges:
+                    streamed = False
+                    try:
+                        self.batches.copy(ranges)
+                    except BatchCancelled:
+                        break
+                    caught_up = not once and not self.batches.capped
+                elif once:
+                    break
+                elif self.spec.continuous and not self.spec.exactly_once:
+                    caught_up = False  # the stream ended: plan before copying more
+                    streamed = True
+                    try:
+                        self.stream.run()
+                    except BatchCancelled:
+                        break
+                else:
+                    caught_up = False
+                    if self.report.state != "IDLE":
+                        self.record_state("IDLE")
+                    self._wait_for_records()
+        except ClusterUnreachable:
+            outage = True  # whatever waits for that cluster would only wait the timeouts out
+            raise
+        finally:
+            self.scheduler.stop(wait_s=1.0 if outage else 30.0)
+            self.doorbell.close()
+            self.report.close()
+            for alias, producer in self.producers.items():
+                try:
+                    producer.flush(1.0 if outage else 10.0)
+                except KafkaException as exc:  # the batch's own error, if any, says more
+                    log.warning("%s: the producer of %s failed: %s", spec.flow, alias, exc)
+
+    def _wait_for_records(self) -> None:
+        """Idle: wait until a record arrives, the topics change, a stop is asked or a task
+        failed; plan again at least every :data:`IDLE_REPLAN_S` (a safety net) but never list
+        the partitions' ends while nothing moves."""
+        assert self.doorbell is not None and self.scheduler is not None
+        mapping, since = self.mapping, time.monotonic()
+        while not self.doorbell.wait(self.positions, DOORBELL_WAIT_S):
+            if self.doorbell.error is not None:  # it cannot tell: list the ends each wait
+                return
+            self.backlog.caught_up_at = time.time()  # no record past the positions: nothing to copy
+            self.backlog.observe(
+                self.positions, self.positions, int(self.backlog.caught_up_at * 1000)
+            )
+            if self.metrics is not None:
+                self.metrics.caught_up(self.positions, mapping, self.backlog.caught_up_at)
+            if (
+                self.stopping()
+                or self.mapping is not mapping
+                or self.scheduler.error is not None
+                or self.tasks_unanswered() is not None
+                or time.monotonic() - since > IDLE_REPLAN_S
+            ):
+                return
+
+    def _sleep_unless_stopped(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not self.stopping():
+            time.sleep(0.2)
+
+    def _log_retry(self, state) -> None:
+        timeout = self.spec.retry_timeout_s
+        log.warning(
+            "%s: %s; retrying in %.0f s (attempt %d, %s)",
+            self.spec.flow,
+            state.outcome.exception(),
+            state.next_action.sleep,
+            state.attempt_number,
+            f"no answer for {self._unanswered_s():.0f}s, the flow fails by {timeout:g}s"
+            if timeout >= 0
+            else "retrying forever",
+        )
 
     # -- the flow's topics and positions -------------------------------------------------------
     def refresh_topics(self) -> None:
