@@ -29,14 +29,22 @@ results on the target.
 
 A crash anywhere copies the unacknowledged copies again (at-least-once), never loses a record,
 and every offset sync stays exact because it pairs a record with the acknowledged offset of its
-copy. A stop request ends the flow once the batch in progress ends, a pause or a hold at once
-(:mod:`mirrorflow.runtime.flow_stop`). Heartbeats are written to the target only, as MirrorMaker 2
+copy. A stop request (SIGTERM, SIGINT, the stop file) takes effect when the batch in progress
+ends (a stream's at once). A pause or a hold (a failover) stops the flow at once, whatever its
+source is doing (:meth:`MirrorJob.cancel`): no batch starts any more, and the batch or stream in
+flight ends early. At least once, its tasks stop reading and return what they copied, and the
+positions move to the last acknowledged copy (tasks in another JVM, with a cluster master, are
+cancelled by Spark instead: what they copied is copied again when the flow resumes). Exactly
+once, its Spark job is cancelled and its partitions' open transactions are aborted (fenced), so
+nothing of it becomes visible. Heartbeats are written to the target only, as MirrorMaker 2
 writes them.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -62,7 +70,6 @@ from mirrorflow.runtime.copier import JvmCopier
 from mirrorflow.runtime.doorbell import Doorbell
 from mirrorflow.runtime.flow_report import FlowReport
 from mirrorflow.runtime.flow_start import FlowStarter
-from mirrorflow.runtime.flow_stop import FlowStopper
 from mirrorflow.runtime.flow_tasks import FlowTasks
 from mirrorflow.runtime.progress import Backlog
 from mirrorflow.runtime.streaming import FlowStream
@@ -77,6 +84,9 @@ log = logging.getLogger("mirrorflow.mirror")
 Partition = tuple[str, int]
 DOORBELL_WAIT_S = 0.5
 IDLE_REPLAN_S = 30.0  # an idle flow lists its partitions' ends this often, doorbell or not
+# A cancelled at-least-once batch whose tasks have not returned by then (tasks in other JVMs,
+# which the copier's cancellation does not reach) is cancelled by Spark.
+CANCEL_JOB_AFTER_S = 3.0
 
 
 class MirrorJob:
@@ -87,10 +97,19 @@ class MirrorJob:
     ) -> None:
         self.spark, self.spec = spark, spec
         self.metrics = metrics  # the flow's Prometheus metrics, when the application has them
-        self.stopper = FlowStopper(self)  # stop requests, cancellation, the batch in flight
-        # Set once the flow is cancelled and no batch is in flight: nothing more reaches the
-        # target (see FlowStopper).
-        self.quiet = self.stopper.quiet
+        self._stop_requested = threading.Event()
+        # cancel(): no batch starts any more, the one in flight ends early; quiet: and none is
+        # in flight (nothing more reaches the target), though the thread may still be blocked
+        # in a call to an unreachable cluster.
+        self._cancelled = threading.Event()
+        self.quiet = threading.Event()
+        self._batch_lock = threading.Lock()
+        self._in_flight: str | None = None  # the id of the batch being copied
+        self._in_flight_partitions: list[Partition] = []  # its partitions
+        self._batch_ids = f"{spec.flow}#{os.getpid()}.{id(self):x}"
+        self._stop_logged = False
+        self._parent = os.getppid()
+        self._stop_file: Path | None = None
         self._answered_at = time.monotonic()  # when both clusters last answered
         self._attempt_started = self._answered_at  # the current try of the batch loop
         self._copied_at = 0.0  # when a batch was last copied (both clusters answered)
@@ -137,7 +156,7 @@ class MirrorJob:
             positions=lambda: dict(self.positions),
             mapping=lambda: self.mapping,
             tasks=lambda: self.scheduler.stats() if self.scheduler else {},
-            silenced=lambda: self.stopper.cancelled,
+            silenced=self._cancelled.is_set,
         )
         self.copier = JvmCopier(spark, spec)  # at least once
         self.starter = FlowStarter(self)  # its lease and positions, at each start
@@ -180,7 +199,7 @@ class MirrorJob:
         """
         import tenacity
 
-        self.stopper.stop_file = stop_file
+        self._stop_file = stop_file
         self._answered_at = time.monotonic()
         retrying = tenacity.Retrying(
             retry=tenacity.retry_if_exception_type(ClusterUnreachable),
@@ -241,47 +260,129 @@ class MirrorJob:
         failing = time.monotonic() - max(self._attempt_started, self._answered_at)
         return self._unanswered_s() + state.upcoming_sleep + failing > timeout
 
+    def request_stop(self) -> None:
+        """Ask the job to end once its batch in progress is copied (any thread)."""
+        self._stop_requested.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def cancel(self) -> None:
+        """Stop the flow now (a pause or a hold; any thread): no batch starts any more, and the
+        batch in flight ends early (see the module). :attr:`quiet` is set once none is in flight:
+        nothing more of this job reaches the target for the flow. The flow's thread ends when
+        the call it is in returns (one to an unreachable cluster may take its timeout)."""
+        with self._batch_lock:
+            if self._cancelled.is_set():
+                return
+            self._cancelled.set()
+            self._stop_requested.set()
+            batch = self._in_flight
+            if batch is None:
+                self.quiet.set()
+        if self.scheduler is not None:  # no more periodic runs (syncs, checkpoints, progress)
+            self.scheduler.stop(wait_s=0)
+        if batch is None:
+            log.info("%s: cancelled between batches", self.spec.flow)
+            return
+        context = self.spark.sparkContext
+        if self.spec.exactly_once:
+            log.info("%s: cancelling batch %s: its transactions are aborted", self.spec.flow, batch)
+            context.cancelJobsWithTag(batch)
+            watcher = threading.Thread(
+                target=self._fence_cancelled, args=(batch,), daemon=True, name=f"fence {batch}"
+            )
+            watcher.start()
+            return
+        log.info("%s: cancelling batch %s: it keeps what is acknowledged", self.spec.flow, batch)
+        self.copier.java.cancel(batch)
+
+        def cancel_job() -> None:
+            if self._in_flight == batch:
+                log.info("%s: batch %s still runs: Spark cancels it", self.spec.flow, batch)
+                context.cancelJobsWithTag(batch)
+
+        timer = threading.Timer(CANCEL_JOB_AFTER_S, cancel_job)
+        timer.daemon = True
+        timer.start()
+
+    def _fence_cancelled(self, batch: str) -> None:
+        """An exactly-once batch cancelled (on a thread of its own): once its Spark job has
+        been submitted, the job cancelled again (it may have been submitted after the first
+        cancellation) and its partitions' transactional producers fenced, so none of its
+        transactions can commit any more whatever its tasks are still doing: the flow is quiet
+        then, without waiting for its thread (whose call may wait out a source that does not
+        answer). A committed transaction stays committed, with its position, which the flow
+        resumes after. Before its job exists (Spark still plans it, asking the source for its
+        partitions), the flow is quiet when its thread ends the batch."""
+        context = self.spark.sparkContext
+        tracker = context._jsc.sc().statusTracker()
+        while True:
+            with self._batch_lock:
+                if self._in_flight != batch:
+                    return  # ended: quiet already
+                partitions = list(self._in_flight_partitions)
+            if len(tracker.getJobIdsForTag(batch)):
+                break
+            time.sleep(0.2)
+        context.cancelJobsWithTag(batch)
+        if not self.fence(partitions):  # the target away: quiet once the batch has ended
+            return
+        log.info(
+            "%s: batch %s fenced: none of its transactions can commit now", self.spec.flow, batch
+        )
+        self.quiet.set()
+
+    def begin_batch(self, partitions: list[Partition]) -> str:
+        """The id of a new batch of ``partitions``, in flight until :meth:`_end_batch`;
+        raises :class:`BatchCancelled` once the flow is cancelled."""
+        with self._batch_lock:
+            if self._cancelled.is_set():
+                raise BatchCancelled
+            self.report.batches += 1
+            self._in_flight = f"{self._batch_ids}-{self.report.batches}"
+            self._in_flight_partitions = partitions
+            return self._in_flight
+
+    def in_flight_partitions(self, partitions: list[Partition]) -> None:
+        """The batch in flight (a stream) now copies ``partitions``."""
+        with self._batch_lock:
+            self._in_flight_partitions = list(partitions)
+
+    def end_batch(self, batch: str) -> None:
+        with self._batch_lock:
+            self._in_flight = None
+            cancelled = self._cancelled.is_set()
+            if cancelled:
+                self.quiet.set()
+        if cancelled or self.batches.stalled:
+            self.copier.forget(batch)
+
+    def wait_for_stop(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` for a stop request: whether one came."""
+        return self._stop_requested.wait(seconds)
+
     def copied_now(self) -> None:
         """Records were just copied: both clusters answer."""
         self._copied_at = time.monotonic()
 
-    # -- stopping (FlowStopper) ----------------------------------------------------------------
-    def request_stop(self) -> None:
-        """Ask the job to end once its batch in progress is copied (any thread)."""
-        self.stopper.request_stop()
-
     @property
     def stop_requested(self) -> bool:
-        return self.stopper.stop_requested
+        return self._stop_requested.is_set()
 
     def stopping(self) -> bool:
-        """Whether a stop was requested (checked between batches)."""
-        return self.stopper.stopping()
-
-    def wait_for_stop(self, seconds: float) -> bool:
-        """Wait up to ``seconds`` for a stop request: whether one came."""
-        return self.stopper.wait_for_stop(seconds)
-
-    @property
-    def cancelled(self) -> bool:
-        return self.stopper.cancelled
-
-    def cancel(self) -> None:
-        """Stop the flow now, a pause or a hold (:meth:`FlowStopper.cancel`; any thread):
-        :attr:`quiet` is set once nothing more of this job reaches the target."""
-        self.stopper.cancel()
-
-    def begin_batch(self, partitions: list[Partition]) -> str:
-        """The id of a new batch of ``partitions``, in flight until :meth:`end_batch`;
-        raises :class:`~mirrorflow.runtime.batch_errors.BatchCancelled` once cancelled."""
-        return self.stopper.begin_batch(partitions)
-
-    def in_flight_partitions(self, partitions: list[Partition]) -> None:
-        """The batch in flight (a stream) now copies ``partitions``."""
-        self.stopper.in_flight_partitions(partitions)
-
-    def end_batch(self, batch: str) -> None:
-        self.stopper.end_batch(batch)
+        """Whether a stop was requested (checked between batches: a stop ends the job once
+        the batch in progress is copied)."""
+        if self._stop_file is not None and self._stop_file.exists():
+            self._stop_requested.set()
+        if os.getppid() != self._parent:  # spark-submit's JVM, and with it Spark, is gone
+            log.warning("%s: the spark-submit process that ran this job is gone", self.spec.flow)
+            self._stop_requested.set()
+        if self._stop_requested.is_set() and not self._stop_logged:
+            self._stop_logged = True
+            log.info("stop requested: %s ends after batch %d", self.spec.flow, self.report.batches)
+        return self._stop_requested.is_set()
 
     def _run_batches(self, once: bool) -> None:
         from confluent_kafka import KafkaException
