@@ -7,8 +7,7 @@ and runs it with Spark's public API only:
    ``refresh.topics.interval.seconds``, as MirrorMaker 2 does;
 2. each source partition resumes from its position in ``mm2-offsets.<source>.internal`` on the
    target, MirrorMaker 2's own record; a partition without one starts as ``auto.offset.reset``
-   (or ``--starting-offsets``) says (the flow's start, its lease and its positions:
-   :mod:`mirrorflow.runtime.flow_start`);
+   (or ``--starting-offsets``) says;
 3. a backlog is copied in **batches** (:mod:`mirrorflow.runtime.batches`): every partition's range
    from its position to its current end, copied at once (on the executors, or in the driver's
    JVM when small; exactly once, in Kafka transactions), then written;
@@ -38,6 +37,9 @@ cancelled by Spark instead: what they copied is copied again when the flow resum
 once, its Spark job is cancelled and its partitions' open transactions are aborted (fenced), so
 nothing of it becomes visible. Heartbeats are written to the target only, as MirrorMaker 2
 writes them.
+
+A mirrorflow 0.x job kept at-least-once positions in a Spark streaming checkpoint
+(``S-T/checkpoint``); they are moved into the offsets topic once, at the first start.
 """
 
 from __future__ import annotations
@@ -46,14 +48,17 @@ import logging
 import os
 import threading
 import time
+import zipfile
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
 from mirrorflow.replication import clients
-from mirrorflow.replication.lease import FlowLease
+from mirrorflow.replication.checkpoint_stores import OffsetMapReader
+from mirrorflow.replication.lease import FlowLease, Holder
 from mirrorflow.replication.offset_map import OffsetMap, Run, record_of
-from mirrorflow.replication.positions import PositionWriter
+from mirrorflow.replication.positions import PositionWriter, SourceOffsetReader, legacy_progress
 from mirrorflow.replication.scheduler import Scheduler
 from mirrorflow.replication.source_offsets import SourceOffsets
 from mirrorflow.replication.spec import MirrorSpec
@@ -61,15 +66,16 @@ from mirrorflow.replication.topics import (
     ClusterAdmin,
     RemoteTopics,
     client_principal,
+    ensure_flow_topics,
     write_records,
 )
-from mirrorflow.runtime import exactly_once
+from mirrorflow.runtime import eos_writer as mirror_writer
+from mirrorflow.runtime import exactly_once, jobs
 from mirrorflow.runtime.batch_errors import BatchCancelled
 from mirrorflow.runtime.batches import Batches
 from mirrorflow.runtime.copier import JvmCopier
 from mirrorflow.runtime.doorbell import Doorbell
 from mirrorflow.runtime.flow_report import FlowReport
-from mirrorflow.runtime.flow_start import FlowStarter
 from mirrorflow.runtime.flow_tasks import FlowTasks
 from mirrorflow.runtime.progress import Backlog
 from mirrorflow.runtime.streaming import FlowStream
@@ -82,11 +88,16 @@ if TYPE_CHECKING:
 log = logging.getLogger("mirrorflow.mirror")
 
 Partition = tuple[str, int]
+LEGACY_PROGRESS = "checkpoint"  # mirrorflow 0.x: Spark's streaming checkpoint of the flow
 DOORBELL_WAIT_S = 0.5
 IDLE_REPLAN_S = 30.0  # an idle flow lists its partitions' ends this often, doorbell or not
 # A cancelled at-least-once batch whose tasks have not returned by then (tasks in other JVMs,
 # which the copier's cancellation does not reach) is cancelled by Spark.
 CANCEL_JOB_AFTER_S = 3.0
+# How long a start waits for another job's lease of the flow to be released or to expire (a job
+# that is stopping, or whose host died) before it fails naming that job.
+LEASE_WAIT_S = 14.0
+_SHIPPED = False  # the mirrorflow package went to the executors (once per application)
 
 
 class MirrorJob:
@@ -143,7 +154,9 @@ class MirrorJob:
         }
         self.mapping: dict[str, str] = {}  # replicated source topic -> remote topic
         self.positions: dict[Partition, int] = {}  # next offset to copy
+        self.reader: SourceOffsetReader | None = None
         self.offset_map = OffsetMap()
+        self._map_reader: OffsetMapReader | None = None
         self.writer: PositionWriter | None = None
         self.lease: FlowLease | None = None  # the flow's lease on the target, while it runs
         self.doorbell: Doorbell | None = None
@@ -159,7 +172,6 @@ class MirrorJob:
             silenced=self._cancelled.is_set,
         )
         self.copier = JvmCopier(spark, spec)  # at least once
-        self.starter = FlowStarter(self)  # its lease and positions, at each start
         self.tasks = FlowTasks(self)  # periodic: MirrorMaker 2's, the lease, the report
         self.batches = Batches(self)  # planned and copied at once
         self.stream = FlowStream(self)  # caught up: copied continuously
@@ -175,9 +187,60 @@ class MirrorJob:
 
     # -- lifecycle -----------------------------------------------------------------------
     def prepare(self) -> None:
-        """Check both clusters, create the internal topics and load the flow's positions
-        (:meth:`FlowStarter.prepare`)."""
-        self.starter.prepare()
+        """Check both clusters, create the internal topics and load the flow's positions."""
+        spec = self.spec
+        self.copier.transform_plan()  # both modes: a transform Spark cannot evaluate fails now
+        for admin in self.admins.values():
+            admin.metadata()
+        ensure_flow_topics(spec, self.admins)
+        taken = self._take_lease()
+        if self._map_reader is None:
+            self._map_reader = OffsetMapReader(spec, self.offset_map, missing_ok=True)
+        self._map_reader.read_to_end()
+        if self.reader is None:
+            self.reader = SourceOffsetReader(
+                spec.target_consumer,
+                spec.target_admin,
+                spec.offsets_topic,
+                spec.source,
+                spec.target,
+            )
+            self.writer = PositionWriter(
+                spec.target_client, spec.offsets_topic, spec.source, spec.target
+            )
+        assert self.writer is not None
+        self.writer.lease = self.lease
+        self.mapping = self.remote_topics.prepare()
+        if taken and spec.exactly_once:
+            # Fence every earlier producer of the flow's partitions first (a job that held the
+            # lease may have left transactions open, or committing): the positions read next
+            # are then final, and a fenced job can commit nothing more.
+            try:
+                exactly_once.fence(spec, self.copy_producer_config, self.partitions())
+            except MirrorflowError as exc:
+                raise ClusterUnreachable(exc.message, exc.hint) from None
+        self.positions = self._stored_positions()
+
+    def _take_lease(self) -> bool:
+        """Hold the flow's lease on the target (:mod:`mirrorflow.replication.lease`): at most
+        one job copies the flow, wherever it runs. Taken at start, waiting for a holder that
+        is going away; kept across a cluster's outage (renewed, or lost to another job)."""
+        spec = self.spec
+        if self.lease is not None and self.lease.held:
+            self.lease.renew()
+            return False
+        FlowLease.ensure_topic(self.admins[spec.target], spec.offsets_replication_factor)
+        state_dir = str(Path(spec.flow_dir).parent) if spec.flow_dir else "(none)"
+        self.lease = FlowLease(
+            spec.flow,
+            spec.target,
+            spec.target_client,
+            spec.target_consumer,
+            spec.target_admin,
+            Holder.this_process(state_dir),
+        )
+        self.lease.take(wait_s=LEASE_WAIT_S)
+        return True
 
     def renew_lease(self) -> None:
         """The ``renew-lease`` task: renew the flow's lease, with the positions a running
@@ -186,6 +249,41 @@ class MirrorJob:
             return
         if self.lease.renewal_due():
             self.lease.renew()
+
+    def _stored_positions(self) -> dict[Partition, int]:
+        """Where each partition resumes: its stored position, migrated or restarted once."""
+        assert self.reader is not None and self.writer is not None
+        stored = {tp: last + 1 for tp, last in self.reader.read_to_end().items()}
+        restart = jobs.restart_request(self.flow_dir)
+        if restart is not None:
+            position = restart or self.spec.starting_offsets
+            starts = self.source_offsets.starts(self.partitions(), position)
+            self.writer.write(starts)
+            log.warning(
+                "%s: restart requested: %d partitions start over from %s (their earlier "
+                "positions are overwritten)",
+                self.spec.flow,
+                len(starts),
+                position,
+            )
+            (self.flow_dir / jobs.RESTART_FILE).unlink(missing_ok=True)
+            return starts
+        legacy = self.flow_dir / LEGACY_PROGRESS
+        if legacy.is_dir():
+            migrated = {tp: o for tp, o in legacy_progress(legacy).items() if tp not in stored}
+            if migrated:
+                self.writer.write(migrated)
+                stored.update(migrated)
+            stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+            legacy.rename(legacy.with_name(f"{LEGACY_PROGRESS}.migrated-{stamp}"))
+            log.warning(
+                "%s: moved the positions of %d partitions from %s to %s (once)",
+                self.spec.flow,
+                len(migrated),
+                legacy,
+                self.spec.offsets_topic,
+            )
+        return stored
 
     def run(self, once: bool = False, stop_file: Path | None = None) -> None:
         """Run until everything available is copied (``once``), :meth:`request_stop` is
@@ -392,7 +490,7 @@ class MirrorJob:
             return
         self.prepare()
         self._answered()
-        self.starter.ship_library()
+        self._ship_library()
         spec = self.spec
         self.scheduler = self.tasks.schedule(once)
         self.scheduler.start()
@@ -498,6 +596,21 @@ class MirrorJob:
             if timeout >= 0
             else "retrying forever",
         )
+
+    def _ship_library(self) -> None:
+        """Ship the mirrorflow package to the executors (a cluster's workers may lack it),
+        once per application."""
+        global _SHIPPED
+        if _SHIPPED:
+            return
+        _SHIPPED = True
+        package = Path(mirror_writer.__file__).parent.parent
+        archive = self.flow_dir / "mirrorflow-lib.zip"
+        archive.parent.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(archive, "w") as zf:
+            for path in sorted(package.rglob("*.py")):
+                zf.write(path, path.relative_to(package.parent))
+        self.spark.sparkContext.addPyFile(str(archive))
 
     # -- the flow's topics and positions -------------------------------------------------------
     def refresh_topics(self) -> None:
