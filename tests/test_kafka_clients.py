@@ -237,3 +237,61 @@ def test_a_reader_of_an_internal_topic_reads_on_after_its_only_broker_restarted(
         assert time.monotonic() - started < 15, "the reader took the restart for an outage"
     finally:
         reader.close()
+
+
+@pytest.mark.kafka
+def test_an_idle_reader_of_an_internal_topic_sends_its_broker_no_fetch(sandbox, topic_name):
+    """A job keeps its readers (positions, offset map, checkpoints, ACL ledger, lease) for its
+    life, and reads each now and then. Between two reads a reader must not long-poll its broker
+    (twice a second, per reader: in a mesh of 6, the broker threads of a job's Kafka clients used
+    more of its idle CPU than its Python). It still reads what is added after the pause."""
+    import json
+
+    from confluent_kafka import Producer
+
+    from mirrorflow.mm2.formats import SourceOffset
+    from mirrorflow.replication.positions import SourceOffsetReader
+    from tests.conftest import create_topics
+
+    tertiary = sandbox["tertiary"]
+    topic = topic_name("reader-idle")
+    create_topics(tertiary, topic, partitions=2)
+    config = tertiary.client_config()
+    producer = Producer(config)
+
+    def write(partition: int, offset: int) -> None:
+        position = SourceOffset("primary", "orders", partition, offset)
+        producer.produce(topic, position.value(), position.key(), partition=partition)
+        assert producer.flush(30) == 0
+
+    stats: list[dict] = []
+
+    def fetches() -> int:
+        """Fetch requests the reader's consumer sent so far (librdkafka's statistics)."""
+        reader._consumer.poll(0)  # serves the statistics callbacks: no partition is unpaused
+        return sum(b["req"].get("Fetch", 0) for b in stats[-1]["brokers"].values())
+
+    write(0, 41)
+    reader = SourceOffsetReader(
+        {
+            **config,
+            "statistics.interval.ms": 250,
+            "stats_cb": lambda s: stats.append(json.loads(s)),
+        },
+        config,
+        topic,
+        "primary",
+        cluster="tertiary",
+    )
+    try:
+        assert reader.read_to_end(30) == {("orders", 0): 41}
+        time.sleep(0.5)
+        before = fetches()
+        time.sleep(4)
+        assert fetches() - before == 0, "the idle reader kept fetching"
+        write(1, 7)
+        write(0, 42)
+        assert reader.read_to_end(30) == {("orders", 0): 42, ("orders", 1): 7}
+        assert reader.read_to_end(30) == {("orders", 0): 42, ("orders", 1): 7}
+    finally:
+        reader.close()

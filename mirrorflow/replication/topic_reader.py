@@ -2,7 +2,9 @@
 
 Positions, the offset map and checkpoints are each kept in a topic; a reader loads what is
 there and, called again, only what was added since. A reader's consumer never joins nor commits
-its group, so the principal needs READ on the topic only, no ACL on the group.
+its group, so the principal needs READ on the topic only, no ACL on the group. Between two reads
+its partitions are paused: an idle reader sends the broker nothing (a job keeps several for its
+life, and a consumer left assigned long-polls its broker twice a second).
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ class TopicReader:
             self._consumer.assign(
                 [TopicPartition(self.topic, p, -2) for p in metadata.partitions]  # -2: beginning
             )
+            self._consumer.pause(self._partitions)  # fetched only while read (see the module)
         deadline = time.monotonic() + timeout_s
         try:
             ends = self._stable_ends(timeout_s)
@@ -99,25 +102,37 @@ class TopicReader:
                 "check the target cluster; the batch is retried",
             ) from None
         remaining = {p for p, end in ends.items() if end > 0}
-        while remaining:
-            if time.monotonic() > deadline:
-                raise ClusterUnreachable(
-                    f"reading {self.topic} did not reach its end within {timeout_s:.0f}s",
-                    "check the target cluster; the batch is retried",
-                )
-            msg = self._consumer.poll(0.2)
-            error = msg.error() if msg is not None else None
-            if msg is not None and error is None:
-                self.apply_message(msg)
-            elif error is not None and error.code() not in _IGNORED:
-                self._raise_if_refused(error)
-                raise MirrorflowError(f"reading {self.topic} failed: {error.str()}")
-            # The position moves past transaction markers too, which no message shows.
-            for tp in self._consumer.position([TopicPartition(self.topic, p) for p in remaining]):
-                if tp.offset >= ends[tp.partition]:
-                    remaining.discard(tp.partition)
+        self._reached(remaining, ends)
+        fetched = [TopicPartition(self.topic, p) for p in sorted(remaining)]
+        self._consumer.resume(fetched)
+        try:
+            while remaining:
+                if time.monotonic() > deadline:
+                    raise ClusterUnreachable(
+                        f"reading {self.topic} did not reach its end within {timeout_s:.0f}s",
+                        "check the target cluster; the batch is retried",
+                    )
+                msg = self._consumer.poll(0.2)
+                error = msg.error() if msg is not None else None
+                if msg is not None and error is None:
+                    self.apply_message(msg)
+                elif error is not None and error.code() not in _IGNORED:
+                    self._raise_if_refused(error)
+                    raise MirrorflowError(f"reading {self.topic} failed: {error.str()}")
+                self._reached(remaining, ends)
+        finally:
+            self._consumer.pause(fetched)
         clients.answered(self.cluster)
         return None
+
+    def _reached(self, remaining: set[int], ends: dict[int, int]) -> None:
+        """Drop from ``remaining`` the partitions read up to their end. The position moves past
+        transaction markers too, which no message shows; a partition not fetched yet has none."""
+        if not remaining:
+            return
+        for tp in self._consumer.position([TopicPartition(self.topic, p) for p in remaining]):
+            if tp.offset >= ends[tp.partition]:
+                remaining.discard(tp.partition)
 
     def _raise_if_refused(self, error: KafkaError) -> None:
         if unauthorized(error):
