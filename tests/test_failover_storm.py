@@ -42,9 +42,14 @@ from tests.test_mirror_job import EXACTLY_ONCE
 FLOW, OTHER = "primary->secondary", "tertiary->secondary"
 PARTITIONS = 4
 BACKLOG = 120_000  # records of 1 KiB: one batch of several seconds, in flight at the kill
-# The source's fetch quota while the backlog is copied (a WAN link's bandwidth): its batch lasts
-# about 7 s, however fast the machine copies, so the kill lands in it.
-FETCH_QUOTA = 16 * 1024 * 1024
+# The source's fetch quota, per client, while the backlog is copied (a WAN link's bandwidth), so
+# that the kill lands in its batch however fast the machine copies. A broker measures a client's
+# rate over its quota's whole window (11 samples of 1 s) from the first fetch on, so a new client
+# may take about 10 s of its quota at once before it is throttled: at 16 MiB/s every task's
+# consumer took its 30 MiB partition unthrottled, and the batch once ended in 1.5 s, before the
+# kill (a CI-like run). At 1 MiB/s each task takes 10 MiB at once, then 1 MiB/s: the batch lasts
+# about 20 s. The quota goes once the source is back, before the rest is copied.
+FETCH_QUOTA = 1024 * 1024
 
 
 def fetch_quota(cluster, scratch: Path, bytes_per_s: int | None) -> None:
@@ -287,6 +292,8 @@ def test_an_emergency_failover_with_the_source_broker_killed_mid_batch(
         else:
             os.kill(broker, signal.SIGCONT)
         wait_for(lambda: sandbox_mod.load(sandbox.directory)["primary"].is_running(), 60, "primary")
+        fetch_quota(primary, tmp_path, None)
+        throttled = False
         time.sleep(15)  # a running flow would have copied from primary by now
         assert end_offsets(secondary, remote, PARTITIONS) == at_cut
         assert jobs.read_progress(flow_dir)["state"] == "PAUSED"
