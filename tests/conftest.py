@@ -30,6 +30,10 @@ os.environ["MIRRORFLOW_STATE"] = str(_SESSION_DIR / "state")
 # Every process the session starts inherits this: those still running once pytest has exited
 # are named and ended, and fail ``make test`` (tests/leftovers.py).
 os.environ.setdefault("MIRRORFLOW_TEST_RUN", f"mirrorflow-test-run-{uuid.uuid4().hex}")
+# The processes of this pytest process (one of several with pytest-xdist, each with its own
+# clusters, Airflow home and state): what a module leaves running is this session's to stop.
+SESSION_VARIABLE = "MIRRORFLOW_TEST_SESSION"
+os.environ[SESSION_VARIABLE] = str(_SESSION_DIR)
 # Connections stored in the metadata DB are encrypted, as in any real deployment (Airflow would
 # keep their passwords in clear text without a key; tests scan the Airflow home for secrets).
 os.environ.setdefault("AIRFLOW__CORE__FERNET_KEY", Fernet.generate_key().decode())
@@ -89,7 +93,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _mirror_jobs() -> dict[int, str]:
-    """The mirror jobs' drivers this test run started that still run: pid -> command line."""
+    """The mirror jobs' drivers this session (this pytest worker) started that still run:
+    pid -> command line."""
     import psutil
 
     from mirrorflow.runtime import launch
@@ -101,6 +106,8 @@ def _mirror_jobs() -> dict[int, str]:
         argv = process.info["cmdline"] or []
         environment = process.info["environ"] or {}
         if environment.get(leftovers.VARIABLE) != run or not argv:
+            continue
+        if environment.get(SESSION_VARIABLE, str(_SESSION_DIR)) != str(_SESSION_DIR):
             continue
         if "java" not in Path(argv[0]).name and any(
             a.endswith(launch.MIRROR_JOB.name) for a in argv[1:3]
