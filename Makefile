@@ -7,11 +7,14 @@ export PYTHONPATH := $(CURDIR)
 demo:
 	@venv=$$(MIRRORFLOW_SKIP_COMPOSE=1 MIRRORFLOW_SKIP_PROMTOOL=1 scripts/bootstrap.sh) && PATH=$$venv/bin:$$PATH $$venv/bin/mirrorflow demo
 
+# pytest in TEST_WORKERS processes (pytest-xdist), a test file each at a time, each process with
+# its own Kafka clusters, Airflow home and state (TEST_WORKERS=0: one process, no xdist).
 # After pytest: no process of the run may be left (tests/leftovers.py ends and names them).
+TEST_WORKERS ?= 2
 test:
 	@venv=$$(scripts/bootstrap.sh) && $$venv/bin/ruff check . && $$venv/bin/ruff format --check . && \
 	run=mirrorflow-test-run-$$$$-$$(date +%s%N) && \
-	{ MIRRORFLOW_TEST_RUN=$$run PATH=$$venv/bin:$$PATH $$venv/bin/python -m pytest $(PYTEST_ARGS); status=$$?; \
+	{ MIRRORFLOW_TEST_RUN=$$run PATH=$$venv/bin:$$PATH $$venv/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS); status=$$?; \
 	  $$venv/bin/python -m tests.leftovers $$run || status=1; exit $$status; }
 
 lint:
