@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -66,14 +66,15 @@ def cache_dir() -> Path:
     return Path(base) / "mirrorflow"
 
 
-def state_dir() -> Path:
+def state_dir(environ: Mapping[str, str] | None = None) -> Path:
     """Runtime state: ``$MIRRORFLOW_STATE``, else ``.mirrorflow/`` in the checkout, else
-    ``$XDG_STATE_HOME/mirrorflow``."""
-    if env := os.environ.get("MIRRORFLOW_STATE"):
+    ``$XDG_STATE_HOME/mirrorflow``; read from ``environ`` (another process's) or this one's."""
+    environ = os.environ if environ is None else environ
+    if env := environ.get("MIRRORFLOW_STATE"):
         return Path(env)
     if in_checkout():
         return PROJECT_ROOT / ".mirrorflow"
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    base = environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(base) / "mirrorflow"
 
 

@@ -153,6 +153,30 @@ def test_a_job_is_known_by_its_stop_file_and_its_flows(started, tmp_path):
     assert status.job_alive(progress) is False
 
 
+def test_a_job_without_state_dir_is_known_by_its_own_state_not_the_finders(
+    started, tmp_path, monkeypatch
+):
+    """A driver started without ``--state-dir`` keeps its state where its own environment says
+    (``$MIRRORFLOW_STATE``): another process with another state (another pytest worker, another
+    user's shell) must not take it for one of its own jobs."""
+    flow = "A->B"
+    job = tmp_path / "spark_jobs" / launch.MIRROR_JOB.name
+    job.parent.mkdir()
+    job.write_text("import time; time.sleep(60)\n")
+    theirs, ours = tmp_path / "theirs", tmp_path / "ours"
+    driver = start(
+        started,
+        str(job),
+        "--flow",
+        flow,
+        env={**os.environ, "MIRRORFLOW_STATE": str(theirs)},
+    )
+    assert eventually(lambda: processes.command_line(driver.pid)[1:2] == [str(job)])
+    monkeypatch.setenv("MIRRORFLOW_STATE", str(ours))
+    assert jobs.mirror_processes(jobs.default_state_dir(), flow) == []
+    assert jobs.mirror_processes(theirs / "flows", flow) == [driver.pid]
+
+
 def test_a_recorded_airflow_service_is_known_by_its_pid_and_start_time(started):
     service = start(started, "-c", SLEEPER, "60")
     record = {"pid": service.pid, "created": processes.created(service.pid)}

@@ -37,7 +37,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -61,9 +61,10 @@ KILL_WAIT = 10.0  # seconds between SIGTERM and SIGKILL to a job that outlived i
 Log = Callable[[str], None]
 
 
-def default_state_dir() -> Path:
-    """Where mirror jobs keep their state unless told otherwise (as ``spark_jobs/mirror.py``)."""
-    return paths.state_dir() / "flows"
+def default_state_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """Where mirror jobs keep their state unless told otherwise (as ``spark_jobs/mirror.py``),
+    in this process's environment or ``environ`` (a job's own)."""
+    return paths.state_dir(environ) / "flows"
 
 
 def split_flow(flow: str) -> tuple[str, str]:
@@ -238,10 +239,18 @@ def mirror_processes(state_dir: Path, flow: str) -> list[int]:
             continue
         flows = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--flow"]
         states = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--state-dir"]
-        state = Path(states[-1]) if states else default_state_dir()
+        state = Path(states[-1]) if states else default_state_dir(_environment(process))
         if flow in flows and state.resolve() == wanted and process_alive(process.pid):
             found.append(process.pid)
     return sorted(found)
+
+
+def _environment(process: psutil.Process) -> dict[str, str]:
+    """A process's environment (empty when it cannot be read: it ended, or is another user's)."""
+    try:
+        return process.environ()
+    except psutil.Error:
+        return {}
 
 
 def request_restart(flow_dir: Path, starting_offsets: str | None = None) -> None:
