@@ -14,7 +14,7 @@ TEST_WORKERS ?= 2
 test:
 	@venv=$$(scripts/bootstrap.sh) && $$venv/bin/ruff check . && $$venv/bin/ruff format --check . && \
 	run=mirrorflow-test-run-$$$$-$$(date +%s%N) && \
-	{ MIRRORFLOW_TEST_RUN=$$run PATH=$$venv/bin:$$PATH $$venv/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS); status=$$?; \
+	{ MIRRORFLOW_TEST_RUN=$$run PATH=$$venv/bin:$$PATH $$venv/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS); status=$$?; \
 	  $$venv/bin/python -m tests.leftovers $$run || status=1; exit $$status; }
 
 lint:

@@ -10,6 +10,7 @@ import time
 import uuid
 from pathlib import Path
 
+import psutil
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import (
@@ -18,6 +19,7 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
+from mirrorflow.devtools import broker
 from mirrorflow.runtime import spark_session
 from tests.conftest import allow, create_topics, topic_acls
 
@@ -73,6 +75,23 @@ def test_each_sandbox_cluster_is_independent_and_serves_produce_and_consume(sand
 
 
 @pytest.mark.kafka
+def test_sandbox_brokers_run_with_the_jvm_options_of_kafka_jvm_performance_opts(sandbox):
+    """As ``kafka-server-start.sh``: the brokers' collector and compiler come from
+    ``$KAFKA_JVM_PERFORMANCE_OPTS`` (the suite's own, set in conftest), else Kafka's defaults."""
+    expected = broker.performance_options()
+    assert expected == os.environ[broker.PERFORMANCE_VARIABLE].split()
+    for name in ("primary", "secondary"):
+        (pid,) = [
+            p.pid
+            for p in psutil.process_iter(["cmdline"])
+            if str(sandbox[name].properties_file) in (p.info["cmdline"] or [])
+        ]
+        line = psutil.Process(pid).cmdline()
+        assert all(option in line for option in expected), line
+        assert "-XX:+UseG1GC" not in line
+    assert broker.performance_options({}) == broker.DEFAULT_PERFORMANCE_OPTIONS.split()
+
+
 def test_acls_are_enforced_for_principals_that_are_not_super_users(sandbox, topic_name):
     cluster = sandbox["primary"]
     topic = topic_name("payments")

@@ -7,11 +7,13 @@ from __future__ import annotations
 import base64
 import contextlib
 import os
+import shlex
 import signal
 import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -242,6 +244,19 @@ def format_storage(java: str, classpath: str, clusters: list[Cluster]) -> None:
             )
 
 
+PERFORMANCE_VARIABLE = "KAFKA_JVM_PERFORMANCE_OPTS"
+DEFAULT_PERFORMANCE_OPTIONS = "-XX:+UseG1GC -XX:MaxGCPauseMillis=20 -Djava.awt.headless=true"
+"""What ``kafka-server-start.sh`` gives a broker unless ``$KAFKA_JVM_PERFORMANCE_OPTS`` is set
+(its ``-XX:InitiatingHeapOccupancyPercent`` and ``-XX:+ExplicitGCInvokesConcurrent`` left out)."""
+
+
+def performance_options(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The broker JVM's collector and compiler options: ``$KAFKA_JVM_PERFORMANCE_OPTS``, as
+    Kafka's own start scripts read it, else their defaults."""
+    value = (os.environ if environ is None else environ).get(PERFORMANCE_VARIABLE, "").strip()
+    return shlex.split(value or DEFAULT_PERFORMANCE_OPTIONS)
+
+
 def launch(
     java: str, classpath: str, cluster: Cluster, heap: str, die_with_caller: bool = False
 ) -> subprocess.Popen:
@@ -254,9 +269,7 @@ def launch(
         java,
         f"-Xmx{heap}",
         f"-Xms{heap}",
-        "-XX:+UseG1GC",
-        "-XX:MaxGCPauseMillis=20",
-        "-Djava.awt.headless=true",
+        *performance_options(),
         f"-Dlog4j2.configurationFile={data / 'log4j2.properties'}",
         f"-Dkafka.logs.dir={data}",
         "-cp",
