@@ -245,12 +245,13 @@ def mirror_processes(state_dir: Path, flow: str) -> list[int]:
     return sorted(found)
 
 
-def _environment(process: psutil.Process) -> dict[str, str]:
-    """A process's environment (empty when it cannot be read: it ended, or is another user's)."""
+def _environment(process: psutil.Process) -> dict[str, str] | None:
+    """A process's environment; None when it cannot be read (it ended, or is another user's):
+    then this process's is assumed, as before environments were read."""
     try:
         return process.environ()
     except psutil.Error:
-        return {}
+        return None
 
 
 def request_restart(flow_dir: Path, starting_offsets: str | None = None) -> None:
