@@ -92,9 +92,15 @@ def test_wait_for_exit_times_out_on_a_running_process(started):
 
 def test_descendants_and_session_members_reach_grandchildren(started):
     parent = start(started, "-c", TREE, start_new_session=True)
-    assert eventually(lambda: len(processes.descendants(parent.pid)) == 1)
+    # Until the child has exec'd, it is a fork of the parent with the parent's command line.
+    assert eventually(
+        lambda: [
+            pid
+            for pid in processes.descendants(parent.pid)
+            if "grandchild" in processes.command_line(pid)
+        ]
+    )
     (child,) = processes.descendants(parent.pid)
-    assert "grandchild" in processes.command_line(child)
     assert sorted(processes.session_members(parent.pid)) == sorted([parent.pid, child])
     assert processes.descendants(child) == []
     os.kill(parent.pid, signal.SIGKILL)
@@ -117,7 +123,14 @@ def test_spark_python_workers_are_found_by_their_command_line(started, tmp_path)
         f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
         f"time.sleep(60)\n",
     )
-    assert eventually(lambda: len(processes.descendants(parent.pid)) == 2)
+    # Both children exec'd (a child not yet exec'd has its parent's command line).
+    children = [[str(daemon)], ["-c", "import time; time.sleep(60)"]]
+    assert eventually(
+        lambda: (
+            sorted(processes.command_line(p)[1:] for p in processes.descendants(parent.pid))
+            == sorted(children)
+        )
+    )
     (worker,) = faults.python_workers(parent.pid)
     assert str(daemon) in processes.command_line(worker)
 
