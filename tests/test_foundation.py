@@ -92,6 +92,35 @@ def test_sandbox_brokers_run_with_the_jvm_options_of_kafka_jvm_performance_opts(
     assert broker.performance_options({}) == broker.DEFAULT_PERFORMANCE_OPTIONS.split()
 
 
+def test_storage_is_formatted_once_a_restarted_cluster_starts_no_format_tool(tmp_path):
+    """``up`` formats a new cluster's storage (a JVM of Kafka's ``StorageTool``, here a stand-in
+    that records its call and writes ``meta.properties`` as the tool does); a cluster whose
+    storage is formatted, one ``up`` restarts, starts none."""
+    calls = tmp_path / "calls"
+    java = tmp_path / "java"
+    java.write_text(
+        "#!/bin/sh\n"
+        f'echo "$@" >> {calls}\n'
+        'config=$(echo "$@" | sed "s/.* -c \\([^ ]*\\) .*/\\1/")\n'
+        'dir=$(dirname "$config")/kraft-logs\n'
+        'mkdir -p "$dir" && touch "$dir/meta.properties"\n'
+    )
+    java.chmod(0o755)
+    clusters = []
+    for name in ("a", "b"):
+        directory = tmp_path / name
+        directory.mkdir()
+        cluster = broker.Cluster(name, 1, 2, str(directory), passwords={})
+        cluster.properties_file.write_text("")
+        clusters.append(cluster)
+    assert not any(broker.storage_formatted(c) for c in clusters)
+    broker.format_storage(str(java), "kafka.jar", clusters)
+    assert len(calls.read_text().splitlines()) == 2
+    assert all(broker.storage_formatted(c) for c in clusters)
+    broker.format_storage(str(java), "kafka.jar", clusters)  # as ``up`` restarting both
+    assert len(calls.read_text().splitlines()) == 2
+
+
 def test_acls_are_enforced_for_principals_that_are_not_super_users(sandbox, topic_name):
     cluster = sandbox["primary"]
     topic = topic_name("payments")

@@ -25,6 +25,7 @@ from mirrorflow.runtime import guard, processes
 USERS = ("admin", "alice", "bob")
 TLS_DIR = "tls"
 LISTENERS = ("SASL_PLAINTEXT", "SASL_SSL", "SSL")
+LOG_DIR = "kraft-logs"  # in the cluster's directory: its log and metadata directory
 
 
 @dataclass
@@ -196,7 +197,7 @@ def prepare(cluster: Cluster) -> None:
         "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
         "super.users": "User:admin",
         "allow.everyone.if.no.acl.found": "false",
-        "log.dirs": str(data / "kraft-logs"),
+        "log.dirs": str(data / LOG_DIR),
         "num.partitions": "1",
         "auto.create.topics.enable": "false",
         "offsets.topic.replication.factor": "1",
@@ -224,10 +225,19 @@ def prepare(cluster: Cluster) -> None:
     )
 
 
+def storage_formatted(cluster: Cluster) -> bool:
+    """Whether the cluster's log directory is formatted: ``kafka-storage format
+    --ignore-formatted`` would leave it as it is (its ``meta.properties`` is written)."""
+    return (Path(cluster.directory) / LOG_DIR / "meta.properties").is_file()
+
+
 def format_storage(java: str, classpath: str, clusters: list[Cluster]) -> None:
-    """Format each cluster's KRaft storage (in parallel: each is a JVM start)."""
+    """Format the KRaft storage of each cluster not formatted yet (in parallel: each is a JVM
+    start; a cluster restarted by ``up`` needs none)."""
     procs = []
     for cluster in clusters:
+        if storage_formatted(cluster):
+            continue
         cmd = [java, "-Xmx256m", "-cp", classpath, "kafka.tools.StorageTool", "format"]
         cmd += ["-t", cluster.cluster_id, "-c", str(cluster.properties_file), "--ignore-formatted"]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
