@@ -208,6 +208,10 @@ def prepare(cluster: Cluster) -> None:
         "share.coordinator.state.topic.replication.factor": "1",
         "share.coordinator.state.topic.min.isr": "1",
         "group.initial.rebalance.delay.ms": "0",
+        # The controller's no-op records tell other nodes it is alive (KIP-835): a single-node
+        # cluster has none. Every 5 s instead of 0.5 s: an idle broker uses 1.6% of a core
+        # instead of 2.25% (docs/development.md, *Tests*); its restarts take as long.
+        "metadata.max.idle.interval.ms": "5000",
     }
     write_private(cluster.properties_file, "".join(f"{k}={v}\n" for k, v in props.items()))
     (data / "log4j2.properties").write_text(
