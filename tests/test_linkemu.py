@@ -25,11 +25,15 @@ _WHY = datacenters.unavailable()
 pytestmark = pytest.mark.skipif(_WHY is not None, reason=f"fault harness unavailable: {_WHY}")
 
 PORT = 7007
+SO_RCVBUFFORCE = 33  # Linux's: a receive buffer over net.core.rmem_max (root); not in socket
 # Inside the namespace: UDP echo, and a TCP sink that answers with the byte count it read.
 ECHO = f"""
 import socket, sys, threading
 address = sys.argv[1]
 udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+# A buffer for a few seconds of probes: on a busy machine this thread may wait that long for a
+# core, and datagrams the kernel drops here would count as the link's loss (root: FORCE).
+udp.setsockopt(socket.SOL_SOCKET, {SO_RCVBUFFORCE}, 1 << 23)
 udp.bind((address, {PORT}))
 def echo():
     while True:
@@ -74,6 +78,7 @@ def dc(tmp_path_factory: pytest.TempPathFactory):
 def udp_probes(dc: datacenters.Datacenter, count: int, gap: float = 0.0) -> list[float | None]:
     """Send ``count`` numbered datagrams one at a time; each one's round trip (None: lost)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 1 << 23)  # as the echo's
     sock.connect((dc.address, PORT))
     rtts: list[float | None] = [None] * count
     sent: dict[int, float] = {}
@@ -92,10 +97,11 @@ def udp_probes(dc: datacenters.Datacenter, count: int, gap: float = 0.0) -> list
                         break
                     time.sleep(0.0005)
         end = time.monotonic() + 1.0
-        while time.monotonic() < end:  # stragglers
+        while time.monotonic() < end:  # stragglers: until none came for a second
             try:
                 data = sock.recv(64)
                 rtts[int(data)] = time.monotonic() - sent[int(data)]
+                end = time.monotonic() + 1.0
             except BlockingIOError:
                 time.sleep(0.002)
     finally:
@@ -130,6 +136,7 @@ def test_delay_gives_the_round_trip_asked_for_and_order_is_kept(dc) -> None:
     assert 49.5 <= connects[2] < 60, connects
     # a burst of back-to-back datagrams comes back in the order sent (FIFO without jitter)
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 1 << 23)  # as the echo's
     sock.connect((dc.address, PORT))
     sock.settimeout(2)
     for i in range(200):
@@ -145,11 +152,15 @@ def test_jitter_spreads_the_round_trips(dc) -> None:
     assert len(ms) == 100
     quartiles = statistics.quantiles(ms, n=4)
     print(f"RTT ms with ±10 ms jitter each way: min {ms[0]:.1f} quartiles {quartiles}")
-    # each way uniform in 15..35 ms: the sum spans 30..70 ms (triangular), its quartiles are
-    # 44.1 and 55.9 ms; without jitter they would be a fraction of a millisecond apart
+    # Each way uniform in 15..35 ms: the sum spans 30..70 ms (triangular), its quartiles are
+    # 44.1 and 55.9 ms, and 12.5% of it lies below 40 ms; without jitter every round trip takes
+    # 50 ms or more. A busy machine only adds to a round trip (the probe and the echo wait for
+    # a core), so the bounds below it are exact and those above it loose.
     assert ms[0] >= 29.5, ms[:5]
-    assert 40 < quartiles[0] < 50 and 50 < quartiles[2] < 64, quartiles
-    assert 6 < quartiles[2] - quartiles[0] < 20, quartiles
+    below_40 = sum(m < 40 for m in ms) / len(ms)
+    assert below_40 >= 0.03, (below_40, quartiles)
+    assert quartiles[0] > 40 and quartiles[2] > 52, quartiles
+    assert quartiles[2] - quartiles[0] > 6, quartiles
 
 
 def test_loss_drops_the_share_of_packets_asked_for(dc) -> None:
