@@ -67,9 +67,11 @@ from confluent_kafka.admin import (  # noqa: E402
     ResourceType,
 )
 
+from mirrorflow.devtools import local_airflow  # noqa: E402
 from mirrorflow.devtools import sandbox as sandbox_mod  # noqa: E402
 
 sandbox_mod.DIE_WITH_CALLER = True  # a crashed test run leaves no broker behind
+local_airflow.DIE_WITH_CALLER = True  # nor an Airflow service
 
 SANDBOX_CLUSTERS = ("primary", "secondary", "tertiary")
 

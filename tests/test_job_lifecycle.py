@@ -399,6 +399,50 @@ def test_a_test_run_that_crashes_leaves_no_sandbox_broker_behind(tmp_path):
             os.kill(broker, signal.SIGKILL)
 
 
+def test_a_test_run_that_crashes_leaves_no_airflow_service_behind(tmp_path):
+    """As a broker: a service a crashed test run started through :class:`LocalAirflow` ends with
+    it (the api-server rewrites its environment, so the check for leftovers cannot find it).
+    The service here is a stand-in for ``airflow <service>`` that sleeps."""
+    fake = tmp_path / "airflow"
+    fake.write_text("#!/bin/sh\nexec sleep 600\n")
+    fake.chmod(0o755)
+    crashing = (
+        "import ctypes, pathlib, sys\n"
+        "from mirrorflow.devtools import local_airflow\n"
+        "local_airflow.DIE_WITH_CALLER = True  # as tests/conftest.py sets it\n"
+        "class Fake(local_airflow.LocalAirflow):\n"
+        f"    def _airflow(self): return {str(fake)!r}\n"
+        f"home = pathlib.Path({str(tmp_path / 'home')!r})\n"
+        "airflow = Fake(home, home.parent / 'state', say=lambda _text: None)\n"
+        "airflow.start_services(('scheduler',))\n"
+        "print(airflow.running_services()['scheduler'], flush=True)\n"
+        "sys.stdin.readline()\n"
+        "ctypes.string_at(0)  # a segfault\n"
+    )
+    run = subprocess.Popen(
+        [sys.executable, "-c", crashing],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    service = int(run.stdout.readline())
+    try:
+        assert processes.alive(service)
+        run.stdin.write("\n")
+        run.stdin.flush()
+        assert run.wait(30) == -signal.SIGSEGV
+        wait_for(
+            lambda: not processes.alive(service),
+            10,
+            "the service to die with its crashed caller",
+            0.2,
+        )
+    finally:
+        if processes.alive(service):
+            os.kill(service, signal.SIGKILL)
+
+
 def test_an_idle_flow_whose_target_goes_away_fails_after_the_retry_timeout(
     sandbox, topic_name, tmp_path
 ):

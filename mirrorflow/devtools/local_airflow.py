@@ -23,6 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -30,9 +31,15 @@ from pathlib import Path
 
 from mirrorflow import paths
 from mirrorflow.errors import MirrorflowError
-from mirrorflow.runtime import processes
+from mirrorflow.runtime import guard, processes
 
 SERVICES = ("api-server", "scheduler", "dag-processor", "triggerer")
+DIE_WITH_CALLER = False
+"""Services started (from the main thread) while this is true die with the process that started
+them, even if it is killed: the test session sets it, as for the sandbox's brokers. The
+api-server rewrites its own environment (its process title), so the run's check for leftovers
+could not find one left behind."""
+
 SERVICE_OPTIONS = {
     # Their log servers would listen on every interface (Airflow 3.3 has no setting for it).
     "scheduler": ("--skip-serve-logs",),
@@ -180,6 +187,8 @@ class LocalAirflow:
         self.ensure_password()
         logs = self.home / "logs"
         logs.mkdir(parents=True, exist_ok=True)
+        # The kernel's parent-death signal follows the thread that starts the service.
+        bound = DIE_WITH_CALLER and threading.current_thread() is threading.main_thread()
         for name in names:
             if name in running:
                 continue
@@ -192,6 +201,7 @@ class LocalAirflow:
                     env=env,
                     cwd=paths.PROJECT_ROOT,
                     start_new_session=True,
+                    preexec_fn=guard.die_with_parent if bound else None,
                 )
             running[name] = process.pid
             self._save_services(running)
