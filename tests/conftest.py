@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -85,6 +86,15 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         f"slow: a long variant left out of the default suite; {SLOW_SWITCH}=1 or -m slow runs it",
     )
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A passing session removes its directory (its clusters' data, Airflow home and state:
+    up to some hundred MB each, per pytest process); a failing one keeps it for its logs."""
+    if exitstatus == 0:
+        shutil.rmtree(_SESSION_DIR, ignore_errors=True)
+    else:
+        print(f"\nthis session's clusters, Airflow home and state are kept in {_SESSION_DIR}")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -35,3 +35,32 @@ def test_slow_tests_are_left_out_unless_a_documented_switch_asks_for_them() -> N
     assert SLOW in collected(module, MIRRORFLOW_SLOW_TESTS="1")
     assert collected(module, "-m", "slow") == [SLOW]
     assert collected(SLOW) == [SLOW]
+
+
+def test_a_passing_session_removes_its_directory_and_a_failing_one_keeps_it(tmp_path) -> None:
+    """Each pytest process of the suite keeps its clusters' data, Airflow home and state in a
+    ``mirrorflow-tests-*`` directory: gone after a passing session, kept after a failing one."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    (tmp_path / "test_one.py").write_text(
+        "import os\n\ndef test_one():\n    assert os.environ['FAIL'] != '1'\n"
+    )
+
+    def session(fail: str) -> tuple[subprocess.CompletedProcess[str], list[Path]]:
+        plugins = ("-p", "no:cacheprovider", "-p", "tests.conftest")
+        result = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", *plugins, str(tmp_path / "test_one.py")],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "TMPDIR": str(scratch), "FAIL": fail},
+            timeout=120,
+        )
+        return result, sorted(scratch.glob("mirrorflow-tests-*"))
+
+    passed, left = session("0")
+    assert passed.returncode == 0, passed.stdout[-3000:] + passed.stderr[-3000:]
+    assert left == [], left
+    failed, left = session("1")
+    assert failed.returncode == 1, failed.stdout[-3000:]
+    assert len(left) == 1 and f"are kept in {left[0]}" in failed.stdout, failed.stdout[-3000:]
