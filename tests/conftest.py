@@ -48,7 +48,14 @@ os.environ["PYSPARK_PYTHON"] = sys.executable
 # read it) compiles with C1 only, and brokers collect with SerialGC on their small heaps. A mirror
 # job's start costs 4.8 CPU-s instead of 7.7, an idle broker 2.0% of a core instead of 2.7%
 # (docs/development.md, *Tests*). Set either variable to run the suite with other options.
-os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
+# The drivers' temporary files (lz4's native library) and Spark's scratch space (blockmgr-*,
+# spark-*) go to the session's directory, which a passing session removes: a job a test
+# SIGKILLs cannot remove its own, and they piled up in /tmp (1.3 GB after a day of runs).
+(_SESSION_DIR / "jvm-tmp").mkdir()
+os.environ.setdefault(
+    "SPARK_SUBMIT_OPTS", f"-XX:TieredStopAtLevel=1 -Djava.io.tmpdir={_SESSION_DIR / 'jvm-tmp'}"
+)
+os.environ.setdefault("SPARK_LOCAL_DIRS", str(_SESSION_DIR / "spark-local"))
 os.environ.setdefault(
     "KAFKA_JVM_PERFORMANCE_OPTS",
     "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Djava.awt.headless=true",
