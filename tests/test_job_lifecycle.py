@@ -365,38 +365,14 @@ def test_a_cluster_that_stays_unreachable_fails_the_job_in_one_line_after_the_re
 
 def test_a_test_run_that_crashes_leaves_no_sandbox_broker_behind(tmp_path):
     directory = tmp_path / "sandbox"
-    crashing = (
-        "import ctypes, sys\n"
+    assert_dies_with_its_crashed_caller(
         "from mirrorflow.devtools import sandbox\n"
         "sandbox.DIE_WITH_CALLER = True  # as tests/conftest.py sets it\n"
         "port = sandbox.free_port_block(sandbox.PORTS_PER_CLUSTER)\n"
         f"box = sandbox.up(['crash'], __import__('pathlib').Path({str(directory)!r}), port)\n"
-        "print(box['crash'].pid, flush=True)\n"
-        "sys.stdin.readline()\n"
-        "ctypes.string_at(0)  # a segfault\n"
+        "print(box['crash'].pid, flush=True)\n",
+        "the broker",
     )
-    run = subprocess.Popen(
-        [sys.executable, "-c", crashing],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
-    broker = int(run.stdout.readline())
-    try:
-        assert processes.alive(broker)
-        run.stdin.write("\n")
-        run.stdin.flush()
-        assert run.wait(30) == -signal.SIGSEGV
-        wait_for(
-            lambda: not processes.alive(broker),
-            10,
-            "the broker to die with its crashed caller",
-            0.2,
-        )
-    finally:
-        if processes.alive(broker):
-            os.kill(broker, signal.SIGKILL)
 
 
 def test_a_test_run_that_crashes_leaves_no_airflow_service_behind(tmp_path):
@@ -406,8 +382,8 @@ def test_a_test_run_that_crashes_leaves_no_airflow_service_behind(tmp_path):
     fake = tmp_path / "airflow"
     fake.write_text("#!/bin/sh\nexec sleep 600\n")
     fake.chmod(0o755)
-    crashing = (
-        "import ctypes, pathlib, sys\n"
+    assert_dies_with_its_crashed_caller(
+        "import pathlib\n"
         "from mirrorflow.devtools import local_airflow\n"
         "local_airflow.DIE_WITH_CALLER = True  # as tests/conftest.py sets it\n"
         "class Fake(local_airflow.LocalAirflow):\n"
@@ -415,9 +391,16 @@ def test_a_test_run_that_crashes_leaves_no_airflow_service_behind(tmp_path):
         f"home = pathlib.Path({str(tmp_path / 'home')!r})\n"
         "airflow = Fake(home, home.parent / 'state', say=lambda _text: None)\n"
         "airflow.start_services(('scheduler',))\n"
-        "print(airflow.running_services()['scheduler'], flush=True)\n"
-        "sys.stdin.readline()\n"
-        "ctypes.string_at(0)  # a segfault\n"
+        "print(airflow.running_services()['scheduler'], flush=True)\n",
+        "the service",
+    )
+
+
+def assert_dies_with_its_crashed_caller(start: str, what: str) -> None:
+    """Runs ``start`` (Python that starts a process and prints its pid) in a process that then
+    segfaults: the process it started must end within 10 s."""
+    crashing = (
+        f"import ctypes, sys\n{start}sys.stdin.readline()\nctypes.string_at(0)  # a segfault\n"
     )
     run = subprocess.Popen(
         [sys.executable, "-c", crashing],
@@ -426,21 +409,21 @@ def test_a_test_run_that_crashes_leaves_no_airflow_service_behind(tmp_path):
         text=True,
         cwd=ROOT,
     )
-    service = int(run.stdout.readline())
+    started = int(run.stdout.readline())
     try:
-        assert processes.alive(service)
+        assert processes.alive(started)
         run.stdin.write("\n")
         run.stdin.flush()
         assert run.wait(30) == -signal.SIGSEGV
         wait_for(
-            lambda: not processes.alive(service),
+            lambda: not processes.alive(started),
             10,
-            "the service to die with its crashed caller",
+            f"{what} to die with its crashed caller",
             0.2,
         )
     finally:
-        if processes.alive(service):
-            os.kill(service, signal.SIGKILL)
+        if processes.alive(started):
+            os.kill(started, signal.SIGKILL)
 
 
 def test_an_idle_flow_whose_target_goes_away_fails_after_the_retry_timeout(
