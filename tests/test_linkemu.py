@@ -153,12 +153,13 @@ def test_jitter_spreads_the_round_trips(dc) -> None:
     quartiles = statistics.quantiles(ms, n=4)
     print(f"RTT ms with ±10 ms jitter each way: min {ms[0]:.1f} quartiles {quartiles}")
     # Each way uniform in 15..35 ms: the sum spans 30..70 ms (triangular), its quartiles are
-    # 44.1 and 55.9 ms, and 12.5% of it lies below 40 ms; without jitter every round trip takes
-    # 50 ms or more. A busy machine only adds to a round trip (the probe and the echo wait for
-    # a core), so the bounds below it are exact and those above it loose.
+    # 44.1 and 55.9 ms, and half of it lies below 50 ms, where no round trip without jitter
+    # ends. A busy machine only adds to a round trip (the probe and the echo wait for a core):
+    # the bounds below it are exact, and those above it loose (a loaded run: min 38.1 ms,
+    # quartiles 47.7 and 57.6, 2% under 40 ms; 10% under 50 ms holds up to ~9 ms added).
     assert ms[0] >= 29.5, ms[:5]
-    below_40 = sum(m < 40 for m in ms) / len(ms)
-    assert below_40 >= 0.03, (below_40, quartiles)
+    below_50 = sum(m < 50 for m in ms) / len(ms)
+    assert below_50 >= 0.10, (below_50, quartiles)
     assert quartiles[0] > 40 and quartiles[2] > 52, quartiles
     assert quartiles[2] - quartiles[0] > 6, quartiles
 
