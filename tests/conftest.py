@@ -77,6 +77,7 @@ from confluent_kafka.admin import (  # noqa: E402
 
 from mirrorflow.devtools import local_airflow  # noqa: E402
 from mirrorflow.devtools import sandbox as sandbox_mod  # noqa: E402
+from tests import schedule  # noqa: E402
 
 sandbox_mod.DIE_WITH_CALLER = True  # a crashed test run leaves no broker behind
 local_airflow.DIE_WITH_CALLER = True  # nor an Airflow service
@@ -88,11 +89,23 @@ SANDBOX_CLUSTERS = ("primary", "secondary", "tertiary")
 SLOW_SWITCH = "MIRRORFLOW_SLOW_TESTS"
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--record-durations",
+        metavar="PATH",
+        help="write each test file's seconds to PATH as JSON (tests/durations.json orders the "
+        "files: tests/schedule.py)",
+    )
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         f"slow: a long variant left out of the default suite; {SLOW_SWITCH}=1 or -m slow runs it",
     )
+    path = config.getoption("--record-durations")
+    if path and not hasattr(config, "workerinput"):  # xdist's controller gets every report
+        config.pluginmanager.register(schedule.DurationRecorder(Path(path)), "record-durations")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -119,30 +132,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if slow:
         config.hook.pytest_deselected(items=slow)
         items[:] = [item for item in items if item not in slow]
-    items[:] = heaviest_files_first(items)
-
-
-def heaviest_files_first(items: list[pytest.Item]) -> list[pytest.Item]:
-    """The test files that start the most Spark applications first, then those that need
-    clusters or Airflow, the service-free ones last; within a file, its own order. pytest-xdist
-    hands out whole files (``--dist loadfile``) in this order, so the long scenarios start early
-    and the quick files fill the end, instead of one process running a long file alone there."""
-    weight: dict[str, tuple[int, int]] = {}
-    for item in items:
-        spark, services = weight.get(item.location[0], (0, 0))
-        marks = {mark.name for mark in item.iter_markers()}
-        weight[item.location[0]] = (
-            spark + ("spark" in marks),
-            services + bool(marks & {"kafka", "airflow"}),
-        )
-    position = {path: n for n, path in enumerate(dict.fromkeys(i.location[0] for i in items))}
-    return sorted(
-        items,
-        key=lambda i: (
-            tuple(-w for w in weight[i.location[0]]),
-            position[i.location[0]],
-        ),
-    )
+    items[:] = schedule.longest_files_first(items)
 
 
 def _mirror_jobs() -> dict[int, str]:
