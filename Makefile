@@ -10,7 +10,7 @@ demo:
 # pytest in TEST_WORKERS processes (pytest-xdist), a test file each at a time, each process with
 # its own Kafka clusters, Airflow home and state (TEST_WORKERS=0: one process, no xdist).
 # After pytest: no process of the run may be left (tests/leftovers.py ends and names them).
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 4
 test:
 	@venv=$$(scripts/bootstrap.sh) && $$venv/bin/ruff check . && $$venv/bin/ruff format --check . && \
 	run=mirrorflow-test-run-$$$$-$$(date +%s%N) && \
