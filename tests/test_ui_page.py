@@ -57,7 +57,7 @@ FLOW = "primary->secondary"
 STALL_TIMEOUT_S = 20  # the flow's health.stall.timeout.seconds in this test
 LAG_MAX_S, LAG_MAX_RECORDS = 10, 2000  # its health.lag.max.seconds and .records
 REFRESH_S = 15  # one refresh: the job measures every 10 s, the page reloads every 5 s
-BACKLOG = 100_000  # records produced while the flow is paused (drained 1,000 a batch)
+BACKLOG = 100_000  # records produced while the flow is paused (drained 200 a batch)
 LAG = re.compile(r"([\d,]+) records, ([\d,]+) s")
 BURST, BURST_S = 20_000, 15  # records produced in a burst, over that many seconds
 GAP_S = 25  # no sample for 2.5 times the 10 s between samples: a gap
@@ -308,9 +308,11 @@ def test_a_logged_in_user_sees_the_flow_running_stalled_and_stopped(
     # With metrics: the trend's replication latency is theirs.
     port = free_port()
     metrics = ("--metrics-port", str(port))
-    # Batches of 1,000 records at most: a backlog takes a while to drain, as a large one does
-    # (at 5,000 a quiet machine drained it between two of the page's samples, ~2 s apart).
-    small = ("--max-records-per-batch", "1000")
+    # Batches of 200 records at most: a backlog takes a while to drain, as a large one does
+    # (at 5,000 a quiet machine drained it between two of the page's samples, ~2 s apart, and
+    # at 1,000, copied in the driver at 10-20 ms a batch, a busy one did too: the page never
+    # showed it LAGGING).
+    small = ("--max-records-per-batch", "200")
     job = start_mirror(config, FLOW, state, log, "--stop-file", str(stop_file), *metrics, *small)
     ui = f"http://127.0.0.1:{airflow_ui.port}"
     page_url = f"{ui}/mirrorflow/"
