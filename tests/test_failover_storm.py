@@ -47,9 +47,13 @@ BACKLOG = 120_000  # records of 1 KiB: one batch of several seconds, in flight a
 # rate over its quota's whole window (11 samples of 1 s) from the first fetch on, so a new client
 # may take about 10 s of its quota at once before it is throttled: at 16 MiB/s every task's
 # consumer took its 30 MiB partition unthrottled, and the batch once ended in 1.5 s, before the
-# kill (a CI-like run). At 1 MiB/s each task takes 10 MiB at once, then 1 MiB/s: the batch lasts
-# about 20 s. The quota goes once the source is back, before the rest is copied.
-FETCH_QUOTA = 1024 * 1024
+# kill (a CI-like run). At 1 MiB/s each task took 10 MiB at once, then 1 MiB/s, and a busy run's
+# throttled fetches once waited over the job's 10-s stall bound before an exactly-once batch had
+# read the 10,000 records of its first Arrow batch: no copy appeared in 120 s (four tries). At
+# 2 MiB/s each task takes 20 MiB at once, its first copies before any throttling, then 2 MiB/s
+# for the rest: the batch is in flight for seconds after its first copies. The quota goes once
+# the source is back, before the rest is copied.
+FETCH_QUOTA = 2 * 1024 * 1024
 
 
 def fetch_quota(cluster, scratch: Path, bytes_per_s: int | None) -> None:
