@@ -194,3 +194,78 @@ def test_a_continuous_flow_copies_a_steady_stream_and_a_sigkill_mid_stream_loses
                 by_offset["target"][sync.partition][sync.downstream_offset]
                 == by_offset["source"][sync.partition][sync.upstream_offset]
             ), sync
+
+
+def test_copies_the_target_refuses_mid_stream_are_copied_once_it_takes_them_not_skipped(
+    sandbox, topic_name, tmp_path
+):
+    """The target refuses the stream's copies after they were sent (a record larger than the
+    remote topic now takes, refused by its broker, not by the copier's own check): the flow
+    fails in one line naming the partition and the refusal, and its positions stay below the
+    first refused copy. Once the target takes the records again, a new job copies every one of
+    them: none is skipped."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import (
+        AdminClient,
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+        ResourceType,
+    )
+
+    primary, secondary = sandbox["primary"], sandbox["secondary"]
+    topic = topic_name("refused")
+    remote = f"primary.{topic}"
+    create_topics(primary, topic, partitions=2)
+    produce(primary, topic, 2, 100)
+    config = flow_file(tmp_path, sandbox, topic)
+    state, log = tmp_path / "state", tmp_path / "mirror.log"
+
+    def limit(value: str) -> None:
+        entry = ConfigEntry("max.message.bytes", value, incremental_operation=AlterConfigOpType.SET)
+        resource = ConfigResource(ResourceType.TOPIC, remote, incremental_configs=[entry])
+        admin = AdminClient(secondary.client_config())
+        for future in admin.incremental_alter_configs([resource]).values():
+            future.result(timeout=30)
+
+    def complete() -> bool:
+        target = read_topic(secondary, remote)
+        return all(
+            distinct(target.get(p, [])) >= distinct(records)
+            for p, records in read_topic(primary, topic).items()
+        )
+
+    stop_file = launch.stop_file_for(state, [FLOW])
+    job = start_mirror(config, FLOW, state, log, "--stop-file", str(stop_file))
+    try:
+        wait_for(complete, 120, "the first records' copies")
+        wait_for(lambda: "copying continuously" in log.read_text(), 30, "the stream to start")
+        # The copier took the remote topic's limit (1 MiB) at its start; the broker now takes
+        # 10 KiB, and 20-KiB records arrive, steadily, for 4 s (each alone in a producer batch,
+        # over the stream's batch size: refused, not split).
+        limit("10240")
+        producer = Producer({**primary.client_config(), "enable.idempotence": True})
+        for i in range(400):
+            producer.produce(topic, b"x" * 20_480, f"big-{i}".encode(), partition=i % 2)
+            if i % 20 == 19:
+                producer.flush(10)
+                time.sleep(0.2)
+        assert producer.flush(30) == 0
+        assert job.wait(120) != 0, log.read_text()[-3000:]
+    finally:
+        stop_job(job)
+    text = log.read_text()
+    refused = rf"{re.escape(topic)}-[01] to {re.escape(remote)} on secondary failed"
+    assert re.search(refused, text), text[-3000:]
+    stored = progress(state)["source_positions"][topic]
+    # The positions stop short of the refused records (the first 100 were copied).
+    assert all(int(offset) <= 50 for offset in stored.values()), stored
+    # The target takes the records again: a new job copies every one of them.
+    limit("1048588")
+    job = start_mirror(config, FLOW, state, log, "--stop-file", str(stop_file))
+    try:
+        wait_for(complete, 120, "the refused records, copied once the target takes them")
+        stop_file.touch()
+        assert job.wait(60) == 0, log.read_text()[-3000:]
+    finally:
+        stop_job(job)

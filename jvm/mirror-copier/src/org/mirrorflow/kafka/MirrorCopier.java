@@ -424,6 +424,11 @@ public final class MirrorCopier {
     final java.util.concurrent.atomic.AtomicLong inFlight = new java.util.concurrent.atomic.AtomicLong();
     /** The offset after the last acknowledged copy (-1: none yet); records and bytes acknowledged. */
     private long ackedNext = -1;
+    /**
+     * The lowest source offset whose copy the target refused or never acknowledged (-1: none).
+     * No position reaches past it: that record is copied again by the flow's next try.
+     */
+    private long failedAt = -1;
     private long ackedRecords;
     private long ackedBytes;
     /** Record age at read (now - record timestamp, ms): min, max, sum, count. */
@@ -470,6 +475,11 @@ public final class MirrorCopier {
       runCount = 1;
     }
 
+    /** The copy of {@code upstream} failed (its producer's callback had an error). */
+    synchronized void failed(long upstream) {
+      failedAt = failedAt < 0 ? upstream : Math.min(failedAt, upstream);
+    }
+
     private void closeRun() {
       if (runCount > 0) {
         runs.add(new long[] {runUp, runDown, runCount});
@@ -490,6 +500,11 @@ public final class MirrorCopier {
       Copied out = new Copied();
       synchronized (this) {
         long next = pending == 0 && sent >= 0 ? sent : ackedNext;
+        if (failedAt >= 0) {
+          // Copies past a failed one may have been acknowledged (another batch of the
+          // partition): the position stays at the failed copy all the same.
+          next = Math.min(next, failedAt);
+        }
         out.next = Math.max(from, next);
         closeRun();
         List<long[]> kept = new ArrayList<>();
@@ -915,6 +930,7 @@ public final class MirrorCopier {
                   remote, tp.partition(), timestamp >= 0 ? timestamp : null, key, value, headers),
               (metadata, error) -> {
                 if (error != null) {
+                  copied.failed(upstream); // before inFlight drops: see Copied#drain
                   failed(error, tp, remote);
                   if (syncs != null) {
                     syncs.failed(tp);
