@@ -15,7 +15,7 @@ MAPPING = {"orders": "a.orders", "heartbeats": "a.heartbeats"}
 LIMITS = {"a.orders": 1_048_588, "a.heartbeats": 1_048_588}
 
 
-def settings_of(tmp_path, *lines: str) -> dict[str, str]:
+def settings_of(tmp_path, *lines: str, limits: dict[str, int] = LIMITS) -> dict[str, str]:
     config = write_private(
         tmp_path / "mm2.properties",
         "\n".join(
@@ -29,7 +29,7 @@ def settings_of(tmp_path, *lines: str) -> dict[str, str]:
         )
         + "\n",
     )
-    return copier_settings(spec_for_flow([config], FLOW), MAPPING, LIMITS)
+    return copier_settings(spec_for_flow([config], FLOW), MAPPING, limits)
 
 
 def test_a_stream_writes_small_batches_where_a_batch_fills_large_ones(tmp_path):
@@ -46,3 +46,19 @@ def test_the_batch_size_and_linger_a_flow_sets_hold_for_its_stream_too(tmp_path)
     settings = settings_of(tmp_path, "b.producer.batch.size = 65536", "b.producer.linger.ms = 50")
     assert (settings["producer.batch.size"], settings["producer.linger.ms"]) == ("65536", "50")
     assert not [key for key in settings if key.startswith("stream.producer.")], settings
+
+
+def test_no_batch_is_larger_than_the_smallest_limit_of_the_remote_topics(tmp_path):
+    """Kafka's producer splits a batch the broker refuses into batches of its ``batch.size``:
+    above a topic's ``max.message.bytes`` it would split forever (KAFKA-8350)."""
+    small = {"a.orders": 4_000, "a.heartbeats": 1_048_588}
+    settings = settings_of(tmp_path, limits=small)
+    assert settings["producer.batch.size"] == "4000"
+    assert settings["stream.producer.batch.size"] == "4000"
+    assert settings["producer.max.request.size"] == str(1_048_588 + (64 << 10))
+    flow_set = settings_of(tmp_path, "b.producer.batch.size = 65536", limits=small)
+    assert flow_set["producer.batch.size"] == "4000"
+    assert (
+        settings_of(tmp_path, "b.producer.batch.size = 2048", limits=small)["producer.batch.size"]
+        == "2048"
+    )

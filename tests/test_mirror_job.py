@@ -321,6 +321,10 @@ def test_a_principal_without_write_acls_on_the_target_stops_the_job_naming_clust
 def test_a_record_too_large_for_the_target_stops_the_flow_naming_topic_partition_and_offset(
     sandbox, topic_name, tmp_path
 ):
+    """The remote topic takes records of at most 2,000 bytes, far less than the copier's
+    producer batches (Kafka's producer splits a batch the broker refuses into batches of its
+    own ``batch.size``, forever when that is above the topic's limit: KAFKA-8350). The 3,000
+    records that fit are all copied; the one that does not stops the flow, named."""
     primary, secondary = sandbox["primary"], sandbox["secondary"]
     t = topic_name("blobs")
     create_topics(primary, t)
@@ -328,8 +332,9 @@ def test_a_record_too_large_for_the_target_stops_the_flow_naming_topic_partition
     remote = NewTopic(f"primary.{t}", 1, 1, config={"max.message.bytes": "2000"})
     admin.create_topics([remote])[remote.topic].result(30)
     producer = Producer(primary.client_config())
-    for i in range(5):
-        producer.produce(t, key=b"k%d" % i, value=b"x" * (5000 if i == 3 else 100))
+    big = 3_000
+    for i in range(big + 2):
+        producer.produce(t, key=b"k%d" % i, value=b"x" * (5000 if i == big else 100))
     producer.flush(30)
     config = flow_file(tmp_path, sandbox, t)
     result = subprocess.run(
@@ -342,10 +347,9 @@ def test_a_record_too_large_for_the_target_stops_the_flow_naming_topic_partition
     output = result.stdout + result.stderr
     assert result.returncode == 2, output[-3000:]
     error = next(line for line in output.splitlines() if line.startswith("mirrorflow: error:"))
-    assert f"{t}-0@3" in error and "max.message.bytes" in error
-    copied_values = [r[2] for r in read_topic(secondary, f"primary.{t}")[0]]
-    assert b"x" * 5000 not in copied_values
-    assert len(copied_values) <= 3, "records after the oversized one were copied"
+    assert f"{t}-0@{big}" in error and "max.message.bytes" in error
+    copied_keys = [r[1] for r in read_topic(secondary, f"primary.{t}")[0]]
+    assert set(copied_keys) == {b"k%d" % i for i in range(big)}, output[-3000:]
 
 
 def produce_transactions(cluster, topic: str, partitions: int, txns: range, size: int) -> set:

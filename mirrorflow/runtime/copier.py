@@ -49,6 +49,10 @@ STREAM_LINGER_MS = 5
 # 6 in one application held more than the driver's 1 GiB heap (OutOfMemoryError).
 BATCHES_BATCH_SIZE = 512 << 10
 STREAM_BATCH_SIZE = 16 << 10
+# Both are capped at the smallest max.message.bytes of the flow's remote topics: Kafka's producer
+# splits a batch the broker refuses as too large into batches of its own batch.size, so a
+# batch.size above a topic's limit splits forever (KAFKA-8350; fixed in clients newer than the
+# 3.9 that Spark's Kafka connector brings): no copy of that topic would ever be acknowledged.
 
 _HEAD = struct.Struct(">qqq")  # records, bytes, ranges
 _RANGE = struct.Struct(">13q")  # see MirrorCopier.Copied.encode
@@ -133,8 +137,20 @@ class CopyStream:
         self.copier, self.batch, self.partitions = copier, batch, list(partitions)
         settings.put("batch", batch)
         settings.put("stream.allowed.until.ms", str(allowed_until_ms))
-        self.max_request_size = settings.get("producer.max.request.size")
+        self.producer = self._producer(settings)
         copier.stream(self._lines(partitions, starts), settings)
+
+    @staticmethod
+    def _producer(settings) -> tuple[str | None, ...]:
+        """The settings of a stream's producer that depend on its remote topics' limits."""
+        return tuple(
+            settings.get(name)
+            for name in (
+                "producer.max.request.size",
+                "producer.batch.size",
+                "stream.producer.batch.size",
+            )
+        )
 
     def _lines(self, partitions: list[Partition], starts: list[int]) -> Any:
         return java_lines(
@@ -146,9 +162,9 @@ class CopyStream:
         """Add ``partitions`` (new to the flow) from ``starts`` to the running stream, which
         goes on copying the others; ``settings``: the copier's settings for the flow's topics
         now (the new remote topics' names and size limits). False, and nothing added, when
-        they need a producer the stream does not have (a remote topic taking larger records):
-        then end the stream and start another."""
-        if settings.get("producer.max.request.size") != self.max_request_size:
+        they need a producer the stream does not have (a remote topic taking larger records,
+        or smaller batches): then end the stream and start another."""
+        if self._producer(settings) != self.producer:
             return False
         self.copier.extend(self.batch, self._lines(partitions, starts), settings)
         self.partitions.extend(partitions)
@@ -270,10 +286,15 @@ def copier_settings(
     own ``stream.producer.*``, ``syncs.producer.*``), the remote topics and their limits, the
     offset syncs' settings. Not the record transforms (:meth:`JvmCopier.transform_plan`)."""
     largest = min(max(max(limits.values(), default=0), 1 << 20) + (64 << 10), (1 << 31) - 1)
+    smallest = min(limits.values(), default=None)
+
+    def batch_size(size: int | str) -> str:  # see BATCHES_BATCH_SIZE: at most a topic's limit
+        return str(int(size) if smallest is None else min(int(size), smallest))
+
     producer = {
         "linger.ms": "20",
-        "batch.size": str(BATCHES_BATCH_SIZE),
         **spec.target_producer,
+        "batch.size": batch_size(spec.target_producer.get("batch.size", BATCHES_BATCH_SIZE)),
         "enable.idempotence": "true",
         "acks": "all",
         "max.request.size": str(largest),
@@ -297,7 +318,7 @@ def copier_settings(
     if "linger.ms" not in spec.target_producer:
         settings["stream.producer.linger.ms"] = str(STREAM_LINGER_MS)
     if "batch.size" not in spec.target_producer:
-        settings["stream.producer.batch.size"] = str(STREAM_BATCH_SIZE)
+        settings["stream.producer.batch.size"] = batch_size(STREAM_BATCH_SIZE)
     if spec.emit_offset_syncs:
         settings["syncs.topic"] = spec.offset_syncs_topic
         settings["syncs.lag.max"] = str(spec.max_offset_lag)

@@ -131,8 +131,8 @@ class FlowStream:
         """The flow's topics changed (``mapping`` was theirs) while ``stream`` ran: new topics
         and partitions join it, from where each starts, and it goes on; returns the mapping it
         now copies. None when it cannot take the change (a topic left the flow or changed its
-        remote, or a new remote topic takes larger records than its producer sends): then it
-        ends, and the flow plans again."""
+        remote, or a new remote topic needs other producer settings: larger records, smaller
+        batches): then it ends, and the flow plans again."""
         job = self.job
         now = job.mapping
         if any(now.get(source) != remote for source, remote in mapping.items()):
