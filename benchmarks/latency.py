@@ -35,8 +35,14 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPar
 from benchmarks import replicate, steady  # noqa: E402
 from benchmarks.replicate import FLOW, MIB, SOURCE, TARGET, Bench, Case, fmt, log  # noqa: E402
 
-# mirrorflow with its defaults (continuous copying once caught up), and with ``--no-continuous``
-SYSTEMS = ("mm2", "mirrorflow", "mirrorflow-batches")
+# mirrorflow with its defaults (continuous copying once caught up), with ``--no-continuous``,
+# and exactly once (the target's ``exactly.once.source.support = enabled``; its copies read
+# with ``isolation.level = read_committed``, as they become visible)
+SYSTEMS = ("mm2", "mirrorflow", "mirrorflow-batches", "mirrorflow-eos")
+EXACTLY_ONCE_LINES = [
+    f"{TARGET}.exactly.once.source.support = enabled",
+    f"{SOURCE}.consumer.isolation.level = read_committed",
+]
 # Each value starts with the record's index and its CreateTime (ms), then random bytes.
 RECORD_HEAD = struct.Struct(">qq")
 
@@ -137,9 +143,9 @@ class Latencies:
         result.mean_ms = sum(values) / len(values) if values else None
 
 
-def target_consumer(bench: Bench, topic: str) -> Consumer:
+def target_consumer(bench: Bench, topic: str, committed: bool = False) -> Consumer:
     """A consumer of every partition of ``topic`` on the target, from the beginning, tuned to
-    return records as soon as they are there."""
+    return records as soon as they are there (``committed``: once their transaction is)."""
     consumer = Consumer(
         {
             **bench.target.client_config(),
@@ -147,6 +153,7 @@ def target_consumer(bench: Bench, topic: str) -> Consumer:
             "enable.auto.commit": False,
             "fetch.wait.max.ms": 10,
             "fetch.min.bytes": 1,
+            "isolation.level": "read_committed" if committed else "read_uncommitted",
         }
     )
     meta = bench.admin(bench.target).list_topics(topic=topic, timeout=10).topics[topic]
@@ -162,6 +169,9 @@ def system_launches(
     state = bench.workdir / "state" / f"latency-{system}"
     stop = state / "stop"
     config = replicate.flow_file(bench, case)
+    if system == "mirrorflow-eos":
+        with config.open("a") as lines:
+            lines.write("".join(f"{line}\n" for line in EXACTLY_ONCE_LINES))
     options = {"continuous": False} if system == "mirrorflow-batches" else {}
     launch = replicate.mirrorflow_launch(
         bench, [config], FLOW, state, name=system, stop_file=stop, **options
@@ -189,7 +199,7 @@ def run_system(bench: Bench, case: Case, system: str) -> LatencyResult:
             return result
         result.startup_s = round(time.monotonic() - system_run.t0, 1)
         log(f"    ready after {result.startup_s}s; {rate:,.0f} records/s for {args.seconds:.0f}s")
-        consumer = target_consumer(bench, remote)
+        consumer = target_consumer(bench, remote, committed=system == "mirrorflow-eos")
         pool = os.urandom(case.record_size + 4096)
         body = case.record_size - RECORD_HEAD.size
 
