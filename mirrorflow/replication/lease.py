@@ -417,9 +417,10 @@ def confirm(
     holder: Holder,
 ) -> None:
     """Check that ``holder`` still holds ``flow``'s lease (:class:`LeaseLost` if not). An
-    exactly-once copy task calls it after initialising its transactional producer: a task of a
-    job that lost the lease while frozen, started after it woke, would otherwise fence the new
-    holder's producer of its partition and commit a batch the new holder copies too."""
+    exactly-once copy task calls it after initialising its transactional producers, before
+    it commits: a task of a job that lost the lease while frozen, started after it woke, would
+    otherwise fence the new holder's producers of its partitions and commit a batch the new
+    holder copies too."""
     lease = FlowLease(flow, target, {}, consumer_config, admin_config, holder)
     record = lease.current()
     if record is None or record.holder != holder:

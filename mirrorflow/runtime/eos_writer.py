@@ -97,8 +97,8 @@ class CopySettings:
     # partition's last run, which a batch's first copies may continue.
     map_topic: str = ""
     last_runs: dict[tuple[str, int], Run] = field(default_factory=dict)
-    # The flow and the holder of its lease (asdict of lease.Holder): checked once each task's
-    # producer has fenced its partition's earlier ones (see lease.confirm).
+    # The flow and the holder of its lease (asdict of lease.Holder): checked once a task's
+    # producers have fenced their partitions' earlier ones, before they commit (lease.confirm).
     flow: str = ""
     lease_holder: dict[str, Any] | None = None
 
@@ -168,8 +168,6 @@ def _transactional_producer(settings: CopySettings, topic: str, partition: int):
     try:
         producer.init_transactions(settings.flush_timeout_s)
         producer.begin_transaction()
-        if settings.lease_holder is not None:
-            _confirm_lease(settings, settings.lease_holder, producer)
     except KafkaException as exc:
         action = f"starting a transaction ({txn_id})"
         _raise_if_refused(settings, action, exc.args[0], f"WRITE on transactional id {txn_id}")
@@ -180,9 +178,10 @@ def _transactional_producer(settings: CopySettings, topic: str, partition: int):
     return producer
 
 
-def _confirm_lease(settings: CopySettings, holder: dict[str, Any], producer) -> None:
-    """The job still holds the flow's lease (after this producer fenced its partition's
-    earlier ones), or the transaction is aborted and the task fails in one line."""
+def _confirm_lease(settings: CopySettings, holder: dict[str, Any], partitions) -> None:
+    """The job still holds the flow's lease (checked after the task's producers fenced their
+    partitions' earlier ones, before any of them commits: once per task, for all of them), or
+    every transaction of the task is aborted and the task fails in one line."""
     from mirrorflow.replication import lease
 
     try:
@@ -194,7 +193,8 @@ def _confirm_lease(settings: CopySettings, holder: dict[str, Any], producer) -> 
             lease.Holder(**holder),
         )
     except MirrorflowError as exc:
-        producer.abort_transaction(settings.flush_timeout_s)
+        for p in partitions.values():
+            p.producer.abort_transaction(settings.flush_timeout_s)
         raise CopyError(str(exc)) from None
 
 
@@ -367,6 +367,9 @@ def _commit_transactions(settings: CopySettings, partitions) -> None:
     from confluent_kafka import KafkaException
 
     from mirrorflow.mm2.formats import SourceOffset
+
+    if settings.lease_holder is not None and partitions:
+        _confirm_lease(settings, settings.lease_holder, partitions)
 
     for p in partitions.values():
         try:

@@ -135,6 +135,10 @@ def copy_in_transactions(frame: DataFrame, settings: eos_writer.CopySettings) ->
             F.expr("unix_millis(timestamp)").alias("ts_ms"),
             *([eos_writer.KEEP_COLUMN] if eos_writer.KEEP_COLUMN in frame.columns else []),
         )
+        # As many tasks as the application has slots, not one per source partition: each task
+        # pays a Python worker's round and a check of the flow's lease, and a few hundred
+        # records per partition (a caught-up flow's batch) took a wave of tasks per slot.
+        .coalesce(frame.sparkSession.sparkContext.defaultParallelism)
         .mapInArrow(copy, eos_writer.RESULT_DDL)
         .collect()
     )
