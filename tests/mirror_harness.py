@@ -12,7 +12,14 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    OffsetSpec,
+    ResourceType,
+)
 
 from mirrorflow.devtools import sandbox as sandbox_mod
 from mirrorflow.mm2.formats import OffsetSync
@@ -327,6 +334,17 @@ def end_offsets(cluster: sandbox_mod.Cluster, topic: str, partitions: int) -> di
     :func:`watermarks`)."""
     bounds = watermarks(cluster, topic, list(range(partitions)))
     return {p: end for p, (_start, end) in bounds.items()}
+
+
+def alter_topic(cluster: sandbox_mod.Cluster, topic: str, config: dict[str, str]) -> None:
+    """Set ``config`` on ``topic`` of ``cluster`` (an incremental alter, as an admin would)."""
+    entries = [
+        ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in config.items()
+    ]
+    admin = AdminClient(cluster.client_config())
+    resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=entries)
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(timeout=30)
 
 
 def topic_names(cluster: sandbox_mod.Cluster) -> set[str]:

@@ -21,6 +21,7 @@ from mirrorflow.replication.positions import SourceOffsetReader, offsets_topic
 from mirrorflow.runtime import launch
 from tests.conftest import create_topics
 from tests.mirror_harness import (
+    alter_topic,
     distinct,
     flow_file,
     offset_syncs,
@@ -205,13 +206,6 @@ def test_copies_the_target_refuses_mid_stream_are_copied_once_it_takes_them_not_
     first refused copy. Once the target takes the records again, a new job copies every one of
     them: none is skipped."""
     from confluent_kafka import Producer
-    from confluent_kafka.admin import (
-        AdminClient,
-        AlterConfigOpType,
-        ConfigEntry,
-        ConfigResource,
-        ResourceType,
-    )
 
     primary, secondary = sandbox["primary"], sandbox["secondary"]
     topic = topic_name("refused")
@@ -220,13 +214,6 @@ def test_copies_the_target_refuses_mid_stream_are_copied_once_it_takes_them_not_
     produce(primary, topic, 2, 100)
     config = flow_file(tmp_path, sandbox, topic)
     state, log = tmp_path / "state", tmp_path / "mirror.log"
-
-    def limit(value: str) -> None:
-        entry = ConfigEntry("max.message.bytes", value, incremental_operation=AlterConfigOpType.SET)
-        resource = ConfigResource(ResourceType.TOPIC, remote, incremental_configs=[entry])
-        admin = AdminClient(secondary.client_config())
-        for future in admin.incremental_alter_configs([resource]).values():
-            future.result(timeout=30)
 
     def complete() -> bool:
         target = read_topic(secondary, remote)
@@ -243,7 +230,7 @@ def test_copies_the_target_refuses_mid_stream_are_copied_once_it_takes_them_not_
         # The copier took the remote topic's limit (1 MiB) at its start; the broker now takes
         # 10 KiB, and 20-KiB records arrive, steadily, for 4 s (each alone in a producer batch,
         # over the stream's batch size: refused, not split).
-        limit("10240")
+        alter_topic(secondary, remote, {"max.message.bytes": "10240"})
         producer = Producer({**primary.client_config(), "enable.idempotence": True})
         for i in range(400):
             producer.produce(topic, b"x" * 20_480, f"big-{i}".encode(), partition=i % 2)
@@ -261,7 +248,7 @@ def test_copies_the_target_refuses_mid_stream_are_copied_once_it_takes_them_not_
     # The positions stop short of the refused records (the first 100 were copied).
     assert all(int(offset) <= 50 for offset in stored.values()), stored
     # The target takes the records again: a new job copies every one of them.
-    limit("1048588")
+    alter_topic(secondary, remote, {"max.message.bytes": "1048588"})
     job = start_mirror(config, FLOW, state, log, "--stop-file", str(stop_file))
     try:
         wait_for(complete, 120, "the refused records, copied once the target takes them")

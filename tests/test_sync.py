@@ -22,6 +22,7 @@ from mirrorflow.cli import main
 from tests.conftest import allow
 from tests.dag_harness import finish, render_into_dags_folder, start_dag_test
 from tests.mirror_harness import (
+    alter_topic,
     flow_file,
     progress,
     start_mirror,
@@ -36,18 +37,6 @@ pytestmark = pytest.mark.kafka
 def create(cluster, topic: str, partitions: int, config: dict[str, str]) -> None:
     admin = AdminClient(cluster.client_config())
     for future in admin.create_topics([NewTopic(topic, partitions, 1, config=config)]).values():
-        future.result(timeout=30)
-
-
-def alter(cluster, topic: str, config: dict[str, str]) -> None:
-    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry
-
-    entries = [
-        ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in config.items()
-    ]
-    admin = AdminClient(cluster.client_config())
-    resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=entries)
-    for future in admin.incremental_alter_configs([resource]).values():
         future.result(timeout=30)
 
 
@@ -114,7 +103,7 @@ def test_sync_shows_the_diff_then_applies_mirrormaker2s_config_and_partition_rul
     }
     # In sync: a second run finds nothing; a later change on the source is the only change.
     assert sync(capsys, config)[1][0]["changes"] == []
-    alter(primary, topic, {"retention.ms": "1800000"})
+    alter_topic(primary, topic, {"retention.ms": "1800000"})
     code, (report,) = sync(capsys, config)
     assert [(c["name"], c["after"]) for c in report["changes"]] == [("retention.ms", "1800000")]
     assert overrides(secondary, remote)["retention.ms"] == "1800000"
@@ -184,7 +173,7 @@ def test_the_running_mirror_job_syncs_configs_every_interval(sandbox, topic_name
     try:
         wait_for(lambda: remote in topic_names(secondary), 120, "the remote topic")
         assert overrides(secondary, remote)["retention.ms"] == "3600000"  # created with it
-        alter(primary, topic, {"retention.ms": "1800000", "max.message.bytes": "2000000"})
+        alter_topic(primary, topic, {"retention.ms": "1800000", "max.message.bytes": "2000000"})
         wait_for(
             lambda: overrides(secondary, remote).get("max.message.bytes") == "2000000",
             30,
