@@ -212,7 +212,10 @@ def test_copies_the_target_refuses_mid_stream_are_copied_once_it_takes_them_not_
     remote = f"primary.{topic}"
     create_topics(primary, topic, partitions=2)
     produce(primary, topic, 2, 100)
-    config = flow_file(tmp_path, sandbox, topic)
+    # A stream's end waits this long for its copies' acknowledgements (MirrorMaker 2's worker
+    # setting; 5 s by default).
+    grace = "secondary.task.shutdown.graceful.timeout.ms = 2000"
+    config = flow_file(tmp_path, sandbox, topic, grace)
     state, log = tmp_path / "state", tmp_path / "mirror.log"
 
     def complete() -> bool:
@@ -252,6 +255,46 @@ def test_copies_the_target_refuses_mid_stream_are_copied_once_it_takes_them_not_
     job = start_mirror(config, FLOW, state, log, "--stop-file", str(stop_file))
     try:
         wait_for(complete, 120, "the refused records, copied once the target takes them")
+        wait_for(
+            lambda: (
+                text.count("copying continuously") < log.read_text().count("copying continuously")
+            ),
+            30,
+            "the new job's stream",
+        )
+        produce_fresh(primary, topic, 2, 2, start=500)  # the stream's producer meets the topic
+        wait_for(complete, 30, "the stream's first copies")
+        # The target freezes (SIGSTOP) with the stream's copies in flight, and the job is asked
+        # to stop: the stream's end waits for their acknowledgements 2 s, not until its
+        # producer expires them (delivery.timeout.ms, 120 s).
+        target_broker = sandbox_mod.load(sandbox.directory)["secondary"].pid
+        before_freeze = len(log.read_text())
+        os.kill(target_broker, signal.SIGSTOP)
+        try:
+            produce_fresh(primary, topic, 2, 200, start=502)
+            time.sleep(2)
+            stop_file.touch()
+            wait_for(
+                lambda: "copies not acknowledged" in log.read_text()[before_freeze:],
+                30,  # the stop is seen once a renewal to the frozen target gives up (10 s)
+                "the stream's end, 2 s after its stop",
+            )
+        finally:
+            os.kill(target_broker, signal.SIGCONT)
+        assert job.wait(120) == 0, log.read_text()[-3000:]
+    finally:
+        stop_job(job)
+    ended = log.read_text()[before_freeze:]
+    assert re.search(
+        rf"the stream ended with \d+ copies not acknowledged by secondary within "
+        rf"task.shutdown.graceful.timeout.ms=2000 \({re.escape(remote)}-[01]",
+        ended,
+    ), ended[-3000:]
+    # Nothing lost: the next job copies the records whose copies were not acknowledged.
+    stop_file.unlink()
+    job = start_mirror(config, FLOW, state, log, "--stop-file", str(stop_file))
+    try:
+        wait_for(complete, 120, "the records whose copies the stopped stream left")
         stop_file.touch()
         assert job.wait(60) == 0, log.read_text()[-3000:]
     finally:

@@ -66,6 +66,8 @@ class MirrorSpec:
     offset_syncs_replication_factor: int = 3
     max_offset_lag: int = 100
     offset_syncs_interval_ms: int = 5000  # held-back syncs (MirrorMaker 2: at offset flush)
+    # how long a stream's end waits for its copies' acknowledgements (MirrorMaker 2: a task's stop)
+    stop_grace_ms: int = 5000
     flow_dir: str = ""  # the flow's local files: progress.json, the restart request
     starting_offsets: str = "earliest"  # earliest | latest | epoch milliseconds
     # A partition without a position starts at this group's committed offset on the source,
@@ -193,6 +195,7 @@ def spec_for_flow(
         offset_syncs_interval_ms=_worker_int(
             flow, "offset.flush.interval.ms", DEFAULT_HELD_BACK_SYNCS_INTERVAL_MS
         ),
+        stop_grace_ms=_worker_int(flow, "task.shutdown.graceful.timeout.ms", 5000),
         flow_dir=str(state_dir / f"{flow.source}-{flow.target}") if state_dir else "",
         starting_offsets=starting_offsets or reset,
         # an explicit start (--starting-offsets) applies to every partition

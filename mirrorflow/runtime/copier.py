@@ -319,6 +319,7 @@ def copier_settings(
         settings["stream.producer.linger.ms"] = str(STREAM_LINGER_MS)
     if "batch.size" not in spec.target_producer:
         settings["stream.producer.batch.size"] = batch_size(STREAM_BATCH_SIZE)
+    settings["stream.end.grace.ms"] = str(spec.stop_grace_ms)
     if spec.emit_offset_syncs:
         settings["syncs.topic"] = spec.offset_syncs_topic
         settings["syncs.lag.max"] = str(spec.max_offset_lag)

@@ -46,6 +46,7 @@ class FlowStream:
         self.holding = False  # the target did not answer a renewal: copying nothing
         self.unwritten: dict[Partition, int] = {}  # positions reached, written with the lease
         self._unwritten_lock = threading.Lock()  # the stream's harvests and the renewal task
+        self._write_lock = threading.Lock()  # held while positions are written
 
     def starts_again(self, ranges: list[tuple[Partition, int, int]]) -> bool:
         """Whether a stream that just ended starts again rather than a batch of ``ranges``
@@ -185,13 +186,23 @@ class FlowStream:
     def write_positions(self) -> bool:
         """Write the positions the stream reached and has not written, in one transaction
         that renews the flow's lease (the ``renew-lease`` task calls it on its beat, and a
-        stream that ends): whether there were any."""
-        with self._unwritten_lock:
-            if not self.unwritten:
-                return False
-            assert self.job.writer is not None
-            self.job.writer.write(self.unwritten)
-            self.unwritten = {}
+        stream that ends): whether there were any.
+
+        The write happens outside the lock the stream's harvests take: a target that does not
+        answer makes a write wait (:data:`~mirrorflow.replication.lease.COMMIT_TIMEOUT_S`),
+        and the stream must meanwhile go on harvesting, holding and seeing a stop. Positions
+        only grow, so one reached again during the write stays unwritten for the next."""
+        assert self.job.writer is not None
+        with self._write_lock:  # one write at a time: the renewal task's, the stream's end
+            with self._unwritten_lock:
+                if not self.unwritten:
+                    return False
+                writing = dict(self.unwritten)
+            self.job.writer.write(writing)
+            with self._unwritten_lock:
+                for tp, reached in writing.items():
+                    if self.unwritten.get(tp) == reached:
+                        del self.unwritten[tp]
             return True
 
     def _hold(self, exc: ClusterUnreachable) -> None:

@@ -15,6 +15,7 @@ import java.util.concurrent.ExecutionException;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.Future;
+import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.concurrent.atomic.AtomicReference;
 import org.apache.kafka.clients.consumer.ConsumerConfig;
@@ -100,6 +101,18 @@ public final class MirrorCopier {
   /** A stream's consumers' fetch.max.wait.ms, unless the flow's consumer sets it. */
   static final String STREAM_FETCH_MAX_WAIT_MS = "5000";
 
+  /**
+   * How long a stream's end waits for its copies' acknowledgements unless {@code
+   * stream.end.grace.ms} says (MirrorMaker 2's {@code task.shutdown.graceful.timeout.ms}).
+   */
+  static final String STREAM_END_GRACE_MS = "5000";
+
+  /**
+   * What a stream's end waits for its task beyond the grace: its last poll (0.5 s) and its
+   * consumer's close (at most 5 s).
+   */
+  static final long STREAM_END_SLACK_MS = 6000;
+
   /** A stream's allowance without end (see {@link #ALLOWED}). */
   static final long OPEN = Long.MAX_VALUE;
 
@@ -158,7 +171,9 @@ public final class MirrorCopier {
    * acknowledged with {@link #harvest}, as often as it commits positions. Its producer takes
    * {@code stream.producer.*} settings in place of {@code producer.*} ones (a shorter linger,
    * smaller batches), and it
-   * copies until {@code stream.allowed.until.ms} unless {@link #allow}ed longer.
+   * copies until {@code stream.allowed.until.ms} unless {@link #allow}ed longer. Its end waits
+   * at most {@code stream.end.grace.ms} for its copies' acknowledgements ({@link
+   * #STREAM_END_GRACE_MS} unless set).
    */
   public static void stream(List<String> ranges, Map<String, String> settings) {
     String batch = settings.get("batch");
@@ -173,7 +188,10 @@ public final class MirrorCopier {
     // asks each partition every few seconds instead of twice a second.
     own.putIfAbsent("consumer.fetch.max.wait.ms", STREAM_FETCH_MAX_WAIT_MS);
     CopyRange task = new CopyRange(own);
-    Stream stream = new Stream();
+    Stream stream =
+        new Stream(
+            settings.get("source") + "->" + settings.get("target"),
+            Long.parseLong(settings.getOrDefault("stream.end.grace.ms", STREAM_END_GRACE_MS)));
     ALLOWED.put(
         batch,
         new AtomicLong(Long.parseLong(settings.getOrDefault("stream.allowed.until.ms", "" + OPEN))));
@@ -230,7 +248,8 @@ public final class MirrorCopier {
 
   /**
    * Ends the stream of {@code batch}: each range stops reading at its next poll, waits for the
-   * acknowledgement of every copy it sent, and ends. Returns what was acknowledged since the
+   * acknowledgement of every copy it sent (at most {@code stream.end.grace.ms}: then the
+   * positions stay before the copies not acknowledged), and ends. Returns what was acknowledged since the
    * last harvest (as {@link #harvest}); then {@link #streamError} tells whether a range failed.
    */
   public static byte[] endStream(String batch) throws InterruptedException {
@@ -238,12 +257,25 @@ public final class MirrorCopier {
     if (stream == null) {
       return Copied.encode(List.of());
     }
+    stream.ended = true;
     cancel(batch);
+    // The task's own end: its poll, its consumer's close (bounded), then the grace for its
+    // copies' acknowledgements. A task still not ended (blocked sending: its producer waits
+    // for the metadata of a target that does not answer, up to max.block.ms) is left to end
+    // alone: it sends nothing more once unblocked, and what it sent stays past the positions.
+    long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(stream.graceMs + STREAM_END_SLACK_MS);
     for (Future<?> task : stream.tasks) {
       try {
-        task.get();
+        task.get(Math.max(0, deadline - System.nanoTime()), TimeUnit.NANOSECONDS);
       } catch (ExecutionException e) {
         stream.error.compareAndSet(null, e.getCause());
+      } catch (java.util.concurrent.TimeoutException e) {
+        LOG.warn(
+            "{}: the stream ended with its task still sending (copies not acknowledged) after "
+                + "task.shutdown.graceful.timeout.ms={} (and {} ms to stop reading): it ends "
+                + "alone, and the positions stay before its copies, so the flow's next start "
+                + "copies them again",
+            stream.flow, stream.graceMs, STREAM_END_SLACK_MS);
       }
     }
     return Copied.encode(stream.drain());
@@ -290,6 +322,17 @@ public final class MirrorCopier {
     final List<Future<?>> tasks = new ArrayList<>();
     final AtomicReference<Throwable> error = new AtomicReference<>();
     final Queue<Added> added = new ConcurrentLinkedQueue<>();
+    /** Ended ({@link #endStream}): its task sends nothing more, even one left to end alone. */
+    volatile boolean ended;
+    /** How long its end waits for its copies' acknowledgements ({@code stream.end.grace.ms}). */
+    final long graceMs;
+    /** Its flow ({@code source->target}), for its log lines. */
+    final String flow;
+
+    Stream(String flow, long graceMs) {
+      this.flow = flow;
+      this.graceMs = graceMs;
+    }
 
     /** Partitions and where they start, and the settings naming their remote topics. */
     record Added(List<TopicPartition> partitions, List<Copied> progress, Map<String, String> names) {}
@@ -762,7 +805,10 @@ public final class MirrorCopier {
       KafkaConsumer<byte[], byte[]> consumer = null;
       boolean failed = false;
       try {
-        while (!failed && !cancelled(batch) && (sender == null || sender.failure.get() == null)) {
+        while (!failed
+            && !stream.ended
+            && !cancelled(batch)
+            && (sender == null || sender.failure.get() == null)) {
           boolean assign = false;
           for (Stream.Added added; (added = stream.added.poll()) != null; ) {
             settings.putAll(added.names());
@@ -816,7 +862,8 @@ public final class MirrorCopier {
           Set<TopicPartition> held = new java.util.HashSet<>();
           for (TopicPartition tp : polled.partitions()) {
             for (ConsumerRecord<byte[], byte[]> record : polled.records(tp)) {
-              if (allowed != null && System.currentTimeMillis() > allowed.get()) {
+              if (stream.ended
+                  || allowed != null && System.currentTimeMillis() > allowed.get()) {
                 consumer.seek(tp, record.offset()); // copied once allowed again
                 held.add(tp);
                 break;
@@ -855,8 +902,9 @@ public final class MirrorCopier {
         }
       }
       if (sender != null) {
-        TopicPartition any = copied.keySet().iterator().next();
-        sender.flush(any, remotes.get(any)); // every copy acknowledged, or the first failure thrown
+        // Every copy acknowledged, or the first failure thrown; or, past the grace, the copies
+        // still in flight left to the producer, the positions staying before them.
+        sender.settle(copied, remotes, stream.graceMs);
       }
       for (Map.Entry<TopicPartition, Copied> entry : copied.entrySet()) {
         entry.getValue().next = next.get(entry.getKey());
@@ -968,6 +1016,56 @@ public final class MirrorCopier {
        */
       void flush(TopicPartition tp, String remote) {
         producer.flush();
+        raise(tp, remote);
+      }
+
+      /**
+       * A stream's end: waits up to {@code graceMs} for the acknowledgement of each copy this
+       * stream sent (its own: its producer may be shared with other flows' streams, whose copies
+       * it does not wait for), as MirrorMaker 2's {@code task.shutdown.graceful.timeout.ms}
+       * bounds a task's stop; then throws the first failure, as {@link #flush}. Copies still not
+       * acknowledged are left to the producer (which delivers or expires them) and logged: their
+       * partitions' positions stay before them ({@link Copied#drain}: the offset after the last
+       * acknowledged copy), so the flow's next start copies them again.
+       */
+      void settle(Map<TopicPartition, Copied> copied, Map<TopicPartition, String> remotes, long graceMs)
+          throws InterruptedException {
+        long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(graceMs);
+        Map<TopicPartition, Long> pending = new java.util.TreeMap<>(
+            java.util.Comparator.comparing(TopicPartition::toString));
+        while (failure.get() == null) {
+          pending.clear();
+          for (Map.Entry<TopicPartition, Copied> entry : copied.entrySet()) {
+            long inFlight = entry.getValue().inFlight.get();
+            if (inFlight > 0) {
+              pending.put(entry.getKey(), inFlight);
+            }
+          }
+          if (pending.isEmpty() || System.nanoTime() >= deadline) {
+            break;
+          }
+          Thread.sleep(5);
+        }
+        TopicPartition any = copied.keySet().iterator().next();
+        raise(any, remotes.get(any));
+        if (!pending.isEmpty()) {
+          long copies = pending.values().stream().mapToLong(Long::longValue).sum();
+          StringBuilder where = new StringBuilder();
+          for (TopicPartition tp : pending.keySet()) {
+            where.append(where.length() == 0 ? "" : ", ")
+                .append(remotes.get(tp)).append('-').append(tp.partition());
+          }
+          LOG.warn(
+              "{}->{}: the stream ended with {} copies not acknowledged by {} within "
+                  + "task.shutdown.graceful.timeout.ms={} ({}): the positions stay before them, "
+                  + "so the flow's next start copies them again",
+              settings.get("source"), settings.get("target"), copies, settings.get("target"),
+              graceMs, where);
+        }
+      }
+
+      /** Throws the first failure in one line, as {@link #flush}; nothing if none. */
+      private void raise(TopicPartition tp, String remote) {
         Exception error = failure.get();
         if (error == null) {
           return;
