@@ -16,10 +16,12 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import (
     AclOperation,
     AdminClient,
+    ConfigResource,
     ResourceType,
 )
 
 from mirrorflow.devtools import broker
+from mirrorflow.errors import MirrorflowError
 from mirrorflow.runtime import spark_session
 from tests.conftest import allow, create_topics, topic_acls
 
@@ -90,6 +92,22 @@ def test_sandbox_brokers_run_with_the_jvm_options_of_kafka_jvm_performance_opts(
         assert all(option in line for option in expected), line
         assert "-XX:+UseG1GC" not in line
     assert broker.performance_options({}) == broker.DEFAULT_PERFORMANCE_OPTIONS.split()
+
+
+@pytest.mark.kafka
+def test_sandbox_brokers_take_the_settings_of_mirrorflow_sandbox_broker_config(sandbox):
+    """The suite's brokers run with the thread pools conftest sets in
+    ``$MIRRORFLOW_SANDBOX_BROKER_CONFIG`` (as the broker reports its configuration); a
+    malformed item is named in one line."""
+    overrides = broker.config_overrides()
+    assert overrides["num.io.threads"] == "2", overrides
+    admin = AdminClient(sandbox["primary"].client_config())
+    (future,) = admin.describe_configs([ConfigResource(ResourceType.BROKER, "1")]).values()
+    described = future.result(30)
+    assert {k: described[k].value for k in overrides} == overrides
+    assert broker.config_overrides({}) == {}
+    with pytest.raises(MirrorflowError, match=r"'num\.io\.threads' is not a broker setting"):
+        broker.config_overrides({broker.CONFIG_VARIABLE: "num.io.threads"})
 
 
 def test_storage_is_formatted_once_a_restarted_cluster_starts_no_format_tool(tmp_path):

@@ -212,6 +212,7 @@ def prepare(cluster: Cluster) -> None:
         # cluster has none. Every 5 s instead of 0.5 s: an idle broker uses 1.6% of a core
         # instead of 2.25% (docs/development.md, *Tests*); its restarts take as long.
         "metadata.max.idle.interval.ms": "5000",
+        **config_overrides(),
     }
     write_private(cluster.properties_file, "".join(f"{k}={v}\n" for k, v in props.items()))
     (data / "log4j2.properties").write_text(
@@ -256,6 +257,26 @@ def format_storage(java: str, classpath: str, clusters: list[Cluster]) -> None:
                 f"{(cause or (lines[-1] if lines else 'no output')).split(': ', 1)[-1]}",
                 f"delete {cluster.directory} (its data is lost) and run sandbox up again",
             )
+
+
+CONFIG_VARIABLE = "MIRRORFLOW_SANDBOX_BROKER_CONFIG"
+"""Broker settings that replace or add to the sandbox's, ``key=value`` separated by whitespace:
+the test suite sizes its brokers' thread pools with it (``tests/conftest.py``)."""
+
+
+def config_overrides(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The broker settings ``$MIRRORFLOW_SANDBOX_BROKER_CONFIG`` sets (none when unset)."""
+    value = (os.environ if environ is None else environ).get(CONFIG_VARIABLE, "")
+    overrides = {}
+    for item in value.split():
+        key, sep, setting = item.partition("=")
+        if not sep or not key:
+            raise MirrorflowError(
+                f"{CONFIG_VARIABLE}: {item!r} is not a broker setting (key=value)",
+                "set it to settings such as 'num.io.threads=2 num.network.threads=1', or unset it",
+            )
+        overrides[key] = setting
+    return overrides
 
 
 PERFORMANCE_VARIABLE = "KAFKA_JVM_PERFORMANCE_OPTS"
