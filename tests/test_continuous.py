@@ -1,7 +1,9 @@
 """Continuous copying (the at-least-once default) on real clusters: once caught up, a flow copies
 in a stream in the driver's JVM; a pause ends the stream, a SIGKILL mid-stream loses nothing, a
 frozen target holds the stream until it answers again, a stop writes the last positions, and what
-it wrote (positions, offset map, offset syncs) says exactly where each copy is."""
+it wrote (positions, offset map, offset syncs) says exactly where each copy is. Copies the target
+refuses or never acknowledges keep the positions before them, and a stop never waits for them
+longer than its grace."""
 
 from __future__ import annotations
 
@@ -204,7 +206,10 @@ def test_copies_the_target_refuses_mid_stream_are_copied_once_it_takes_them_not_
     remote topic now takes, refused by its broker, not by the copier's own check): the flow
     fails in one line naming the partition and the refusal, and its positions stay below the
     first refused copy. Once the target takes the records again, a new job copies every one of
-    them: none is skipped."""
+    them: none is skipped. Then the target freezes with copies in flight, and a stop ends the
+    stream within ``task.shutdown.graceful.timeout.ms``, not when its producer gives up on
+    them; the next job copies them. Frozen again before its stream's producer has met the
+    remote topic, a stop leaves the task blocked in its send to end alone."""
     from confluent_kafka import Producer
 
     primary, secondary = sandbox["primary"], sandbox["secondary"]
@@ -292,10 +297,32 @@ def test_copies_the_target_refuses_mid_stream_are_copied_once_it_takes_them_not_
     ), ended[-3000:]
     # Nothing lost: the next job copies the records whose copies were not acknowledged.
     stop_file.unlink()
+    before = log.read_text().count("copying continuously")
     job = start_mirror(config, FLOW, state, log, "--stop-file", str(stop_file))
     try:
         wait_for(complete, 120, "the records whose copies the stopped stream left")
-        stop_file.touch()
-        assert job.wait(60) == 0, log.read_text()[-3000:]
+        wait_for(lambda: log.read_text().count("copying continuously") > before, 30, "its stream")
+        ends = {str(p): records[-1][0] + 1 for p, records in read_topic(primary, topic).items()}
+        # Frozen before the stream's producer has met the remote topic: its first send waits
+        # for the topic's metadata (max.block.ms, 60 s), and a stop then leaves the task to end
+        # alone, sending nothing more, its copies past the positions.
+        before_freeze = len(log.read_text())
+        os.kill(target_broker, signal.SIGSTOP)
+        try:
+            produce_fresh(primary, topic, 2, 100, start=702)
+            time.sleep(2)
+            stop_file.touch()
+            wait_for(
+                lambda: "still sending" in log.read_text()[before_freeze:],
+                40,
+                "the stream's end, 8 s after its stop",
+            )
+        finally:
+            os.kill(target_broker, signal.SIGCONT)
+        assert job.wait(120) == 0, log.read_text()[-3000:]
     finally:
         stop_job(job)
+    assert "task.shutdown.graceful.timeout.ms=2000" in log.read_text()[before_freeze:]
+    # The positions written at the stop are where the stream's copies began: the records
+    # produced while the target was frozen are copied by the next start.
+    assert progress(state)["source_positions"][topic] == ends
