@@ -1021,9 +1021,9 @@ public final class MirrorCopier {
 
       /**
        * A stream's end: waits up to {@code graceMs} for the acknowledgement of each copy this
-       * stream sent (its own: its producer may be shared with other flows' streams, whose copies
-       * it does not wait for), as MirrorMaker 2's {@code task.shutdown.graceful.timeout.ms}
-       * bounds a task's stop; then throws the first failure, as {@link #flush}. Copies still not
+       * stream sent (its partitions' copies in flight, not a {@code flush} of its producer,
+       * which waits until {@code delivery.timeout.ms}), as MirrorMaker 2's {@code
+       * task.shutdown.graceful.timeout.ms} bounds a task's stop; then throws the first failure, as {@link #flush}. Copies still not
        * acknowledged are left to the producer (which delivers or expires them) and logged: their
        * partitions' positions stay before them ({@link Copied#drain}: the offset after the last
        * acknowledged copy), so the flow's next start copies them again.
