@@ -231,6 +231,23 @@ def test_copies_the_target_refuses_mid_stream_are_copied_once_it_takes_them_not_
         )
 
     stop_file = launch.stop_file_for(state, [FLOW])
+    target_broker = sandbox_mod.load(sandbox.directory)["secondary"].pid
+
+    def stop_while_frozen(records: int, start: int, ended: str, timeout: float, what: str) -> int:
+        """Freeze the target (SIGSTOP), produce ``records`` from key ``start``, ask the job to
+        stop and wait until its log says ``ended``; thaw. Where the log stood at the freeze."""
+        before = len(log.read_text())
+        os.kill(target_broker, signal.SIGSTOP)
+        try:
+            produce_fresh(primary, topic, 2, records, start=start)
+            time.sleep(2)
+            stop_file.touch()
+            # the stop is seen once a renewal to the frozen target gives up (10 s)
+            wait_for(lambda: ended in log.read_text()[before:], timeout, what)
+        finally:
+            os.kill(target_broker, signal.SIGCONT)
+        return before
+
     job = start_mirror(config, FLOW, state, log, "--stop-file", str(stop_file))
     try:
         wait_for(complete, 120, "the first records' copies")
@@ -272,20 +289,9 @@ def test_copies_the_target_refuses_mid_stream_are_copied_once_it_takes_them_not_
         # The target freezes (SIGSTOP) with the stream's copies in flight, and the job is asked
         # to stop: the stream's end waits for their acknowledgements 2 s, not until its
         # producer expires them (delivery.timeout.ms, 120 s).
-        target_broker = sandbox_mod.load(sandbox.directory)["secondary"].pid
-        before_freeze = len(log.read_text())
-        os.kill(target_broker, signal.SIGSTOP)
-        try:
-            produce_fresh(primary, topic, 2, 200, start=502)
-            time.sleep(2)
-            stop_file.touch()
-            wait_for(
-                lambda: "copies not acknowledged" in log.read_text()[before_freeze:],
-                30,  # the stop is seen once a renewal to the frozen target gives up (10 s)
-                "the stream's end, 2 s after its stop",
-            )
-        finally:
-            os.kill(target_broker, signal.SIGCONT)
+        before_freeze = stop_while_frozen(
+            200, 502, "copies not acknowledged", 30, "the stream's end, 2 s after its stop"
+        )
         assert job.wait(120) == 0, log.read_text()[-3000:]
     finally:
         stop_job(job)
@@ -306,19 +312,9 @@ def test_copies_the_target_refuses_mid_stream_are_copied_once_it_takes_them_not_
         # Frozen before the stream's producer has met the remote topic: its first send waits
         # for the topic's metadata (max.block.ms, 60 s), and a stop then leaves the task to end
         # alone, sending nothing more, its copies past the positions.
-        before_freeze = len(log.read_text())
-        os.kill(target_broker, signal.SIGSTOP)
-        try:
-            produce_fresh(primary, topic, 2, 100, start=702)
-            time.sleep(2)
-            stop_file.touch()
-            wait_for(
-                lambda: "still sending" in log.read_text()[before_freeze:],
-                40,
-                "the stream's end, 8 s after its stop",
-            )
-        finally:
-            os.kill(target_broker, signal.SIGCONT)
+        before_freeze = stop_while_frozen(
+            100, 702, "still sending", 40, "the stream's end, 8 s after its stop"
+        )
         assert job.wait(120) == 0, log.read_text()[-3000:]
     finally:
         stop_job(job)
