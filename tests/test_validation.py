@@ -233,6 +233,15 @@ def test_settings_mirrorflow_does_not_act_on_are_reported_as_not_honoured(tmp_pa
             a->b.errors.tolerance = all
             a->b.offset.lag.max = 10
             tasks.max = 4
+            b.offset.flush.interval.ms = 10000
+            b.task.shutdown.graceful.timeout.ms = 3000
+            b.exactly.once.source.support = enabled
+            offset.storage.replication.factor = 1
+            b.offset.storage.partitions = 5
+            b.client.id = mirror
+            offset.storage.topic = my-offsets
+            b.status.storage.topic = my-status
+            b.topic.creation.enable = false
             """
         )
     )
@@ -241,6 +250,10 @@ def test_settings_mirrorflow_does_not_act_on_are_reported_as_not_honoured(tmp_pa
         "use.incremental.alter.configs",
         "a->b.errors.tolerance",
         "tasks.max",
+        "offset.storage.topic",
+        "b.status.storage.topic",
+        "b.topic.creation.enable",
     }, "an honoured setting was reported, or a setting mirrorflow ignores was not"
     assert all(problem.startswith(NOT_HONOURED) for problem in found.values())
     assert "Spark master's cores" in found["tasks.max"]
+    assert "mm2-offsets.<source>.internal" in found["offset.storage.topic"]

@@ -10,6 +10,7 @@ handles surprisingly (unknown keys, keys at a level where they have no effect, l
 
 from __future__ import annotations
 
+import functools
 import re
 from difflib import SequenceMatcher
 
@@ -150,7 +151,7 @@ def _definition(prop: Property, aliases: list[str]) -> list[Finding]:
             + _not_honoured(prop, rest)
         )
     if section == "clusters":
-        return _cluster_key(prop, owner, rest) + _value(prop, None)
+        return _cluster_key(prop, owner, rest) + _value(prop, None) + _not_honoured(prop, rest)
     raw_boolean = prop.key == "emit.heartbeats.enabled"
     return (
         _top_level_key(prop, aliases)
@@ -174,12 +175,42 @@ _NOT_HONOURED_PREFIXES = {
 }
 
 
+HONOURED_WORKER_SETTINGS = frozenset(
+    {
+        "exactly.once.source.support",  # exactly once
+        "offset.flush.interval.ms",  # how often held-back offset syncs are written
+        "offset.storage.partitions",  # the positions' topic, mm2-offsets.<source>.internal
+        "offset.storage.replication.factor",
+        "task.shutdown.graceful.timeout.ms",  # how long a stream's end waits for its copies
+    }
+)
+"""The Connect worker settings (``<target>.`` or top level) mirrorflow acts on."""
+_WORKER_NOT_HONOURED = (
+    "a Connect worker setting, and mirrorflow runs no Connect worker: it keeps positions in "
+    "mm2-offsets.<source>.internal on the target (as MirrorMaker 2's dedicated mode names "
+    "them), creates remote topics itself and has no REST API"
+)
+
+
+@functools.cache
+def _worker_only(name: str) -> bool:
+    """Whether ``name`` is a Connect worker's setting and no client's nor MirrorMaker 2's."""
+    return (
+        name in configdefs.worker_names()
+        and not any(name in configdefs.client_names(r) for r in configdefs.CLIENT_ROLES)
+        and name not in configdefs.client_security_names()
+        and name not in configdefs.mirrormaker_names()
+    )
+
+
 def _not_honoured(prop: Property, name: str) -> list[Finding]:
     """A warning for a setting mirrorflow does not act on, saying what it does instead."""
     reason = NOT_HONOURED.get(name) or next(
         (why for prefixes, why in _NOT_HONOURED_PREFIXES.items() if name.startswith(prefixes)),
         None,
     )
+    if reason is None and _worker_only(name) and name not in HONOURED_WORKER_SETTINGS:
+        reason = _WORKER_NOT_HONOURED
     if reason is None:
         return []
     return [
