@@ -67,7 +67,7 @@ class MirrorSpec:
     max_offset_lag: int = 100
     offset_syncs_interval_ms: int = 5000  # held-back syncs (MirrorMaker 2: at offset flush)
     # how long a stream's end waits for its copies' acknowledgements (MirrorMaker 2: a task's stop)
-    stop_grace_ms: int = 5000
+    stop_grace_ms: int = 5000  # DEFAULT_STOP_GRACE_MS
     flow_dir: str = ""  # the flow's local files: progress.json, the restart request
     starting_offsets: str = "earliest"  # earliest | latest | epoch milliseconds
     # A partition without a position starts at this group's committed offset on the source,
@@ -129,6 +129,11 @@ DEFAULT_HELD_BACK_SYNCS_INTERVAL_MS = 5000
 """How often held-back offset syncs are written unless ``offset.flush.interval.ms`` is set.
 MirrorMaker 2 writes them at each offset flush (Connect's default: every 60 s); sooner keeps
 checkpoints of caught-up groups closer to the end of the topic, at a few records per partition."""
+
+
+DEFAULT_STOP_GRACE_MS = 5000
+"""How long a stream's end waits for its copies' acknowledgements unless
+``task.shutdown.graceful.timeout.ms`` is set: Connect's default for a task's graceful stop."""
 
 
 def spec_for_flow(
@@ -195,7 +200,7 @@ def spec_for_flow(
         offset_syncs_interval_ms=_worker_int(
             flow, "offset.flush.interval.ms", DEFAULT_HELD_BACK_SYNCS_INTERVAL_MS
         ),
-        stop_grace_ms=_worker_int(flow, "task.shutdown.graceful.timeout.ms", 5000),
+        stop_grace_ms=_worker_int(flow, "task.shutdown.graceful.timeout.ms", DEFAULT_STOP_GRACE_MS),
         flow_dir=str(state_dir / f"{flow.source}-{flow.target}") if state_dir else "",
         starting_offsets=starting_offsets or reset,
         # an explicit start (--starting-offsets) applies to every partition
