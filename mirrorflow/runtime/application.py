@@ -62,8 +62,10 @@ class FlowThread:
         spec: MirrorSpec,
         make_job: Callable[[MirrorSpec], MirrorJob],
         metrics: FlowMetrics | None = None,
+        ended: threading.Event | None = None,
     ) -> None:
         self.spec, self._make_job, self.metrics = spec, make_job, metrics
+        self._ended = ended  # set when its job's thread ends: the application looks at once
         self.job: MirrorJob | None = None
         self.thread: threading.Thread | None = None
         self.error: MirrorflowError | None = None
@@ -115,6 +117,9 @@ class FlowThread:
             else:  # the flow dies alone, the others go on
                 log.exception("flow %s stopped", self.spec.flow)
                 self._failed(MirrorflowError(f"flow {self.spec.flow} stopped: {exc}"))
+        finally:
+            if self._ended is not None:
+                self._ended.set()
 
     def _failed(self, error: MirrorflowError) -> None:
         self.error, self.finished = error, True
@@ -185,6 +190,9 @@ class Application:
         self.metrics_port = metrics_port
         self.metrics = Metrics() if metrics_port else None
         self.flows = []
+        # Set by a flow's thread as it ends: the control loop looks at once instead of at its
+        # next round (a --once job exits as soon as its flows are done).
+        self._wake = threading.Event()
         for spec in specs:
             flow_metrics = self.metrics.flow(spec.source, spec.target) if self.metrics else None
             if flow_metrics is not None:
@@ -194,10 +202,12 @@ class Application:
                 return MirrorJob(spark, s, m)
 
             job = make_job or job_of
-            self.flows.append(FlowThread(spec, job, flow_metrics))
+            self.flows.append(FlowThread(spec, job, flow_metrics, self._wake))
         self._stop = threading.Event()
 
     def request_stop(self, *_: object) -> None:
+        # Not self._wake.set(): this runs as a signal handler, which must not take the lock
+        # the control loop may hold on _wake; the loop sees the stop within its interval.
         self._stop.set()
 
     def run(self) -> int:
@@ -217,6 +227,7 @@ class Application:
                 signal.signal(sig, self.request_stop)
         parent = os.getppid()
         while True:
+            self._wake.clear()  # before looking: a flow ending from here on wakes the wait
             if self.stop_file is not None and self.stop_file.exists():
                 self._stop.set()
             if os.getppid() != parent:  # spark-submit's JVM, and with it Spark, is gone
@@ -227,7 +238,7 @@ class Application:
                 self._stop.is_set() or all(f.finished for f in self.flows)
             ):
                 break
-            time.sleep(CONTROL_INTERVAL_S)
+            self._wake.wait(CONTROL_INTERVAL_S)
         for flow in self.flows:
             if flow.error is None and not flow.paused:
                 flow.record_state("STOPPED")
