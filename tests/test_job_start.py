@@ -61,3 +61,28 @@ def test_the_class_archive_fits_the_drivers_classpath_so_the_jvm_maps_it():
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "version" in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize("dropped", [False, True])
+def test_the_drivers_calls_into_the_jvm_do_not_import_pandas(dropped):
+    """py4j asks every input converter about each argument of a call into the JVM; PySpark's
+    NumPy converters import pandas to answer. The driver drops them (it hands the JVM no NumPy
+    value): a call with a string argument then leaves pandas unimported."""
+    import sys
+
+    script = (
+        "import sys\n"
+        "import pyspark.sql.types  # registers PySpark's converters, as a session does\n"
+        "from py4j import protocol\n"
+        "from mirrorflow.runtime.spark_session import drop_numpy_converters\n"
+        f"if {dropped}:\n"
+        "    drop_numpy_converters()\n"
+        "for converter in protocol.INPUT_CONVERTER:\n"
+        "    converter.can_convert('flow')\n"
+        "print('pandas' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == str(not dropped)

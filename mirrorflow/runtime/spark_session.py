@@ -65,6 +65,18 @@ def without_spark_zips(path: list[str], spark_home: Path) -> list[str]:
     return [e for e in path if not (e.endswith(".zip") and Path(e).resolve().parent == zips)]
 
 
+def drop_numpy_converters() -> None:
+    """Keep pandas out of the driver: py4j asks each of its input converters about every argument
+    of a call into the JVM, and PySpark's NumPy converters answer by importing
+    ``pyspark.testing.utils``, which imports pandas (0.4 CPU-s and tens of MiB in each driver, at
+    its first call). mirrorflow hands the JVM no NumPy value, so they are dropped."""
+    from py4j import protocol
+    from pyspark.sql import types
+
+    numpy = (types.NumpyScalarConverter, types.NumpyArrayConverter)
+    protocol.INPUT_CONVERTER[:] = [c for c in protocol.INPUT_CONVERTER if not isinstance(c, numpy)]
+
+
 def build_session(app_name: str, master: str | None = None, **conf: str) -> SparkSession:
     """A SparkSession with the Kafka connector; ``conf`` adds or overrides settings.
 
@@ -76,6 +88,7 @@ def build_session(app_name: str, master: str | None = None, **conf: str) -> Spar
 
     from mirrorflow.runtime import spark_security
 
+    drop_numpy_converters()
     builder = SparkSession.builder.appName(app_name)
     if master:
         builder = builder.master(master)
