@@ -25,7 +25,7 @@ from confluent_kafka import Producer
 from mirrorflow.airflow import rendering
 from mirrorflow.devtools import faults
 from mirrorflow.devtools.local_airflow import LocalAirflow
-from mirrorflow.runtime import jobs
+from mirrorflow.runtime import jobs, launch
 from tests.conftest import create_topics
 from tests.mirror_harness import flow_file, progress, wait_for
 
@@ -222,6 +222,12 @@ def test_a_restarted_scheduler_loses_and_repeats_nothing_and_runs_one_job(
         wait_for(lambda: copied_positions(state, topic) >= sent, 180, "every record to be copied")
     finally:
         watch.stop()
+        # Stopped as a user stops it: the DAG paused, its job asked to stop (its stop file).
+        api.pause(mirror_dag)
+        stop_file = launch.stop_file_for(state, FLOW)
+        stop_file.parent.mkdir(parents=True, exist_ok=True)
+        stop_file.touch()
+        wait_for(lambda: not jobs.mirror_processes(state, FLOW), 120, "the job to stop")
     assert watch.most == 1, f"{watch.most} jobs of {FLOW} ran at once: {sorted(watch.seen)}"
     verdict = faults.verify(
         primary, topic, secondary, f"primary.{topic}", "mm2-offset-syncs.secondary.internal"
