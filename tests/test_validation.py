@@ -257,3 +257,40 @@ def test_settings_mirrorflow_does_not_act_on_are_reported_as_not_honoured(tmp_pa
     assert all(problem.startswith(NOT_HONOURED) for problem in found.values())
     assert "Spark master's cores" in found["tasks.max"]
     assert "mm2-offsets.<source>.internal" in found["offset.storage.topic"]
+
+
+@pytest.mark.parametrize("level", ["top", "target"])
+def test_worker_settings_apply_where_mirrormaker_2_reads_them(tmp_path, level):
+    """MirrorMaker 2 builds a herder's worker settings from ``<target>.`` keys and, of the top
+    level, only ``offset.storage*``, ``task*`` and a few other prefixes: a top-level
+    ``offset.flush.interval.ms`` or ``exactly.once.source.support`` is ignored, by mirrorflow as
+    by MirrorMaker 2, and validate says so; at the target, each applies."""
+    from mirrorflow.replication.spec import spec_for_flow
+
+    prefix = "" if level == "top" else "b."
+    path = tmp_path / "mm2.properties"
+    path.write_text(
+        textwrap.dedent(
+            f"""\
+            clusters = a, b
+            a.bootstrap.servers = a:9092
+            b.bootstrap.servers = b:9092
+            a->b.enabled = true
+            a.consumer.isolation.level = read_committed
+            {prefix}offset.flush.interval.ms = 1234
+            {prefix}exactly.once.source.support = enabled
+            {prefix}task.shutdown.graceful.timeout.ms = 2345
+            {prefix}offset.storage.partitions = 7
+            """
+        )
+    )
+    spec = spec_for_flow([path], "a->b")
+    # offset.storage* and task*: MirrorMaker 2 takes them from the top level too
+    assert (spec.stop_grace_ms, spec.offsets_partitions) == (2345, 7)
+    ignored = {key for _s, _line, key, problem in _findings(path) if "at top level" in problem}
+    if level == "top":
+        assert (spec.offset_syncs_interval_ms, spec.exactly_once) == (5000, False)
+        assert ignored == {"offset.flush.interval.ms", "exactly.once.source.support"}
+    else:
+        assert (spec.offset_syncs_interval_ms, spec.exactly_once) == (1234, True)
+        assert ignored == set()

@@ -44,10 +44,6 @@ _CLASS_KEYS = (
     "config.property.filter.class",
 )  # fmt: skip
 _RAW_BOOLEANS = ("enabled", "emit.heartbeats.enabled")  # also read with Boolean.parseBoolean
-_WORKER_PREFIXES = (
-    "offset.storage", "config.storage", "status.storage", "key.converter", "value.converter",
-    "header.converter", "task", "worker",
-)  # fmt: skip
 _MISNOMERS = {"sync.topic.configs.exclude": "config.properties.exclude"}
 _ROLE_PREFIXES = {
     f"{side}{role}.": role
@@ -184,7 +180,8 @@ HONOURED_WORKER_SETTINGS = frozenset(
         "task.shutdown.graceful.timeout.ms",  # how long a stream's end waits for its copies
     }
 )
-"""The Connect worker settings (``<target>.`` or top level) mirrorflow acts on."""
+"""The Connect worker settings mirrorflow acts on, where MirrorMaker 2 reads them: ``<target>.``,
+or top level for those :data:`~mirrorflow.mm2.configdefs.WORKER_TOP_LEVEL_PREFIXES` names."""
 _WORKER_NOT_HONOURED = (
     "a Connect worker setting, and mirrorflow runs no Connect worker: it keeps positions in "
     "mm2-offsets.<source>.internal on the target (as MirrorMaker 2's dedicated mode names "
@@ -301,7 +298,7 @@ def _top_level_key(prop: Property, aliases: list[str]) -> list[Finding]:
         key in configdefs.mirrormaker_names()
         or key in configdefs.client_security_names()
         or key.startswith("config.providers")
-        or (key.startswith(_WORKER_PREFIXES) and _is_cluster_setting(key))
+        or (key.startswith(configdefs.WORKER_TOP_LEVEL_PREFIXES) and _is_cluster_setting(key))
     ):
         return []
     typo = _alias_typo(key, aliases)

@@ -78,6 +78,13 @@ MIRRORFLOW_ONLY = {
 }
 
 CLIENT_ROLES = ("consumer", "producer", "admin")
+WORKER_TOP_LEVEL_PREFIXES = (
+    "offset.storage", "config.storage", "status.storage", "key.converter", "value.converter",
+    "header.converter", "task", "worker", "replication.policy", "config.providers",
+)  # fmt: skip
+"""The worker settings MirrorMaker 2 also takes from the top level of mm2.properties
+(``MirrorMakerConfig.workerConfig``); any other, such as ``exactly.once.source.support`` or
+``offset.flush.interval.ms``, applies only as ``<target>.<setting>``."""
 _INT_RANGES = {"SHORT": 2**15, "INT": 2**31, "LONG": 2**63}
 _JAVA_INTEGER = re.compile(r"[+-]?[0-9]+")
 _JAVA_DOUBLE = re.compile(
