@@ -294,3 +294,29 @@ def test_worker_settings_apply_where_mirrormaker_2_reads_them(tmp_path, level):
     else:
         assert (spec.offset_syncs_interval_ms, spec.exactly_once) == (1234, True)
         assert ignored == set()
+
+
+def test_a_top_level_worker_setting_overrides_the_targets_as_in_mirrormaker_2(tmp_path):
+    """``workerConfig`` puts top-level ``task*`` and ``offset.storage*`` settings over the
+    target's: mirrorflow applies the top-level value and validate names the one overridden."""
+    from mirrorflow.replication.spec import spec_for_flow
+
+    path = tmp_path / "mm2.properties"
+    path.write_text(
+        textwrap.dedent(
+            """\
+            clusters = a, b
+            a.bootstrap.servers = a:9092
+            b.bootstrap.servers = b:9092
+            a->b.enabled = true
+            b.task.shutdown.graceful.timeout.ms = 2345
+            task.shutdown.graceful.timeout.ms = 3456
+            b.offset.storage.partitions = 7
+            offset.storage.partitions = 7
+            """
+        )
+    )
+    assert spec_for_flow([path], "a->b").stop_grace_ms == 3456
+    [(severity, line, key, problem)] = [f for f in _findings(path) if "overridden" in f[3]]
+    assert (severity, line, key) == ("warning", 5, "b.task.shutdown.graceful.timeout.ms")
+    assert "task.shutdown.graceful.timeout.ms = 3456" in problem and ":6" in problem

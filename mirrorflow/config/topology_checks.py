@@ -339,3 +339,34 @@ def _transforms_of(topology: Topology, flow: Flow) -> list[Finding]:
                 )
             )
     return found
+
+
+def worker_overrides(topology: Topology) -> list[Finding]:
+    """A cluster's worker setting that a top-level one overrides: MirrorMaker 2 puts the
+    top-level ``offset.storage*``, ``task*``, ``worker*`` ... worker settings over the target
+    cluster's (``MirrorMakerConfig.workerConfig``), and so does mirrorflow."""
+    found = []
+    for alias in topology.aliases:
+        prefix = alias + "."
+        for key, prop in topology.props.items():
+            name = key[len(prefix) :]
+            top = topology.props.get(name)
+            if (
+                not key.startswith(prefix)
+                or top is None
+                or not name.startswith(configdefs.WORKER_TOP_LEVEL_PREFIXES)
+                or name not in configdefs.worker_names()
+                or configdefs.java_trim(top.value) == configdefs.java_trim(prop.value)
+            ):
+                continue
+            value = configdefs.redact(name, top.value)
+            found.append(
+                at(
+                    prop,
+                    "warning",
+                    f"overridden by the top-level {name} = {value} ({top.location}): MirrorMaker 2 "
+                    f"puts top-level {name.split('.')[0]}* worker settings over each cluster's",
+                    f"remove `{name}` or `{key}`",
+                )
+            )
+    return found

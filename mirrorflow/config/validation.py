@@ -71,6 +71,7 @@ def validate(topology: Topology) -> list[Finding]:
     findings += checks.identity_cycles(topology)
     findings += checks.flow_transforms(topology)
     findings += checks.config_providers(topology)
+    findings += checks.worker_overrides(topology)
     order = {f: i for i, f in enumerate(topology.files)}
     return sorted(findings, key=lambda f: (order.get(f.location.file, 0), f.location.line))
 

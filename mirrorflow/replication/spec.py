@@ -245,17 +245,17 @@ def spec_for_flow(
 
 
 def _worker_setting(flow: Flow, name: str) -> str | None:
-    """A worker setting of the flow's herder as MirrorMaker 2 builds it: ``<target>.name``, else
-    the top-level ``name`` if MirrorMaker 2 takes it from there
-    (:data:`~mirrorflow.mm2.configdefs.WORKER_TOP_LEVEL_PREFIXES`; ``validate`` warns about a
-    top-level one it ignores)."""
+    """A worker setting of the flow's herder as MirrorMaker 2 builds it
+    (``MirrorMakerConfig.workerConfig``): the top-level ``name`` if MirrorMaker 2 takes it from
+    there (:data:`~mirrorflow.mm2.configdefs.WORKER_TOP_LEVEL_PREFIXES`), which it puts over the
+    target's, else ``<target>.name``. ``validate`` warns about a top-level one it ignores and
+    about a target's one a top-level one overrides."""
+    if name.startswith(configdefs.WORKER_TOP_LEVEL_PREFIXES):
+        top = flow.topology.props.get(name)
+        if top is not None:
+            return top.value.strip()
     cluster = flow.topology.cluster(flow.target).props.get(name)
-    if cluster is not None:
-        return cluster.value.strip()
-    if not name.startswith(configdefs.WORKER_TOP_LEVEL_PREFIXES):
-        return None
-    top = flow.topology.props.get(name)
-    return top.value.strip() if top is not None else None
+    return cluster.value.strip() if cluster is not None else None
 
 
 def _worker_int(flow: Flow, name: str, default: int) -> int:
