@@ -31,6 +31,21 @@ def _findings(*paths: Path, not_honoured: bool = False) -> list[tuple[str, int, 
     ]
 
 
+AB = """\
+clusters = a, b
+a.bootstrap.servers = a:9092
+b.bootstrap.servers = b:9092
+a->b.enabled = true
+"""
+"""A flow a->b: the first four lines of the flow files below."""
+
+
+def _ab_file(tmp_path: Path, settings: str) -> Path:
+    path = tmp_path / "mm2.properties"
+    path.write_text(AB + textwrap.dedent(settings))
+    return path
+
+
 def _check(tmp_path: Path, text: str, name: str = "mm2.properties"):
     path = tmp_path / name
     path.write_text(textwrap.dedent(BASE + text))
@@ -217,14 +232,9 @@ def test_exit_codes_tell_errors_from_warnings(tmp_path):
 
 
 def test_settings_mirrorflow_does_not_act_on_are_reported_as_not_honoured(tmp_path):
-    path = tmp_path / "mm2.properties"
-    path.write_text(
-        textwrap.dedent(
-            """\
-            clusters = a, b
-            a.bootstrap.servers = a:9092
-            b.bootstrap.servers = b:9092
-            a->b.enabled = true
+    path = _ab_file(
+        tmp_path,
+        """\
             a->b.sync.group.offsets.enabled = true
             a->b.refresh.topics.interval.seconds = 30
             a->b.sync.topic.configs.interval.seconds = 60
@@ -242,8 +252,7 @@ def test_settings_mirrorflow_does_not_act_on_are_reported_as_not_honoured(tmp_pa
             offset.storage.topic = my-offsets
             b.status.storage.topic = my-status
             b.topic.creation.enable = false
-            """
-        )
+        """,
     )
     found = {key: problem for _s, _line, key, problem in _findings(path, not_honoured=True)}
     assert set(found) == {
@@ -268,21 +277,15 @@ def test_worker_settings_apply_where_mirrormaker_2_reads_them(tmp_path, level):
     from mirrorflow.replication.spec import spec_for_flow
 
     prefix = "" if level == "top" else "b."
-    path = tmp_path / "mm2.properties"
-    path.write_text(
-        textwrap.dedent(
-            f"""\
-            clusters = a, b
-            a.bootstrap.servers = a:9092
-            b.bootstrap.servers = b:9092
-            a->b.enabled = true
+    path = _ab_file(
+        tmp_path,
+        f"""\
             a.consumer.isolation.level = read_committed
             {prefix}offset.flush.interval.ms = 1234
             {prefix}exactly.once.source.support = enabled
             {prefix}task.shutdown.graceful.timeout.ms = 2345
             {prefix}offset.storage.partitions = 7
-            """
-        )
+        """,
     )
     spec = spec_for_flow([path], "a->b")
     # offset.storage* and task*: MirrorMaker 2 takes them from the top level too
@@ -301,20 +304,14 @@ def test_a_top_level_worker_setting_overrides_the_targets_as_in_mirrormaker_2(tm
     target's: mirrorflow applies the top-level value and validate names the one overridden."""
     from mirrorflow.replication.spec import spec_for_flow
 
-    path = tmp_path / "mm2.properties"
-    path.write_text(
-        textwrap.dedent(
-            """\
-            clusters = a, b
-            a.bootstrap.servers = a:9092
-            b.bootstrap.servers = b:9092
-            a->b.enabled = true
+    path = _ab_file(
+        tmp_path,
+        """\
             b.task.shutdown.graceful.timeout.ms = 2345
             task.shutdown.graceful.timeout.ms = 3456
             b.offset.storage.partitions = 7
             offset.storage.partitions = 7
-            """
-        )
+        """,
     )
     assert spec_for_flow([path], "a->b").stop_grace_ms == 3456
     [(severity, line, key, problem)] = [f for f in _findings(path) if "overridden" in f[3]]
