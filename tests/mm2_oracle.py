@@ -111,6 +111,16 @@ class Mm2Oracle:
         )
         return dict(_offset(word.split(":")) for word in words if word != "none")
 
+    def worker_setting(
+        self, mm2_properties: dict[str, str], source: str, target: str, name: str
+    ) -> str | None:
+        """``MirrorMakerConfig.workerConfig(source->target)``'s value of ``name`` for the
+        properties of a whole mm2.properties, or None."""
+        (word,) = self.ask(
+            "worker-config", _props(mm2_properties), _hex(source), _hex(target), _hex(name)
+        )
+        return None if word == "none" else _text(word)
+
     def remote_translate_pattern(
         self,
         cluster_client_props: dict[str, str],

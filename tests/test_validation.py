@@ -288,6 +288,11 @@ def test_worker_settings_apply_where_mirrormaker_2_reads_them(tmp_path, level):
         """,
     )
     spec = spec_for_flow([path], "a->b")
+    mm2 = _mm2_worker_settings(path, spec)
+    assert spec.offset_syncs_interval_ms == int(mm2["offset.flush.interval.ms"] or 5000)
+    assert spec.exactly_once == (mm2["exactly.once.source.support"] == "enabled")
+    assert spec.stop_grace_ms == int(mm2["task.shutdown.graceful.timeout.ms"])
+    assert spec.offsets_partitions == int(mm2["offset.storage.partitions"])
     # offset.storage* and task*: MirrorMaker 2 takes them from the top level too
     assert (spec.stop_grace_ms, spec.offsets_partitions) == (2345, 7)
     ignored = {key for _s, _line, key, problem in _findings(path) if "at top level" in problem}
@@ -313,7 +318,27 @@ def test_a_top_level_worker_setting_overrides_the_targets_as_in_mirrormaker_2(tm
             offset.storage.partitions = 7
         """,
     )
-    assert spec_for_flow([path], "a->b").stop_grace_ms == 3456
+    spec = spec_for_flow([path], "a->b")
+    assert spec.stop_grace_ms == 3456
+    assert _mm2_worker_settings(path, spec)["task.shutdown.graceful.timeout.ms"] == "3456"
     [(severity, line, key, problem)] = [f for f in _findings(path) if "overridden" in f[3]]
     assert (severity, line, key) == ("warning", 5, "b.task.shutdown.graceful.timeout.ms")
     assert "task.shutdown.graceful.timeout.ms = 3456" in problem and ":6" in problem
+
+
+def _mm2_worker_settings(path: Path, spec) -> dict[str, str | None]:
+    """What MirrorMaker 2's own ``workerConfig`` makes of the file for the spec's flow: the
+    worker settings mirrorflow acts on."""
+    import javaproperties
+
+    from tests import mm2_oracle
+
+    props = javaproperties.loads(path.read_text())
+    oracle = mm2_oracle.shared()
+    names = (
+        "offset.flush.interval.ms",
+        "exactly.once.source.support",
+        "task.shutdown.graceful.timeout.ms",
+        "offset.storage.partitions",
+    )
+    return {n: oracle.worker_setting(props, spec.source, spec.target, n) for n in names}

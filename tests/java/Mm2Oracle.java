@@ -32,6 +32,11 @@
  *                                  timeout); words GROUP:TOPIC:PARTITION:OFFSET:METADATA sorted
  *                                  by group, topic and partition, or "none" when empty
  *
+ *   worker-config PROPS SOURCE TARGET NAME
+ *                                  MirrorMakerConfig(PROPS).workerConfig(SOURCE->TARGET)'s
+ *                                  value of NAME (hex), or "none"; PROPS here is a whole
+ *                                  mm2.properties
+ *
  * PROPS is the client properties (bootstrap.servers, security settings) as ','-separated
  * KEY=VALUE pairs, each side hex. TIMEOUT_MS is a plain number; GROUP_PATTERN is a Java regex.
  * Kafka's clients log through log4j, so System.out is pointed at stderr: only answers reach
@@ -131,6 +136,14 @@ public final class Mm2Oracle {
                 List<String> words = new ArrayList<>();
                 byGroup.keySet().stream().sorted().forEach(g -> addOffsets(hex(g) + ":", byGroup.get(g), words));
                 return words.isEmpty() ? "none" : String.join(" ", words);
+            }
+            case "worker-config": {
+                Map<String, String> mm2 = new HashMap<>();
+                props(a[1]).forEach((k, v) -> mm2.put(k, String.valueOf(v)));
+                Map<String, String> worker = new MirrorMakerConfig(mm2)
+                        .workerConfig(new SourceAndTarget(text(a[2]), text(a[3])));
+                String value = worker.get(text(a[4]));
+                return value == null ? "none" : hex(value);
             }
             default:
                 throw new IllegalArgumentException("unknown command " + a[0]);
