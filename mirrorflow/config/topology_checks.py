@@ -349,12 +349,16 @@ def worker_overrides(topology: Topology) -> list[Finding]:
     for alias in topology.aliases:
         prefix = alias + "."
         for key, prop in topology.props.items():
+            if not key.startswith(prefix):
+                continue
             name = key[len(prefix) :]
             top = topology.props.get(name)
+            taken = next(
+                (p for p in configdefs.WORKER_TOP_LEVEL_PREFIXES if name.startswith(p)), ""
+            )
             if (
-                not key.startswith(prefix)
-                or top is None
-                or not name.startswith(configdefs.WORKER_TOP_LEVEL_PREFIXES)
+                top is None
+                or not taken
                 or name not in configdefs.worker_names()
                 or configdefs.java_trim(top.value) == configdefs.java_trim(prop.value)
             ):
@@ -365,7 +369,7 @@ def worker_overrides(topology: Topology) -> list[Finding]:
                     prop,
                     "warning",
                     f"overridden by the top-level {name} = {value} ({top.location}): MirrorMaker 2 "
-                    f"puts top-level {name.split('.')[0]}* worker settings over each cluster's",
+                    f"puts top-level {taken}* worker settings over each cluster's",
                     f"remove `{name}` or `{key}`",
                 )
             )

@@ -68,7 +68,7 @@ def without_spark_zips(path: list[str], spark_home: Path) -> list[str]:
 def drop_numpy_converters() -> None:
     """Keep pandas out of the driver: py4j asks each of its input converters about every argument
     of a call into the JVM, and PySpark's NumPy converters answer by importing
-    ``pyspark.testing.utils``, which imports pandas (0.4 CPU-s and tens of MiB in each driver, at
+    ``pyspark.testing.utils``, which imports pandas (0.2-0.4 s and tens of MiB in each driver, at
     its first call). mirrorflow hands the JVM no NumPy value, so they are dropped."""
     from py4j import protocol
     from pyspark.sql import types
