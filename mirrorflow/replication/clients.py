@@ -284,6 +284,31 @@ def producer(
     return Producer(_config(cluster, config, on_error, quiet))
 
 
+def connect(client: Producer | AdminClient, topic: str, timeout_s: float) -> None:
+    """Return once a new ``client`` has a connection up to a broker it learned from the cluster.
+
+    A new client's first request goes through its bootstrap connection, which librdkafka gives
+    up as soon as it knows the brokers; a request that finds no connection up then waits for a
+    timer, not for the connection: 0.5 s for a transactional producer's coordinator, 1 s for an
+    admin client's partition leaders (a third of an exactly-once task's producers waited so, and
+    its offsets look-ups under load). Two metadata requests of ``topic``: the first goes through
+    the bootstrap connection, the second through a learned broker's. ``topic`` must exist (a
+    metadata request for a missing one may create it where the broker creates topics on demand).
+    Raises :class:`KafkaException` if the cluster does not answer within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    for _ in range(2):
+        client.list_topics(topic, timeout=max(0.1, deadline - time.monotonic()))
+
+
+def init_transactions(producer: Producer, topic: str, timeout_s: float) -> None:
+    """``producer.init_transactions`` of a new producer, without librdkafka's 0.5-s wait for a
+    connection (:func:`connect`; ``topic`` exists on its cluster). Raises
+    :class:`KafkaException` as ``init_transactions`` does."""
+    deadline = time.monotonic() + timeout_s
+    connect(producer, topic, timeout_s)
+    producer.init_transactions(max(0.1, deadline - time.monotonic()))
+
+
 # What a partition's offsets answer says while its leader moves (a topic just created, a broker
 # restarting): the leader is not known yet, or the client asked with a leader epoch from before
 # the move. "No leaders found" (_NOENT) is librdkafka's own answer from its metadata cache.

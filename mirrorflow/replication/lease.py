@@ -271,7 +271,8 @@ class FlowLease:
             },
         )
         try:
-            self._producer.init_transactions(TIMEOUT_S)  # fences every earlier holder
+            # fences every earlier holder
+            clients.init_transactions(self._producer, LEASES_TOPIC, TIMEOUT_S)
         except KafkaException as exc:
             self._producer = None
             raise self._failure(exc.args[0], "taking") from None

@@ -114,13 +114,15 @@ def abort_transactions(
     producer_config: dict,
     prefix: str,
     partitions: list[tuple[str, int]],
+    offsets_topic: str,
     timeout_s: float = 30.0,
 ) -> None:
     """Fence the transactional producers of ``partitions`` (a producer initialised with the same
     ``transactional.id``), which aborts their open transactions: a worker killed mid-batch
     leaves its transaction open, and an open transaction holds back every read_committed
     consumer of the partition until ``transaction.timeout.ms``. A :class:`MirrorflowError`
-    names the partitions that could not be fenced (on ``cluster``, the target)."""
+    names the partitions that could not be fenced (on ``cluster``, the target, which holds
+    ``offsets_topic``)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from confluent_kafka import KafkaException
@@ -129,7 +131,7 @@ def abort_transactions(
         txn_id = transactional_id(prefix, *tp)
         producer = clients.producer(cluster, {**producer_config, "transactional.id": txn_id})
         try:
-            producer.init_transactions(timeout_s)
+            clients.init_transactions(producer, offsets_topic, timeout_s)
             return None
         except KafkaException as exc:
             return f"{txn_id}: {exc.args[0].str()}"
@@ -166,7 +168,7 @@ def _transactional_producer(settings: CopySettings, topic: str, partition: int):
         },
     )
     try:
-        producer.init_transactions(settings.flush_timeout_s)
+        clients.init_transactions(producer, settings.offsets_topic, settings.flush_timeout_s)
         producer.begin_transaction()
     except KafkaException as exc:
         action = f"starting a transaction ({txn_id})"

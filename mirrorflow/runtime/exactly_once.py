@@ -49,7 +49,12 @@ def fence(spec: MirrorSpec, producer_config: dict, partitions: list[Partition]) 
     aborts their open transactions (a :class:`~mirrorflow.errors.MirrorflowError` names those
     the target did not let it fence)."""
     eos_writer.abort_transactions(
-        spec.target, producer_config, transactional_prefix(spec), partitions, SOURCE_STALL_S
+        spec.target,
+        producer_config,
+        transactional_prefix(spec),
+        partitions,
+        spec.offsets_topic,
+        SOURCE_STALL_S,
     )
 
 
