@@ -14,7 +14,7 @@ import threading
 import time
 
 import pytest
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaException, Producer
 
 from mirrorflow.devtools import sandbox as sandbox_mod
 from mirrorflow.replication.lease import LEASES_TOPIC, RENEW_S
@@ -40,6 +40,7 @@ from tests.mirror_harness import (
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
 FLOW = "primary->secondary"
+REFRESH_S = 5  # the flows' topic refresh, where a test needs it soon
 
 
 def test_a_continuous_flow_copies_a_steady_stream_and_a_sigkill_mid_stream_loses_nothing(
@@ -50,7 +51,7 @@ def test_a_continuous_flow_copies_a_steady_stream_and_a_sigkill_mid_stream_loses
     remote = f"primary.{topic}"
     create_topics(primary, topic, partitions=2)
     produce(primary, topic, 2, 2_000)  # a backlog: batches copy it, then the stream starts
-    config = flow_file(tmp_path, sandbox, topic)
+    config = flow_file(tmp_path, sandbox, topic, f"refresh.topics.interval.seconds = {REFRESH_S}")
     state, log = tmp_path / "state", tmp_path / "mirror.log"
 
     def complete() -> bool:
@@ -97,6 +98,22 @@ def test_a_continuous_flow_copies_a_steady_stream_and_a_sigkill_mid_stream_loses
         )
         produce_fresh(primary, topic, 2, 1, start=14_100)
         wait_for(complete, 60, "the record copied by the stream")
+        # The remote topic's limit is lowered under the stream's batch size (16 KiB), as a
+        # config sync does when the source topic's is: its records still fit, its producer's
+        # batches do not, and Kafka's producer would split a refused batch into batches of the
+        # same size forever (KAFKA-8350). Records arrive at once: the flow's topic refresh
+        # takes the new limit, and the stream starts again with batches that fit, from before
+        # the copies its producer could not deliver.
+        restarts = log.read_text().count("copying continuously")
+        alter_topic(secondary, remote, {"max.message.bytes": "8000"})
+        lowered = time.monotonic()
+        producer = Producer({**primary.client_config(), "linger.ms": 50})
+        for i in range(20_000, 20_600):  # in 1-KiB records, a burst: full batches
+            producer.produce(topic, b"y" * 1_000, f"key-{i}".encode(), partition=i % 2)
+        assert producer.flush(30) == 0
+        wait_for(complete, 60, "records that fit the lowered limit, in batches that fit it")
+        print(f"copied {time.monotonic() - lowered:.1f} s after the limit was lowered")
+        assert log.read_text().count("copying continuously") == restarts + 1
         # Under a steady stream the flow's control traffic on the target is one transaction
         # per lease renewal, the positions riding with it: not one each second as well.
         began = time.time()
@@ -210,7 +227,6 @@ def test_copies_the_target_refuses_mid_stream_are_copied_once_it_takes_them_not_
     stream within ``task.shutdown.graceful.timeout.ms``, not when its producer gives up on
     them; the next job copies them. Frozen again before its stream's producer has met the
     remote topic, a stop leaves the task blocked in its send to end alone."""
-    from confluent_kafka import Producer
 
     primary, secondary = sandbox["primary"], sandbox["secondary"]
     topic = topic_name("refused")

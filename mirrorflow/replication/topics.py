@@ -221,7 +221,10 @@ class RemoteTopics:
         self.max_message_bytes: dict[str, int] = {}
 
     def prepare(self) -> dict[str, str]:
-        """Source topic -> remote topic for every replicated topic, remote topics made ready."""
+        """Source topic -> remote topic for every replicated topic, remote topics made ready,
+        and :attr:`max_message_bytes` of each read again: an admin or a config sync may have
+        changed a remote topic's limit since (a stream's producer must then start again with
+        batches that fit it: KAFKA-8350)."""
         source_topics = {
             name: len(meta.partitions)
             for name, meta in self.source.metadata().topics.items()
@@ -231,6 +234,9 @@ class RemoteTopics:
         stale = {s for s, r in mapping.items() if self.partitions.get(r, -1) < source_topics[s]}
         if stale:
             self._create_or_grow({s: source_topics[s] for s in stale}, mapping)
+        known = [remote for source, remote in mapping.items() if source not in stale]
+        if known:
+            self.max_message_bytes.update(self._max_message_bytes(known))
         self.source_partitions = source_topics
         return mapping
 

@@ -225,11 +225,26 @@ class MirrorJob:
 
     # -- the flow's topics and positions -------------------------------------------------------
     def refresh_topics(self) -> None:
-        """The scheduler's ``refresh-topics`` task: new topics and partitions join the flow. With
-        nothing new the flow's mapping stays the same object: a stream goes on."""
-        partitions = dict(self.remote_topics.source_partitions)
-        mapping = self.remote_topics.prepare()
-        if mapping == self.mapping and self.remote_topics.source_partitions == partitions:
+        """The scheduler's ``refresh-topics`` task: new topics and partitions join the flow, and
+        remote topics' changed size limits reach its copies. With nothing new the flow's mapping
+        stays the same object: a stream goes on."""
+        topics = self.remote_topics
+        partitions, limits = dict(topics.source_partitions), dict(topics.max_message_bytes)
+        mapping = topics.prepare()
+        changed = {
+            remote: limit
+            for remote, limit in topics.max_message_bytes.items()
+            if limits.get(remote, limit) != limit
+        }
+        for remote, limit in sorted(changed.items()):
+            log.info(
+                "%s: %s takes records of at most %d bytes now (max.message.bytes, was %d)",
+                self.spec.flow,
+                remote,
+                limit,
+                limits[remote],
+            )
+        if mapping == self.mapping and topics.source_partitions == partitions and not changed:
             return
         added = sorted(set(mapping) - set(self.mapping))
         if added:

@@ -68,6 +68,7 @@ class FlowStream:
         assert job.scheduler is not None
         mapping = job.mapping
         partitions = [tp for tp in job.partitions() if tp in job.positions]
+        limits = self._limits(mapping)
         batch = job.begin_batch(partitions)
         error: str | None = None
         with self._unwritten_lock:
@@ -105,10 +106,10 @@ class FlowStream:
                     self._commit(harvested, stream.partitions, mapping)
                     stream.allow(self.allowance_ms())
                     if job.mapping is not mapping:
-                        extended = self._extend(stream, mapping)
+                        extended = self._extend(stream, mapping, limits)
                         if extended is None:
                             break
-                        mapping = extended
+                        mapping, limits = extended, self._limits(extended)
                     if (
                         job.stopping()
                         or job.scheduler.error is not None
@@ -128,15 +129,31 @@ class FlowStream:
         if job.cancelled:
             raise BatchCancelled
 
-    def _extend(self, stream: CopyStream, mapping: dict[str, str]) -> dict[str, str] | None:
-        """The flow's topics changed (``mapping`` was theirs) while ``stream`` ran: new topics
-        and partitions join it, from where each starts, and it goes on; returns the mapping it
-        now copies. None when it cannot take the change (a topic left the flow or changed its
-        remote, or a new remote topic needs other producer settings: larger records, smaller
-        batches): then it ends, and the flow plans again."""
+    def _limits(self, mapping: dict[str, str]) -> dict[str, int]:
+        """The size limits (``max.message.bytes``) of ``mapping``'s remote topics, as last read."""
+        known = self.job.remote_topics.max_message_bytes
+        return {remote: known[remote] for remote in mapping.values()}
+
+    def _extend(
+        self, stream: CopyStream, mapping: dict[str, str], limits: dict[str, int]
+    ) -> dict[str, str] | None:
+        """The flow's topics changed (``mapping`` was theirs, ``limits`` their remote topics'
+        size limits) while ``stream`` ran: new topics and partitions join it, from where each
+        starts, and it goes on; returns the mapping it now copies. None when it cannot take the
+        change (a topic left the flow or changed its remote, a remote topic's limit changed, or
+        a new remote topic needs other producer settings: larger records, smaller batches):
+        then it ends, and the flow plans again. (A producer whose batches exceed a topic's
+        limit would split them forever, KAFKA-8350; and the copier checks records against the
+        limits it started with.)"""
         job = self.job
         now = job.mapping
         if any(now.get(source) != remote for source, remote in mapping.items()):
+            return None
+        if self._limits(mapping) != limits:
+            log.info(
+                "%s: a remote topic's size limit changed: the stream starts again with it",
+                job.spec.flow,
+            )
             return None
         streamed = set(stream.partitions)
         new = [tp for tp in job.partitions(now) if tp not in streamed]
