@@ -71,8 +71,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--local-batch-max-records",
         type=int,
         default=None,
-        help="an at-least-once batch of at most this many records is copied in the driver's "
-        "JVM, without a Spark job; 0: always a Spark job (default 1000)",
+        help="a batch of at most this many records is copied in the driver (at least once: its "
+        "JVM; exactly once: its Python, without record transforms), without a Spark job; 0: "
+        "always a Spark job (default 1000)",
     )
     parser.add_argument(
         "--continuous",

@@ -183,7 +183,12 @@ def test_two_workers_never_copy_one_flow_at_once_and_a_frozen_holder_is_fenced(
     create_topics(primary, t, partitions=2)
     produce(primary, t, 2, 20_000)
     config = flow_file(tmp_path, sandbox, t, *(EXACTLY_ONCE if mode == "exactly-once" else ()))
-    small = ("--max-records-per-batch", "200", "--local-batch-max-records", "0")
+    # Batches of 200: at least once as Spark jobs; exactly once in the driver, which keeps its
+    # transactional producers from batch to batch (a frozen job's kept producers must not
+    # commit once it wakes).
+    small = ("--max-records-per-batch", "200") + (
+        () if mode == "exactly-once" else ("--local-batch-max-records", "0")
+    )
     one, two = tmp_path / "worker-1", tmp_path / "worker-2"
     first = start_mirror(config, FLOW, one, tmp_path / "first.log", *small)
     second = None
@@ -214,6 +219,8 @@ def test_two_workers_never_copy_one_flow_at_once_and_a_frozen_holder_is_fenced(
         assert first.wait(60) == 2
         log = (tmp_path / "first.log").read_text()
         assert f"flow {FLOW} lost its lease on secondary to another job" in log, log[-3000:]
+        if mode == "exactly-once":  # the batches the freeze caught were the driver's
+            assert "offset syncs (in the driver) from" in log, log[-3000:]
         produce(primary, t, 2, 1_000, start=21_000)
         source = stamps(primary, t)
         assert len(source) == 22_000

@@ -40,8 +40,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--local-batch-max-records",
         type=int,
         default=None,
-        help="copy an at-least-once batch of at most this many records in the driver, "
-        "without a Spark job; 0: never (default 1000)",
+        help="copy a batch of at most this many records in the driver, without a Spark "
+        "job (exactly once: not with record transforms); 0: never (default 1000)",
     )
     parser.add_argument(
         "--continuous",

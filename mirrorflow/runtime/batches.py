@@ -13,7 +13,10 @@ them:
   Spark SQL answers ``collect`` of a local relation on the driver (``Dataset.isLocal``);
 - **exactly once**: Spark's Kafka batch source reads the ranges and
   :func:`mirrorflow.runtime.eos_writer.copy_records` commits each partition's copies, its runs of
-  the offset map and its position in one Kafka transaction; the offset syncs follow.
+  the offset map and its position in one Kafka transaction; the offset syncs follow. A small
+  batch (the same rule) is read by the driver's :class:`~mirrorflow.runtime.range_reader.
+  RangeReader` and copied by the same writer in the driver's Python, without a Spark job
+  (not for a flow with record transforms, which Spark applies).
 
 A batch that fails or is cancelled keeps what it committed (exactly once, its open transactions
 are aborted); a source that stops answering mid-batch leaves its ranges unfinished
@@ -53,6 +56,16 @@ class Batches:
         self.stalled: list[tuple[Partition, int]] = []  # ranges the source left unfinished
         # A run to the end (``--once``): the source's ends at its start, planned to and no further.
         self.once_ends: dict[Partition, int] | None = None
+        # What small exactly-once batches keep from one to the next (made at the first)
+        self._driver: exactly_once.DriverCopy | None = None
+
+    def close(self) -> None:
+        """Close what the batches keep between them (the driver's reader of the source, its
+        producers)."""
+        if self._driver is not None:
+            self._driver.drop_producers()
+            self._driver.reader.close()
+            self._driver = None
 
     def plan(self) -> list[tuple[Partition, int, int]]:
         """The next batch: (partition, from, until) with records, at most the batch's size."""
@@ -116,8 +129,9 @@ class Batches:
         started = time.monotonic()
         planned = sum(until - start for _tp, start, until in ranges)
         if spec.exactly_once:
+            local = spec.transform is None and self.runs_locally(ranges)
             try:
-                records, size, syncs, copied = self._copy_in_transactions(ranges, mapping)
+                records, size, syncs, copied = self._copy_in_transactions(ranges, mapping, local)
             except Exception as exc:  # Spark's error: its text holds the copy's message
                 # A killed or failed task may leave its transaction open, which would hold
                 # back the target partition's read_committed consumers: abort them now.
@@ -127,7 +141,10 @@ class Batches:
                 if isinstance(exc, MirrorflowError):
                     raise
                 raise batch_error(spec, exc) from None
-            done = f"{records} records, {size} bytes, {syncs} offset syncs"
+            done = f"{records} records, {size} bytes, {syncs} offset syncs" + (
+                " (in the driver)" if local else ""
+            )
+            report.local_batches += local
         else:
             local = self.runs_locally(ranges)
             self.stalled = []
@@ -202,6 +219,8 @@ class Batches:
         the target partition until the transaction timeout). A transaction committed before
         stays committed, with its positions: the flow resumes after it."""
         job = self.job
+        if self._driver is not None:
+            self._driver.drop_producers()  # fenced now, or in an unknown state
         if not job.fence(partitions):
             return
         log.info(
@@ -214,7 +233,8 @@ class Batches:
         )
 
     def runs_locally(self, ranges: list[tuple[Partition, int, int]]) -> bool:
-        """Whether an at-least-once batch is small enough to copy in the driver's JVM: at most
+        """Whether a batch is small enough to copy in the driver (at least once, its JVM;
+        exactly once, its Python): at most
         ``local_batch_max_records`` records (0: never), and at most
         :data:`LOCAL_BATCH_MAX_BYTES` by the flow's mean record size so far."""
         limit = self.job.spec.local_batch_max_records
@@ -226,12 +246,27 @@ class Batches:
         return records * mean <= LOCAL_BATCH_MAX_BYTES
 
     def _copy_in_transactions(
-        self, ranges: list[tuple[Partition, int, int]], mapping: dict[str, str]
+        self, ranges: list[tuple[Partition, int, int]], mapping: dict[str, str], local: bool
     ) -> tuple[int, int, int, dict[Partition, Copied]]:
-        """Exactly-once: the Python workers copy each source partition in a transaction that
-        also commits its position and its runs in the offset map; then the offset syncs go
-        out. Returns (records, bytes, syncs, what was copied per partition)."""
+        """Exactly-once: the Python workers (``local``: the driver) copy each source partition
+        in a transaction that also commits its position and its runs in the offset map; then
+        the offset syncs go out. Returns (records, bytes, syncs, what was copied per
+        partition)."""
         job = self.job
+        if local and self._driver is None:
+            from mirrorflow.runtime.range_reader import RangeReader
+
+            spec = job.spec
+            reader = RangeReader(
+                spec.source,
+                spec.flow,
+                spec.source_consumer_client,
+                spec.source_consumer,
+                cancelled=lambda: job.cancelled,
+            )
+            self._driver = exactly_once.DriverCopy(reader, self._confirm_lease)
+        elif not local and self._driver is not None:
+            self._driver.drop_producers()  # the Spark tasks fence them
         result = exactly_once.copy_batch(
             job.spark,
             job.spec,
@@ -242,10 +277,20 @@ class Batches:
             positions=job.positions,
             offset_map=job.offset_map,
             lease_holder=asdict(job.lease.holder) if job.lease is not None else None,
+            driver=self._driver if local else None,
         )
         if job.spec.emit_offset_syncs and result.syncs:
             self._write_offset_syncs(result.syncs)
         return result.records, result.bytes, len(result.syncs), result.copied
+
+    def _confirm_lease(self) -> None:
+        """Before a small batch in the driver commits: the job still holds the flow's lease,
+        renewed first unless fresh (no other job can have taken it since), as a stream checks
+        it; :class:`~mirrorflow.replication.lease.LeaseLost` otherwise. (A Spark task reads the
+        leases topic instead, once its new producers have fenced their partitions.)"""
+        lease = self.job.lease
+        if lease is not None and not lease.fresh():
+            lease.renew()
 
     def _write_offset_syncs(self, syncs: list[OffsetSync]) -> None:
         job, spec = self.job, self.job.spec

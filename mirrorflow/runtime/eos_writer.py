@@ -9,12 +9,14 @@ producer, adds the partition's position as MirrorMaker 2's own record of Connect
 topic, and commits both together. The delivery reports give the exact downstream offset of each
 copy: it returns the offset syncs that MirrorMaker 2's rule makes due (a fresh rule state per
 task, so never fewer syncs than MirrorMaker 2) plus the last copy of each partition, which the
-driver writes once the batch is committed.
+driver writes once the batch is committed. A small batch runs it in the driver instead
+(:func:`mirrorflow.runtime.exactly_once.copy_in_driver`), over the driver's own read of the
+ranges, with producers kept from one batch to the next.
 
 (At-least-once copies never come here: mirrorflow's JVM copier writes them, see
 :mod:`mirrorflow.runtime.driver`.)
 
-Nothing here imports Spark: the function is plain Python over ``pyarrow`` batches.
+Nothing here imports Spark but a task's attempt number: plain Python over ``pyarrow`` batches.
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ from __future__ import annotations
 import base64
 import json
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pyarrow as pa
 
@@ -154,7 +156,8 @@ def _transactional_producer(settings: CopySettings, topic: str, partition: int):
     Its ``transactional.id`` is stable per flow and partition, so initialising it fences off
     any earlier producer of that partition (a zombie of a previous attempt or job, or the one
     another Python worker used for an earlier batch) and aborts its open transaction. A
-    producer is therefore never reused across tasks: another worker may have fenced it since.
+    producer is therefore never reused across tasks: another worker may have fenced it since
+    (the driver's small batches keep theirs: see :func:`copy_records`).
     """
     from confluent_kafka import KafkaException
 
@@ -169,15 +172,28 @@ def _transactional_producer(settings: CopySettings, topic: str, partition: int):
     )
     try:
         clients.init_transactions(producer, settings.offsets_topic, settings.flush_timeout_s)
+    except KafkaException as exc:
+        _start_failed(settings, txn_id, exc)
+    _begin(settings, producer, txn_id)
+    return producer
+
+
+def _begin(settings: CopySettings, producer: Producer, txn_id: str) -> None:
+    from confluent_kafka import KafkaException
+
+    try:
         producer.begin_transaction()
     except KafkaException as exc:
-        action = f"starting a transaction ({txn_id})"
-        _raise_if_refused(settings, action, exc.args[0], f"WRITE on transactional id {txn_id}")
-        raise CopyError(
-            f"starting a transaction ({txn_id}) on {settings.target_alias} failed: "
-            f"{exc.args[0].str()}"
-        ) from None
-    return producer
+        _start_failed(settings, txn_id, exc)
+
+
+def _start_failed(settings: CopySettings, txn_id: str, exc: Exception) -> NoReturn:
+    error = exc.args[0]
+    action = f"starting a transaction ({txn_id})"
+    _raise_if_refused(settings, action, error, f"WRITE on transactional id {txn_id}")
+    raise CopyError(
+        f"starting a transaction ({txn_id}) on {settings.target_alias} failed: {error.str()}"
+    ) from None
 
 
 def _confirm_lease(settings: CopySettings, holder: dict[str, Any], partitions) -> None:
@@ -236,9 +252,19 @@ class _Partition:
 
 
 def copy_records(
-    settings: CopySettings, batches: Iterable[pa.RecordBatch]
+    settings: CopySettings,
+    batches: Iterable[pa.RecordBatch],
+    producers: dict[str, Producer] | None = None,
+    confirm: Callable[[], None] | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """Copy the records in ``batches`` to the target; yield syncs and per-partition totals."""
+    """Copy the records in ``batches`` to the target; yield syncs and per-partition totals.
+
+    A Spark task starts a transactional producer per source partition, which fences the earlier
+    ones. The driver's small batches (:func:`mirrorflow.runtime.exactly_once.copy_in_driver`)
+    keep theirs in ``producers`` (by transactional id) from one batch to the next, and
+    ``confirm`` (the driver's own check that its lease is fresh) replaces the task's read of
+    the leases topic. A caller whose batch failed, or that fences the partitions (a Spark
+    batch's tasks do), drops them: their state is unknown, or they are fenced."""
     committed = dict(settings.committed)
     if _task_attempt() > 0:
         # A retried task may follow an attempt that committed before it failed.
@@ -257,8 +283,8 @@ def copy_records(
             reader.close()
     partitions: dict[tuple[str, int], _Partition] = {}
     for batch in batches:
-        _produce_batch(settings, batch, partitions, committed)
-    _commit_transactions(settings, partitions)
+        _produce_batch(settings, batch, partitions, committed, producers)
+    _commit_transactions(settings, partitions, confirm)
     _check_acks(settings, partitions)
     yield _results(settings, partitions)
 
@@ -270,15 +296,26 @@ def _task_attempt() -> int:
     return context.attemptNumber() if context is not None else 0
 
 
-def _new_partition(settings: CopySettings, topic: str, part: int, committed) -> _Partition:
+def _new_partition(
+    settings: CopySettings, topic: str, part: int, committed, producers: dict | None
+) -> _Partition:
     remote = settings.remote_topics.get(topic)
     if remote is None:
         raise CopyError(f"no remote topic was prepared for source topic {topic}")
-    producer = _transactional_producer(settings, topic, part)
+    txn_id = transactional_id(settings.transactional_id_prefix, topic, part)
+    producer = producers.pop(txn_id, None) if producers is not None else None
+    if producer is not None:
+        _begin(settings, producer, txn_id)
+    else:
+        producer = _transactional_producer(settings, topic, part)
+    if producers is not None:
+        producers[txn_id] = producer  # the most recently used last
     return _Partition(topic, part, remote, producer, committed.get((topic, part), -1))
 
 
-def _produce_batch(settings: CopySettings, batch: pa.RecordBatch, partitions, committed) -> None:
+def _produce_batch(
+    settings: CopySettings, batch: pa.RecordBatch, partitions, committed, producers=None
+) -> None:
     cols = {name: batch.column(name).to_pylist() for name in INPUT_COLUMNS}
     names = batch.schema.names
     keep = batch.column(KEEP_COLUMN).to_pylist() if KEEP_COLUMN in names else None
@@ -290,7 +327,7 @@ def _produce_batch(settings: CopySettings, batch: pa.RecordBatch, partitions, co
             current = partitions.get((topic, part))
             if current is None:
                 current = partitions[(topic, part)] = _new_partition(
-                    settings, topic, part, committed
+                    settings, topic, part, committed, producers
                 )
             limit = settings.max_message_bytes.get(current.remote, 1 << 62)
             produce, poll = current.producer.produce, current.producer.poll
@@ -364,13 +401,22 @@ def _decode_headers(text: str) -> list[tuple[str, bytes | None]]:
     return [(h["k"], base64.b64decode(h["v"]) if "v" in h else None) for h in json.loads(text)]
 
 
-def _commit_transactions(settings: CopySettings, partitions) -> None:
+def _commit_transactions(
+    settings: CopySettings, partitions, confirm: Callable[[], None] | None = None
+) -> None:
     """Add each partition's offset-map runs and position to its transaction and commit it."""
     from confluent_kafka import KafkaException
 
     from mirrorflow.mm2.formats import SourceOffset
 
-    if settings.lease_holder is not None and partitions:
+    if confirm is not None and partitions:
+        try:
+            confirm()
+        except MirrorflowError as exc:
+            for p in partitions.values():
+                p.producer.abort_transaction(settings.flush_timeout_s)
+            raise CopyError(str(exc)) from None
+    elif settings.lease_holder is not None and partitions:
         _confirm_lease(settings, settings.lease_holder, partitions)
 
     for p in partitions.values():

@@ -3,14 +3,18 @@ ranges (:func:`read_ranges`), the Python workers copy each source partition in a
 transaction that also commits its position and its runs of the offset map
 (:func:`copy_in_transactions`, with :func:`mirrorflow.runtime.eos_writer.copy_records` on the
 executors), and a failed or cancelled batch's partitions are fenced (:func:`fence`), which
-aborts their open transactions: nothing of it becomes visible but what it committed.
+aborts their open transactions: nothing of it becomes visible but what it committed. A small
+batch is read and copied in the driver by the same writer, without a Spark job
+(:func:`copy_in_driver`, :mod:`mirrorflow.runtime.range_reader`).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
 
 from mirrorflow.mm2.formats import OffsetSync
 from mirrorflow.replication.offset_map import OffsetMap, Run
@@ -22,6 +26,8 @@ from mirrorflow.runtime.spark_session import kafka_options
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+    from mirrorflow.runtime.range_reader import RangeReader
 
 Partition = tuple[str, int]
 
@@ -147,6 +153,54 @@ def copy_in_transactions(frame: DataFrame, settings: eos_writer.CopySettings) ->
         .mapInArrow(copy, eos_writer.RESULT_DDL)
         .collect()
     )
+    return _collect(rows)
+
+
+@dataclass
+class DriverCopy:
+    """What the driver keeps for its small exactly-once batches (:func:`copy_in_driver`): its
+    reader of the source, its transactional producers from one batch to the next (at most
+    :data:`KEPT_PRODUCERS`, the most recently used), and its check that it still holds the
+    flow's lease."""
+
+    reader: RangeReader
+    confirm: Callable[[], None]
+    producers: dict[str, Any] = field(default_factory=dict)
+
+    def drop_producers(self) -> None:
+        """Forget the kept producers (a batch failed: their state is unknown; or the
+        partitions are fenced: a Spark batch's tasks start their own)."""
+        self.producers.clear()
+
+
+# A kept producer holds its threads and connections: a flow of hundreds of partitions (a
+# mesh's heartbeat chains) keeps those of the partitions that copy most often.
+KEPT_PRODUCERS = 64
+
+
+def copy_in_driver(
+    driver: DriverCopy,
+    ranges: list[tuple[Partition, int, int]],
+    settings: eos_writer.CopySettings,
+) -> TransactionalCopy:
+    """Copy ``ranges`` as :func:`copy_in_transactions` does, in this process: the driver's
+    reader reads them, and the same writer copies them with the producers the driver kept
+    (a small batch, without a Spark job). A failure drops the kept producers."""
+    results = eos_writer.copy_records(
+        settings, driver.reader.read(ranges), driver.producers, driver.confirm
+    )
+    try:
+        rows = [SimpleNamespace(**row) for batch in results for row in batch.to_pylist()]
+    except BaseException:
+        driver.drop_producers()
+        raise
+    while len(driver.producers) > KEPT_PRODUCERS:
+        driver.producers.pop(next(iter(driver.producers)))
+    return _collect(rows)
+
+
+def _collect(rows: list[Any]) -> TransactionalCopy:
+    """What the writer's result rows (``eos_writer.RESULT_SCHEMA``, as attributes) say."""
     result = TransactionalCopy()
     for r in rows:
         if r.kind == "run":
@@ -187,12 +241,15 @@ def copy_batch(
     positions: dict[Partition, int],
     offset_map: OffsetMap,
     lease_holder: dict | None,
+    driver: DriverCopy | None = None,
 ) -> TransactionalCopy:
     """One exactly-once batch of the flow ``spec``: Spark's Kafka batch source reads ``ranges``
     (the flow's record transforms applied, if any), and the Python workers copy each source
     partition to its remote topic (``mapping``) in transactions that also commit its position
     (after ``positions``) and its runs, which are then added to ``offset_map``. The offset
-    syncs it returns are for the caller to write once it returns."""
+    syncs it returns are for the caller to write once it returns. With ``driver`` (a flow
+    without record transforms), the driver reads and copies the ranges itself
+    (:func:`copy_in_driver`)."""
     settings = eos_writer.CopySettings(
         source_alias=spec.source,
         target_alias=spec.target,
@@ -210,10 +267,13 @@ def copy_batch(
         lease_holder=lease_holder,
         last_runs={tp: run for tp in positions if (run := offset_map.last_run(tp)) is not None},
     )
-    frame = read_ranges(spark, spec, ranges)
-    if spec.transform is not None:
-        frame = record_transforms.with_transform(frame, spec.flow, mapping, spec.transform)
-    result = copy_in_transactions(frame, settings)
+    if driver is not None and spec.transform is None:
+        result = copy_in_driver(driver, ranges, settings)
+    else:
+        frame = read_ranges(spark, spec, ranges)
+        if spec.transform is not None:
+            frame = record_transforms.with_transform(frame, spec.flow, mapping, spec.transform)
+        result = copy_in_transactions(frame, settings)
     for tp, partition_runs in result.runs.items():
         offset_map.add(tp, partition_runs)
     return result

@@ -135,6 +135,7 @@ class FlowLoop:
         finally:
             scheduler.stop(wait_s=1.0 if outage else 30.0)
             doorbell.close()
+            job.batches.close()
             job.report.close()
             for alias, producer in job.producers.items():
                 try:

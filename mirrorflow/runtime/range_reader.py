@@ -1,0 +1,204 @@
+"""Reading a batch's offset ranges of the source in the driver, for a small exactly-once batch
+copied there without a Spark job (:class:`RangeReader`).
+
+An exactly-once batch's tasks read their ranges with Spark's Kafka batch source and copy them in
+the Python workers (:mod:`mirrorflow.runtime.eos_writer`). A caught-up flow's batches are small,
+and a Spark job costs the driver's JVM about 0.7 CPU-s whatever it holds (planning, code
+generation, scheduling), so at a steady trickle most of an exactly-once flow's CPU went to
+scheduling. A batch of at most ``--local-batch-max-records`` records is read here instead, by
+one consumer the flow keeps, and copied by the same writer in the driver's Python: the same
+transactions, positions, offset map and offset syncs as a Spark task's.
+
+The records are those Spark's source would give: each range's offsets from its start below its
+end, with the source consumer's isolation level as the flow's Java clients have it (MirrorMaker
+2's ``read_uncommitted`` unless the flow sets ``read_committed``: the ends were listed so), gaps
+(compaction, transaction markers, aborted records) skipped. A source that gives nothing of a
+range for :data:`~mirrorflow.runtime.copier.SOURCE_STALL_S` fails the batch in one line, as a
+Spark task's poll timeout does.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Callable, Iterator
+from typing import cast
+
+import pyarrow as pa
+
+from mirrorflow.errors import ClusterUnreachable, MirrorflowError
+from mirrorflow.replication import clients
+from mirrorflow.replication.topics import client_principal, refusal, unauthorized
+from mirrorflow.runtime import eos_writer
+from mirrorflow.runtime.copier import SOURCE_STALL_S
+
+Partition = tuple[str, int]
+
+INPUT_SCHEMA = pa.schema(
+    [
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("headers", pa.string()),
+        ("ts_ms", pa.int64()),
+    ]
+)
+assert tuple(INPUT_SCHEMA.names) == eos_writer.INPUT_COLUMNS
+CHUNK = 500  # records handed to the writer at once
+
+
+class RangeReader:
+    """Reads offset ranges of the flow ``flow``'s source (``source``: its alias) in the driver.
+
+    One consumer for the flow's life; between two batches it has nothing assigned, so it sends
+    the source nothing. It never joins nor commits a group (READ on the topics is all it
+    needs, as Spark's reader)."""
+
+    def __init__(
+        self,
+        source: str,
+        flow: str,
+        consumer_config: dict[str, str],
+        java_consumer: dict[str, str],
+        cancelled: Callable[[], bool] = lambda: False,
+    ) -> None:
+        """``consumer_config``: the flow's source consumer settings for librdkafka;
+        ``java_consumer``: as its Java clients take them (their isolation level applies);
+        ``cancelled``: whether the batch was cancelled (a pause): a read then stops."""
+        self.cancelled = cancelled
+        committed = java_consumer.get("isolation.level") == "read_committed"
+        config = {
+            k: v for k, v in consumer_config.items() if k not in ("group.id", "auto.offset.reset")
+        }
+        self.source = source
+        self.principal = client_principal(consumer_config)
+        self._consumer = clients.consumer(
+            source,
+            {
+                **config,
+                "group.id": f"mirrorflow-reader-{flow}",  # never joined nor committed
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "isolation.level": "read_committed" if committed else "read_uncommitted",
+                # a range's start is known: an offset reset means the range is gone (deleted)
+                "auto.offset.reset": "earliest",
+                # A fetch at a range's end waits on the broker this long for more: the next
+                # batch's assignment is fetched only once it is answered (500 ms by default).
+                "fetch.wait.max.ms": 10,
+            },
+        )
+
+    def read(self, ranges: list[tuple[Partition, int, int]]) -> Iterator[pa.RecordBatch]:
+        """The records of ``ranges`` (partition, first offset, end), in chunks of
+        :data:`CHUNK`, each partition's in offset order."""
+        from confluent_kafka import TopicPartition
+
+        ends = {tp: until for tp, start, until in ranges if until > start}
+        if not ends:
+            return
+        self._consumer.assign(
+            [TopicPartition(t, p, start) for (t, p), start, until in ranges if until > start]
+        )
+        try:
+            yield from self._read({tp: start for tp, start, _until in ranges}, ends)
+        finally:
+            self._consumer.unassign()
+
+    def _read(
+        self, starts: dict[Partition, int], ends: dict[Partition, int]
+    ) -> Iterator[pa.RecordBatch]:
+        from confluent_kafka import KafkaError, TopicPartition
+
+        remaining = dict(ends)
+        heard = time.monotonic()
+        rows: list[tuple] = []
+        while remaining:
+            if self.cancelled():
+                raise MirrorflowError("the batch was cancelled", "it is copied again on resume")
+            # A short wait: librdkafka returns after it unless CHUNK records are there, and a
+            # range's end is seen by its position (it passes transaction markers too).
+            messages = self._consumer.consume(CHUNK, 0.01)
+            for msg in messages:
+                error = msg.error()
+                if error is not None:
+                    # the end of a partition; librdkafka's look-up of the coordinator of the
+                    # group it never joins (refused without DESCRIBE on it, not needed)
+                    if error.code() in (
+                        KafkaError._PARTITION_EOF,
+                        KafkaError.GROUP_AUTHORIZATION_FAILED,
+                    ):
+                        continue
+                    self._raise(error, cast(str, msg.topic()), cast(int, msg.partition()))
+                # a record's (not an event's): topic, partition, offset and headers as a list
+                tp = cast(Partition, (msg.topic(), msg.partition()))
+                offset, end = cast(int, msg.offset()), remaining.get(tp)
+                if end is None or offset >= end:
+                    continue  # past its range (fetched with the range's last records)
+                headers = cast(list[tuple[str, bytes | None]] | None, msg.headers())
+                timestamp_type, timestamp = msg.timestamp()
+                rows.append(
+                    (
+                        tp[0],
+                        tp[1],
+                        offset,
+                        msg.key(),
+                        msg.value(),
+                        _encode_headers(headers) if headers else None,
+                        timestamp if timestamp_type else None,
+                    )
+                )
+            if messages:
+                heard = time.monotonic()
+            if len(rows) >= CHUNK:
+                yield _batch(rows)
+                rows = []
+            reached = self._consumer.position([TopicPartition(t, p) for t, p in remaining])
+            for position in reached:
+                tp = (position.topic, position.partition)
+                if position.offset >= remaining[tp]:
+                    del remaining[tp]
+            if remaining and time.monotonic() - heard > SOURCE_STALL_S:
+                (topic, partition), _end = sorted(remaining.items())[0]
+                at = {(p.topic, p.partition): p.offset for p in reached}
+                offset = max(at.get((topic, partition), -1), starts[(topic, partition)])
+                raise ClusterUnreachable(
+                    f"cluster {self.source} did not answer: no records of {topic}-{partition} "
+                    f"from offset {offset} within {SOURCE_STALL_S:.0f}s",
+                    f"check that {self.source} is up; retrying",
+                )
+        if rows:
+            yield _batch(rows)
+
+    def _raise(self, error, topic: str, partition: int) -> None:
+        if unauthorized(error):
+            raise refusal(
+                self.source,
+                self.principal,
+                f"reading {topic}-{partition}",
+                error.str(),
+                f"READ on topic {topic}",
+            )
+        raise MirrorflowError(
+            f"reading {topic}-{partition} on {self.source} failed: {error.str()}",
+            f"check {self.source}; the batch is retried",
+        )
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+def _encode_headers(headers: list[tuple[str, bytes | None]]) -> str:
+    """Headers as :func:`eos_writer._decode_headers` takes them (as the Spark job encodes them):
+    JSON ``[{"k": key, "v": base64 value}]``, ``v`` absent for a null value."""
+    return json.dumps(
+        [{"k": k} if v is None else {"k": k, "v": base64.b64encode(v).decode()} for k, v in headers]
+    )
+
+
+def _batch(rows: list[tuple]) -> pa.RecordBatch:
+    columns = zip(*rows, strict=True)
+    arrays = [pa.array(c, type=f.type) for c, f in zip(columns, INPUT_SCHEMA, strict=True)]
+    return pa.RecordBatch.from_arrays(arrays, schema=INPUT_SCHEMA)

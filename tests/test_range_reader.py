@@ -1,0 +1,79 @@
+"""The driver's reader of a small exactly-once batch's ranges (runtime/range_reader.py) on a real
+cluster: the records Spark's Kafka source gives for the same ranges (offsets from each start
+below each end; with ``read_committed``, no aborted record), keys, values, timestamps and
+headers as the exactly-once writer takes them; a range the source never completes fails in one
+line naming the partition; an idle reader assigns nothing."""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka import Producer
+
+from mirrorflow.errors import ClusterUnreachable
+from mirrorflow.runtime import eos_writer, range_reader
+from tests.conftest import create_topics
+
+pytestmark = [pytest.mark.kafka]
+
+
+def records(reader: range_reader.RangeReader, ranges) -> list[dict]:
+    return [row for batch in reader.read(ranges) for row in batch.to_pylist()]
+
+
+def test_the_driver_reads_a_batchs_ranges_as_sparks_source_does(sandbox, topic_name, monkeypatch):
+    primary = sandbox["primary"]
+    topic = topic_name("ranges")
+    create_topics(primary, topic, partitions=2)
+    config = primary.client_config()
+    plain = Producer(config)
+    for i in range(10):  # offsets 0-9 of each partition
+        headers = [("trace", f"t{i}".encode()), ("empty", None)] if i % 2 else None
+        key = None if i == 4 else f"k{i}".encode()
+        for p in (0, 1):
+            plain.produce(topic, f"v{i}".encode(), key, partition=p, headers=headers, timestamp=i)
+    assert plain.flush(30) == 0
+    # An aborted transaction on partition 0 (offsets 10-11, its marker 12), then one committed
+    # record (13, its marker 14).
+    txn = Producer({**config, "transactional.id": topic})
+    txn.init_transactions(30)
+    txn.begin_transaction()
+    txn.produce(topic, b"aborted", b"a", partition=0)
+    txn.produce(topic, b"aborted", b"b", partition=0)
+    txn.flush(30)
+    txn.abort_transaction(30)
+    txn.begin_transaction()
+    txn.produce(topic, b"committed", b"c", partition=0)
+    txn.commit_transaction(30)
+
+    committed = range_reader.RangeReader(
+        "primary", "primary->secondary", config, {"isolation.level": "read_committed"}
+    )
+    uncommitted = range_reader.RangeReader("primary", "primary->secondary", config, {})
+    try:
+        rows = records(committed, [((topic, 0), 2, 15), ((topic, 1), 5, 8), ((topic, 1), 9, 9)])
+        by_partition = {p: [r["offset"] for r in rows if r["partition"] == p] for p in (0, 1)}
+        assert by_partition == {0: [*range(2, 10), 13], 1: [5, 6, 7]}
+        first = next(r for r in rows if r["partition"] == 1 and r["offset"] == 5)
+        assert first["topic"] == topic and first["value"] == b"v5" and first["ts_ms"] == 5
+        assert eos_writer._decode_headers(first["headers"]) == [("trace", b"t5"), ("empty", None)]
+        fifth = next(r for r in rows if r["partition"] == 0 and r["offset"] == 4)
+        assert fifth["key"] is None and fifth["headers"] is None
+        # MirrorMaker 2's default isolation (read_uncommitted) copies the aborted records too,
+        # as Spark's source does with it.
+        rows = records(uncommitted, [((topic, 0), 9, 14)])
+        assert [r["offset"] for r in rows] == [9, 10, 11, 13]
+        # Read again from the same reader (a later batch): only the new ranges.
+        assert [r["offset"] for r in records(committed, [((topic, 1), 0, 2)])] == [0, 1]
+
+        # A range past what the source holds (its partition never reaches the end): the batch
+        # fails in one line naming the partition and where it stood.
+        monkeypatch.setattr(range_reader, "SOURCE_STALL_S", 1.0)
+        with pytest.raises(ClusterUnreachable) as stalled:
+            records(committed, [((topic, 1), 8, 12)])
+        message = str(stalled.value)
+        assert f"no records of {topic}-1 from offset 10 within 1s" in message, message
+        assert "\n" not in message
+        assert committed._consumer.assignment() == []  # nothing assigned between batches
+    finally:
+        committed.close()
+        uncommitted.close()
