@@ -73,7 +73,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=None,
         help="a batch of at most this many records is copied in the driver (at least once: its "
         "JVM; exactly once: its Python, without record transforms), without a Spark job; 0: "
-        "always a Spark job (default 1000)",
+        "always a Spark job (default 1000, exactly once 50000)",
     )
     parser.add_argument(
         "--continuous",

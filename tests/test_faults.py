@@ -76,11 +76,10 @@ def test_a_cut_link_a_sigkill_and_a_broker_restart_lose_nothing(
     produce = faults.produce_numbered
     produce(source, topic, 3, 0, 20_000)
     faults.commit_group(source, topic, group, {0: 1_000, 1: 2_000, 2: 3_000})
-    job = faults.Supervisor(
-        lambda: start_mirror(
-            config, "east->secondary", state, log, "--max-records-per-batch", "3000"
-        )
-    )
+    # Batches of up to 3,000 records as Spark jobs, and in the driver those of up to 1,000 (the
+    # at-least-once default; exactly once, below its default): both kinds meet the faults.
+    batches = ("--max-records-per-batch", "3000", "--local-batch-max-records", "1000")
+    job = faults.Supervisor(lambda: start_mirror(config, "east->secondary", state, log, *batches))
     began = time.monotonic()
     try:
         remote = f"east.{topic}"

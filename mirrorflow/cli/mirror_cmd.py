@@ -41,7 +41,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         type=int,
         default=None,
         help="copy a batch of at most this many records in the driver, without a Spark "
-        "job (exactly once: not with record transforms); 0: never (default 1000)",
+        "job (exactly once: not with record transforms); 0: never (default 1000, exactly "
+        "once 50000)",
     )
     parser.add_argument(
         "--continuous",

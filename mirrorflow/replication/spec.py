@@ -25,8 +25,13 @@ from mirrorflow.replication.offset_map import map_topic
 from mirrorflow.replication.positions import OFFSETS_TOPIC_PARTITIONS, offsets_topic
 
 LOCAL_BATCH_MAX_RECORDS = 1000
-"""The default of ``--local-batch-max-records``: below it, scheduling a Spark job costs more than
-copying the records on the driver (see benchmarks/README.md, "Small batches")."""
+"""The default of ``--local-batch-max-records`` at least once: below it, scheduling a Spark job
+costs more than copying the records on the driver (see benchmarks/README.md, "Small batches")."""
+EOS_LOCAL_BATCH_MAX_RECORDS = 50_000
+"""Its default exactly once: the driver copies 1 KiB records in transactions at ~13,000 a
+second, where a Spark job's start costs 0.5-1 s and ~0.7 CPU-s (the first of a job, its Python
+workers' start, 12 s), so a steady flow's hiccup is caught up in the driver, not by a Spark job
+that falls further behind (benchmarks/README.md, "Small exactly-once batches in the driver")."""
 
 
 @dataclass
@@ -82,9 +87,10 @@ class MirrorSpec:
     # ``--retry-timeout``. After it, the job exits and its launcher (Airflow) takes over.
     retry_timeout_s: float = 600.0
     max_records_per_batch: int = 500_000
-    # An at-least-once batch of at most this many records is copied in the driver's JVM, without
-    # a Spark job (0: every batch is a Spark job); ``--local-batch-max-records``.
-    local_batch_max_records: int = LOCAL_BATCH_MAX_RECORDS
+    # A batch of at most this many records is copied in the driver (at least once, its JVM;
+    # exactly once, its Python), without a Spark job (0: every batch is a Spark job);
+    # ``--local-batch-max-records``. None: the mode's default (:meth:`local_batch_limit`).
+    local_batch_max_records: int | None = None
     # Caught up, an at-least-once flow copies continuously in the driver's JVM instead of batch
     # after batch (the default; ``--no-continuous``: batches only; exactly-once flows copy in
     # batches).
@@ -123,6 +129,13 @@ class MirrorSpec:
     @property
     def offset_syncs_cluster(self) -> str:
         return self.source if self.offset_syncs_location == "source" else self.target
+
+    @property
+    def local_batch_limit(self) -> int:
+        """The most records a batch copied in the driver holds (0: none is)."""
+        if self.local_batch_max_records is not None:
+            return self.local_batch_max_records
+        return EOS_LOCAL_BATCH_MAX_RECORDS if self.exactly_once else LOCAL_BATCH_MAX_RECORDS
 
 
 DEFAULT_HELD_BACK_SYNCS_INTERVAL_MS = 5000

@@ -45,6 +45,7 @@ log = logging.getLogger("mirrorflow.mirror")
 
 Partition = tuple[str, int]
 LOCAL_BATCH_MAX_BYTES = 8 << 20  # a local batch's records times the flow's mean record size
+EOS_LOCAL_BATCH_MAX_BYTES = 64 << 20  # likewise, exactly once
 
 
 class Batches:
@@ -235,15 +236,19 @@ class Batches:
     def runs_locally(self, ranges: list[tuple[Partition, int, int]]) -> bool:
         """Whether a batch is small enough to copy in the driver (at least once, its JVM;
         exactly once, its Python): at most
-        ``local_batch_max_records`` records (0: never), and at most
-        :data:`LOCAL_BATCH_MAX_BYTES` by the flow's mean record size so far."""
-        limit = self.job.spec.local_batch_max_records
+        ``local_batch_max_records`` records (0: never; by default 1,000 at least once, 50,000
+        exactly once), and at most :data:`LOCAL_BATCH_MAX_BYTES` (exactly once:
+        :data:`EOS_LOCAL_BATCH_MAX_BYTES`, the driver's Python streams them) by the flow's mean
+        record size so far."""
+        spec = self.job.spec
+        limit = spec.local_batch_limit
         records = sum(until - start for _tp, start, until in ranges)
         if limit <= 0 or records > limit:
             return False
         copied = self.job.report.copied
         mean = copied[1] / copied[0] if copied[0] else 0
-        return records * mean <= LOCAL_BATCH_MAX_BYTES
+        most = EOS_LOCAL_BATCH_MAX_BYTES if spec.exactly_once else LOCAL_BATCH_MAX_BYTES
+        return records * mean <= most
 
     def _copy_in_transactions(
         self, ranges: list[tuple[Partition, int, int]], mapping: dict[str, str], local: bool

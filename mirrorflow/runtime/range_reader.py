@@ -5,7 +5,8 @@ An exactly-once batch's tasks read their ranges with Spark's Kafka batch source 
 the Python workers (:mod:`mirrorflow.runtime.eos_writer`). A caught-up flow's batches are small,
 and a Spark job costs the driver's JVM about 0.7 CPU-s whatever it holds (planning, code
 generation, scheduling), so at a steady trickle most of an exactly-once flow's CPU went to
-scheduling. A batch of at most ``--local-batch-max-records`` records is read here instead, by
+scheduling. A batch of at most ``--local-batch-max-records`` records (exactly once, 50,000 by
+default: :data:`mirrorflow.replication.spec.EOS_LOCAL_BATCH_MAX_RECORDS`) is read here instead, by
 one consumer the flow keeps, and copied by the same writer in the driver's Python: the same
 transactions, positions, offset map and offset syncs as a Spark task's.
 
