@@ -340,12 +340,15 @@ def write_records(
     hint: str,
     error: type[MirrorflowError] = MirrorflowError,
     timeout_s: float = ADMIN_TIMEOUT_S,
+    abandon: Callable[[], bool] | None = None,
 ) -> None:
     """Write ``(key, value)`` records to partition 0 of one of mirrorflow's internal topics and
     wait until every one is acknowledged.
 
     A refusal raises the one line naming ``cluster``, ``principal`` and WRITE on ``topic``; any
-    other failure (or a timeout) raises ``error`` saying ``what`` failed, with ``hint``.
+    other failure (or a timeout) raises ``error`` saying ``what`` failed, with ``hint``. Once
+    ``abandon()`` says so (the flow was paused), it returns without waiting more: the records
+    stay with the producer, which sends them if the cluster answers.
     """
     failures: list[KafkaError] = []
 
@@ -365,7 +368,14 @@ def write_records(
                 break
         if failures:
             break
-    remaining = producer.flush(timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        wait = deadline - time.monotonic()
+        remaining = producer.flush(max(0.0, wait if abandon is None else min(wait, 0.5)))
+        if not remaining or failures or wait <= 0.5 or abandon is None:
+            break
+        if abandon():
+            return
     if failures and unauthorized(failures[0]):
         raise refusal(cluster, principal, what, failures[0].str(), f"WRITE on topic {topic}")
     if failures or remaining:

@@ -122,6 +122,10 @@ class FlowThread:
                 self._ended.set()
 
     def _failed(self, error: MirrorflowError) -> None:
+        # Kept for its message: its traceback's frames, and the Kafka clients in them, go now,
+        # not at the interpreter's exit (a librdkafka client destroyed then may call back into
+        # a finalized interpreter).
+        error.__traceback__ = error.__context__ = error.__cause__ = None
         self.error, self.finished = error, True
         log.error("%s", error)
         self.record_state("FAILED", str(error))

@@ -310,4 +310,7 @@ class Batches:
             what=f"writing offset syncs to {topic}",
             hint="the batch will be replayed when the job restarts; check the cluster",
             timeout_s=60,
+            # A pause does not wait for a cluster that does not answer (the source, where the
+            # syncs are by default): the batch is committed, its syncs left to the producer.
+            abandon=lambda: job.cancelled,
         )

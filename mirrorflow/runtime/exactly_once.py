@@ -11,6 +11,7 @@ batch is read and copied in the driver by the same writer, without a Spark job
 from __future__ import annotations
 
 import json
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -191,8 +192,13 @@ def copy_in_driver(
     )
     try:
         rows = [SimpleNamespace(**row) for batch in results for row in batch.to_pylist()]
-    except BaseException:
+    except BaseException as exc:
         driver.drop_producers()
+        # The failed batch's producers go now, not with its traceback's frames, which may be
+        # kept until the interpreter's exit: a librdkafka client destroyed then may call back
+        # into a finalized interpreter. (A job whose first batch in the driver was refused
+        # its transactional id exited with SIGSEGV once in a suite run; not reproduced alone.)
+        traceback.clear_frames(exc.__traceback__)
         raise
     while len(driver.producers) > KEPT_PRODUCERS:
         driver.producers.pop(next(iter(driver.producers)))
