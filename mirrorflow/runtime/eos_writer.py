@@ -40,7 +40,19 @@ if TYPE_CHECKING:
     from confluent_kafka import KafkaError, Producer  # imported where used, as the others
 
 STATS = ("min", "max", "sum", "count")
-INPUT_COLUMNS = ("topic", "partition", "offset", "key", "value", "headers", "ts_ms")
+INPUT_SCHEMA = pa.schema(
+    [
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("headers", pa.string()),  # JSON, see _decode_headers
+        ("ts_ms", pa.int64()),
+    ]
+)
+"""The records :func:`copy_records` takes (a Spark task's columns, the driver's batches)."""
+INPUT_COLUMNS = tuple(INPUT_SCHEMA.names)
 KEEP_COLUMN = "keep"
 """Present when the flow has record transforms: false for a record they drop (not copied; the
 partition's position still moves past it)."""

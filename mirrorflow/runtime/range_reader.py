@@ -36,18 +36,6 @@ from mirrorflow.runtime.copier import SOURCE_STALL_S
 
 Partition = tuple[str, int]
 
-INPUT_SCHEMA = pa.schema(
-    [
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("key", pa.binary()),
-        ("value", pa.binary()),
-        ("headers", pa.string()),
-        ("ts_ms", pa.int64()),
-    ]
-)
-assert tuple(INPUT_SCHEMA.names) == eos_writer.INPUT_COLUMNS
 CHUNK = 500  # records handed to the writer at once
 
 
@@ -200,6 +188,7 @@ def _encode_headers(headers: list[tuple[str, bytes | None]]) -> str:
 
 
 def _batch(rows: list[tuple]) -> pa.RecordBatch:
+    schema = eos_writer.INPUT_SCHEMA
     columns = zip(*rows, strict=True)
-    arrays = [pa.array(c, type=f.type) for c, f in zip(columns, INPUT_SCHEMA, strict=True)]
-    return pa.RecordBatch.from_arrays(arrays, schema=INPUT_SCHEMA)
+    arrays = [pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
