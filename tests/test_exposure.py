@@ -7,7 +7,9 @@ Listeners are judged by the address they are bound to (from /proc); requests go 
 from __future__ import annotations
 
 import http.client
+import http.server
 import os
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -17,6 +19,7 @@ import pytest
 
 from mirrorflow.devtools.local_airflow import SERVICES, LocalAirflow
 from mirrorflow.devtools.sandbox import free_port_block
+from mirrorflow.errors import MirrorflowError
 from mirrorflow.paths import private_dir, write_private
 from mirrorflow.runtime import spark_security
 from tests import exposure
@@ -216,6 +219,38 @@ def test_the_local_airflow_answers_on_loopback_only_and_keeps_its_password_priva
         assert exposure.mode(airflow.home / name) == 0o600, name
     everything_else = [p for p in airflow.home.rglob("*") if p != airflow.password_file]
     assert exposure.files_holding([password], everything_else) == []
+
+
+def test_another_airflow_on_the_port_is_named_not_taken_for_the_one_started(tmp_path):
+    """An api-server that cannot bind its port (another Airflow took it first) must not leave
+    the caller talking to the other one: it answers health checks, but not this home's user."""
+
+    class OtherAirflow(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/api/v2/monitor/health" else 404)
+            self.end_headers()
+
+        def do_POST(self):
+            self.send_response(401)
+            self.end_headers()
+
+        def log_message(self, *_args):
+            pass
+
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", free_port_block(1)), OtherAirflow)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        airflow = LocalAirflow(tmp_path / "airflow", tmp_path / "state", say=lambda _text: None)
+        airflow.port = other.server_address[1]
+        airflow.ensure_password()
+        with pytest.raises(MirrorflowError, match="another Airflow answers on") as error:
+            airflow.wait_for_api(timeout=10)
+    finally:
+        other.shutdown()
+        other.server_close()
+    assert f"127.0.0.1:{airflow.port}" in str(error.value)
+    assert "--port" in str(error.value)
+    assert airflow.ui_password() not in str(error.value)
 
 
 def _airflow_started(home: Path) -> bool:

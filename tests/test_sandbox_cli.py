@@ -118,3 +118,11 @@ def test_sandbox_ports_lie_outside_the_ephemeral_range_so_a_stopped_broker_can_r
     for count in (4, 30):
         base = free_port_block(count)
         assert base + count <= low or base > high, (base, count, low, high)
+
+
+def test_a_port_block_is_not_handed_out_again_while_its_caller_starts_what_binds_it():
+    # Airflow binds its port only after migrating its database: a second caller (another test
+    # worker, a benchmark) asking meanwhile, from the same starting point, gets another block.
+    blocks = [free_port_block(4) for _ in range(3)]
+    assert len(set(blocks)) == 3, blocks
+    assert all(abs(a - b) >= 4 for a in blocks for b in blocks if a != b), blocks

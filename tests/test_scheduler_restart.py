@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ from confluent_kafka import Producer
 from mirrorflow.airflow import rendering
 from mirrorflow.devtools import faults
 from mirrorflow.devtools.local_airflow import LocalAirflow
+from mirrorflow.devtools.sandbox import free_port_block
 from mirrorflow.runtime import jobs, launch
 from tests.conftest import create_topics
 from tests.mirror_harness import flow_file, progress, wait_for
@@ -52,10 +52,7 @@ def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalAirflow]:
             "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": str(ORPHAN_CHECK_S),
         },
     )
-    with socket.socket() as probe:  # not 8080: another test's api-server may be there
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    local.choose_port(port)
+    local.choose_port(free_port_block(1))  # not 8080: another test's api-server may be there
     local.migrate()
     local.dags_folder.mkdir(parents=True, exist_ok=True)
     leaders: list[int] = []

@@ -238,6 +238,7 @@ class LocalAirflow:
                 urllib.request.urlopen(url, timeout=5) as response,
             ):
                 if response.status == 200:
+                    self._check_is_ours()
                     self._say(f"Airflow's API answers on http://127.0.0.1:{self.port}")
                     return
             time.sleep(1)
@@ -245,6 +246,20 @@ class LocalAirflow:
             f"Airflow's api-server did not answer within {timeout:.0f}s",
             f"see {self.home / 'logs' / 'api-server.log'}",
         )
+
+    def _check_is_ours(self) -> None:
+        """Fail in one line when the Airflow answering on the port does not take this home's UI
+        password: another one took the port before this api-server could bind it."""
+        try:
+            Api(self.port, self.ui_password())
+        except ApiRefused as error:
+            if error.status != 401:
+                raise
+            raise MirrorflowError(
+                f"another Airflow answers on 127.0.0.1:{self.port}, not the one started from "
+                f"{self.home} (it refuses its UI password)",
+                "stop the other one or choose another port with --port",
+            ) from None
 
     def ui_password(self) -> str:
         deadline = time.monotonic() + 60
@@ -281,6 +296,14 @@ class LocalAirflow:
             (self.home / SERVICES_FILE).unlink(missing_ok=True)
 
 
+class ApiRefused(MirrorflowError):
+    """Airflow's API answered a call with an error status (``status``)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class Api:
     """The few calls of Airflow's REST API the demo makes, as the UI's user."""
 
@@ -301,8 +324,8 @@ class Api:
         except urllib.error.HTTPError as exc:
             if exc.code == 404:
                 return None
-            raise MirrorflowError(
-                f"Airflow's API refused {method} {path}: HTTP {exc.code} {exc.reason}"
+            raise ApiRefused(
+                f"Airflow's API refused {method} {path}: HTTP {exc.code} {exc.reason}", exc.code
             ) from None
 
     def dag(self, dag_id: str) -> dict | None:

@@ -14,13 +14,15 @@ as do the brokers' ``server.properties``; nothing prints a password.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import secrets
 import signal
 import socket
+import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -46,6 +48,9 @@ SINGLE_BROKER_FACTORS = (
     "offset-syncs.topic.replication.factor",
 )
 PORTS_PER_CLUSTER = 10
+# How long a block handed out by free_port_block is not handed out again, while its caller
+# starts what binds it.
+PORT_RESERVATION_S = 600.0
 DEFAULT_HEAP = "512m"
 STATE_FILE = "clusters.json"
 
@@ -222,8 +227,10 @@ def free_port_block(count: int) -> int:
 
     Only ports outside the kernel's ephemeral range are offered: a port inside it can be taken
     as the local end of any outgoing connection while its broker is stopped, and the broker
-    could then not restart on it. The search starts where this process's id points, so
-    concurrent callers (two test sessions, a benchmark) rarely pick the same block.
+    could then not restart on it. The search starts where this process's id points, and a block
+    handed out is reserved for :data:`PORT_RESERVATION_S` (in a file all of this user's
+    processes share), so a caller that takes a while to bind its ports (Airflow migrates its
+    database first) does not find a second caller on them: two test workers, a benchmark.
     """
     low, high = _ephemeral_ports()
     candidates = [
@@ -232,22 +239,59 @@ def free_port_block(count: int) -> int:
     if not candidates:
         raise MirrorflowError(f"no port outside the ephemeral range {low}-{high}")
     first = os.getpid() % len(candidates)
-    for base in candidates[first:] + candidates[:first]:
-        sockets = []
-        try:
-            for port in range(base, base + count):
-                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                sockets.append(sock)
-                sock.bind(("127.0.0.1", port))
+    with _port_reservations() as reserved:
+        for base in candidates[first:] + candidates[:first]:
+            if str(base) in reserved or not _ports_free(base, count):
+                continue
+            reserved[str(base)] = time.time()
             return base
-        except OSError:
-            continue
-        finally:
-            for sock in sockets:
-                sock.close()
     raise MirrorflowError(
         f"no block of {count} free ports on 127.0.0.1 outside the ephemeral range {low}-{high}"
     )
+
+
+def _ports_free(base: int, count: int) -> bool:
+    sockets = []
+    try:
+        for port in range(base, base + count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sockets.append(sock)
+            sock.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+@contextlib.contextmanager
+def _port_reservations() -> Iterator[dict[str, float]]:
+    """The blocks handed out in the last :data:`PORT_RESERVATION_S` (base port: when), held
+    under an exclusive lock and saved on exit; an empty dict that is not kept when the file
+    cannot be used (the ports are then only checked free)."""
+    path = Path(tempfile.gettempdir()) / f"mirrorflow-ports-{os.getuid()}.json"
+    try:
+        handle = os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT, 0o600), "r+")
+    except OSError:
+        yield {}
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            reserved = json.loads(handle.read() or "{}")
+        except ValueError:
+            reserved = {}
+        now = time.time()
+        reserved = {
+            base: when
+            for base, when in reserved.items()
+            if isinstance(when, (int, float)) and now - PORT_RESERVATION_S < when <= now
+        }
+        yield reserved
+        handle.seek(0)
+        handle.truncate()
+        handle.write(json.dumps(reserved))
 
 
 def _ephemeral_ports() -> tuple[int, int]:
