@@ -7,6 +7,8 @@ single offset is exact in a topic written on both sides).
 
 from __future__ import annotations
 
+import itertools
+import threading
 import time
 
 import pytest
@@ -139,19 +141,40 @@ def test_same_name_active_active_copies_each_record_once_each_side_and_fails_ove
         written["secondary"] |= produce_keyed(secondary, t, "s", range(400, 600))
         settled(written["primary"] | written["secondary"])
 
-        # A group reads part of the primary's topic, both sides' records mixed, then fails over.
+        # A group reads part of the primary's topic, both sides' records mixed, then fails over,
+        # a producer no fence names writing on meanwhile (as the reverse flow's heartbeats do):
+        # the catch-up waits for what was written before it began, not for a moving end.
         consumed = consume_and_commit(primary, t, group, {0: 250, 1: 170})
-        fail_over(
-            FailoverRequest(
-                flow=FLOWS[0],
-                flow_files=(str(config),),
-                run_id="failover-1",
-                mode="planned",
-                catch_up_timeout_s=60,
-                state_dir=str(flows),
-            ),
-            log=lambda _line: None,
-        )
+        stop_writing = threading.Event()
+        live: set[bytes] = set()
+
+        def write_on() -> None:
+            producer = Producer({**primary.client_config(), "enable.idempotence": True})
+            for i in itertools.count(1000):
+                if stop_writing.wait(0.05):
+                    break
+                producer.produce(t, b"v", b"p%d" % i, partition=i % 2)
+                assert producer.flush(30) == 0
+                live.add(b"p%d" % i)
+
+        writer = threading.Thread(target=write_on, daemon=True)
+        writer.start()
+        try:
+            fail_over(
+                FailoverRequest(
+                    flow=FLOWS[0],
+                    flow_files=(str(config),),
+                    run_id="failover-1",
+                    mode="planned",
+                    catch_up_timeout_s=60,
+                    state_dir=str(flows),
+                ),
+                log=lambda _line: None,
+            )
+        finally:
+            stop_writing.set()
+            writer.join()
+        assert len(live) > 10, live
         assert jobs.held(flows / "primary-secondary")
         every = written["primary"] | written["secondary"]
         read = read_as_group(secondary, t, group)
@@ -159,6 +182,8 @@ def test_same_name_active_active_copies_each_record_once_each_side_and_fails_ove
         assert set(read) >= every - consumed, "a record the group had not read is missing"
         again = len(set(read) & consumed)  # the other side's records between the two offsets
         print(f"failover: {len(every - consumed)} to read, {again} read again")
+        # the live records written after the cut reach the secondary once the flow resumes
+        written["primary"] |= live
 
         # On the secondary: the group reads on, and producers write there.
         consumed |= consume_and_commit(secondary, t, group, {0: 100, 1: 100})

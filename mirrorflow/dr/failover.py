@@ -93,7 +93,7 @@ from mirrorflow.dr.fences import create_acls, deny_write_bindings, fences_file, 
 from mirrorflow.dr.offsets import partition_key
 from mirrorflow.dr.records import hold_reason
 from mirrorflow.dr.rpo import failover_cut_ms, records_behind, rpo_at_cut
-from mirrorflow.dr.steps import Log, StepRecord, stamp_ms
+from mirrorflow.dr.steps import Log, Partition, StepRecord, stamp_ms
 from mirrorflow.dr.steps import StepSkipped as StepSkipped  # as callers name it
 from mirrorflow.dr.steps import iso as _iso
 from mirrorflow.dr.steps import safe_run_id as safe_run_id  # as it was named here
@@ -223,16 +223,23 @@ def fence_producers(
 def catch_up(
     request: FailoverRequest, run: FailoverRun, record: StepRecord, log: Log, poll_s: float = 2.0
 ) -> None:
-    """Planned: wait until the flow's positions reach the source's end offsets."""
+    """Planned: wait until the flow's positions reach the source's end offsets as the step
+    found them (a partition's as it first saw it): every record written before the catch-up
+    began. With every producer fenced those ends are the last; a writer left unfenced (the
+    reverse flow's heartbeats, a principal not named) writes on, and would keep a moving end
+    ahead of positions written every lease renewal: what it writes later is in the RPO at the
+    cut, as a record written after the cut is."""
     skip_unless_applies(request, run, "catch-up")
     spec = request.spec()
     source = ClusterAdmin(spec.source, spec.source_admin)
     started = time.monotonic()
     deadline = started + request.catch_up_timeout_s
     last_said = 0.0
+    bounds: dict[Partition, tuple[int, int]] = {}
     while True:
-        partitions = list(replicated_partitions(spec, source))
-        bounds = log_bounds(source, partitions)
+        new = [tp for tp in replicated_partitions(spec, source) if tp not in bounds]
+        if new:
+            bounds.update(log_bounds(source, new))
         try:
             positions = flow_positions(spec)
         except ClusterUnreachable as exc:  # its offsets topic just created, a leader moving
