@@ -349,7 +349,8 @@ def test_a_whole_flow_runs_with_exactly_the_acls_readme_lists_and_a_missing_one_
     for g in least_privilege(source, target, topics, groups):
         grant(sides[g.side], user, g.resource, g.name, g.pattern, *g.operations)
     admin = AdminClient(primary.client_config())
-    new = NewTopic(orders, 2, 1, config={"retention.ms": "3600000"})
+    # (retention well above the hour old the records are stamped: they stay on the source)
+    new = NewTopic(orders, 2, 1, config={"retention.ms": "86400000"})
     admin.create_topics([new])[orders].result(30)
     produce(primary, orders, 2, 40)
     commit(primary, group, {(orders, 0): 15, (orders, 1): 12})  # a group, idle, to checkpoint
@@ -398,7 +399,7 @@ def test_a_whole_flow_runs_with_exactly_the_acls_readme_lists_and_a_missing_one_
             "the changed config synced",
         )
         wait_for(lambda: len(watermarks(secondary, remote, [0, 1, 2])) == 3, 60, "3 partitions")
-        assert overrides(secondary, remote)["retention.ms"] == "3600000"
+        assert overrides(secondary, remote)["retention.ms"] == "86400000"
 
         def synced_acls() -> set:
             return {
@@ -466,7 +467,7 @@ def test_a_whole_flow_runs_with_exactly_the_acls_readme_lists_and_a_missing_one_
         ]
         for side, *acl in revoked:
             revoke(sides[side], user, *acl)
-        set_configs(primary, orders, {"retention.ms": "1700000"})  # a config to sync
+        set_configs(primary, orders, {"retention.ms": "43200000"})  # a config to sync
         failing = {"sync-topic-acls", "sync-topic-configs", "emit-checkpoints", "heartbeats"}
         wait_for(
             lambda: all(tasks(state, flow_dir)[n]["last_error"] for n in failing),
@@ -497,7 +498,7 @@ def test_a_whole_flow_runs_with_exactly_the_acls_readme_lists_and_a_missing_one_
         for side, *acl in revoked:
             grant(sides[side], user, *acl)
         wait_for(
-            lambda: overrides(secondary, remote).get("retention.ms") == "1700000",
+            lambda: overrides(secondary, remote).get("retention.ms") == "43200000",
             60,
             "the config synced once ALTER_CONFIGS is granted again",
         )
