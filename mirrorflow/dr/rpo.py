@@ -180,18 +180,11 @@ def measure_missing(spec: MirrorSpec, failover: dict, timeout_s: float = 120.0) 
     committed = spec.source_consumer.get("isolation.level") == "read_committed"
     admin = ClusterAdmin(spec.source, spec.source_admin)
     ends = {tp: end for tp, (_s, end) in log_bounds(admin, sorted(positions), committed).items()}
-    config = {
-        k: v
-        for k, v in spec.source_consumer_client.items()
-        if k not in ("group.id", "auto.offset.reset")
-    }
-    consumer = clients.consumer(
+    consumer = clients.assigned_consumer(
         spec.source,
+        spec.source_consumer_client,
+        f"mirrorflow-rpo-{spec.flow}",
         {
-            **config,
-            "group.id": f"mirrorflow-rpo-{spec.flow}",  # never joined nor committed
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest",  # a position retention removed: from the start
             "isolation.level": "read_committed" if committed else "read_uncommitted",
         },

@@ -274,6 +274,26 @@ def consumer(
     return Consumer(_config(cluster, config, on_error, quiet))
 
 
+def assigned_consumer(
+    cluster: str, config: Mapping[str, Any], group: str, settings: Mapping[str, Any]
+) -> Consumer:
+    """A consumer of ``cluster`` that reads the partitions it is assigned and never joins nor
+    commits its group: ``config`` (a flow's consumer settings, their ``group.id`` and
+    ``auto.offset.reset`` left out), ``group`` (confluent-kafka needs one all the same) and
+    ``settings`` over them (its ``auto.offset.reset`` among them)."""
+    kept = {k: v for k, v in config.items() if k not in ("group.id", "auto.offset.reset")}
+    return consumer(
+        cluster,
+        {
+            **kept,
+            "group.id": group,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            **settings,
+        },
+    )
+
+
 def producer(
     cluster: str,
     config: Mapping[str, Any],

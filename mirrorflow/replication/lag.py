@@ -153,18 +153,11 @@ def measure(
 def timestamp_reader(spec: MirrorSpec):
     """A consumer of the flow's source that reads the records at positions (never joins nor
     commits its group: ``assign`` only)."""
-    config = {
-        k: v
-        for k, v in spec.source_consumer_client.items()
-        if k not in ("group.id", "auto.offset.reset")
-    }
-    return clients.consumer(
+    return clients.assigned_consumer(
         spec.source,
+        spec.source_consumer_client,
+        f"mirrorflow-lag-{spec.flow}",
         {
-            **config,
-            "group.id": f"mirrorflow-lag-{spec.flow}",  # never joined nor committed
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest",  # a record gone with retention: the first left
             "max.partition.fetch.bytes": 65536,  # one record per partition is all it needs
             "fetch.wait.max.ms": 100,

@@ -30,16 +30,11 @@ class Doorbell:
 
     def __init__(self, consumer_config: dict[str, str], flow: str) -> None:
         """``consumer_config``: librdkafka settings of the source of ``flow`` (``S->T``)."""
-        config = {
-            k: v for k, v in consumer_config.items() if k not in ("group.id", "auto.offset.reset")
-        }
-        self._consumer = clients.consumer(
+        self._consumer = clients.assigned_consumer(
             jobs.split_flow(flow)[0],
+            consumer_config,
+            f"mirrorflow-doorbell-{flow}",
             {
-                **config,
-                "group.id": f"mirrorflow-doorbell-{flow}",  # never joined nor committed
-                "enable.auto.commit": False,
-                "enable.auto.offset.store": False,
                 "auto.offset.reset": "latest",
                 "max.partition.fetch.bytes": 65536,
                 "queued.max.messages.kbytes": 1024,
