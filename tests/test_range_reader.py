@@ -17,7 +17,14 @@ pytestmark = [pytest.mark.kafka]
 
 
 def records(reader: range_reader.RangeReader, ranges) -> list[dict]:
-    return [row for batch in reader.read(ranges) for row in batch.to_pylist()]
+    rows = []
+    for columns in reader.read(ranges):
+        assert set(columns) == set(eos_writer.INPUT_COLUMNS)
+        rows += [
+            dict(zip(columns, values, strict=True))
+            for values in zip(*columns.values(), strict=True)
+        ]
+    return rows
 
 
 def test_the_driver_reads_a_batchs_ranges_as_sparks_source_does(sandbox, topic_name, monkeypatch):
@@ -55,7 +62,7 @@ def test_the_driver_reads_a_batchs_ranges_as_sparks_source_does(sandbox, topic_n
         assert by_partition == {0: [*range(2, 10), 13], 1: [5, 6, 7]}
         first = next(r for r in rows if r["partition"] == 1 and r["offset"] == 5)
         assert first["topic"] == topic and first["value"] == b"v5" and first["ts_ms"] == 5
-        assert eos_writer._decode_headers(first["headers"]) == [("trace", b"t5"), ("empty", None)]
+        assert first["headers"] == [("trace", b"t5"), ("empty", None)]
         fifth = next(r for r in rows if r["partition"] == 0 and r["offset"] == 4)
         assert fifth["key"] is None and fifth["headers"] is None
         # MirrorMaker 2's default isolation (read_uncommitted) copies the aborted records too,

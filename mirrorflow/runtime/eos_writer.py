@@ -16,7 +16,8 @@ ranges, with producers kept from one batch to the next.
 (At-least-once copies never come here: mirrorflow's JVM copier writes them, see
 :mod:`mirrorflow.runtime.driver`.)
 
-Nothing here imports Spark but a task's attempt number: plain Python over ``pyarrow`` batches.
+Nothing here imports Spark but a task's attempt number: plain Python over ``pyarrow`` batches
+and column dicts.
 """
 
 from __future__ import annotations
@@ -40,19 +41,13 @@ if TYPE_CHECKING:
     from confluent_kafka import KafkaError, Producer  # imported where used, as the others
 
 STATS = ("min", "max", "sum", "count")
-INPUT_SCHEMA = pa.schema(
-    [
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("key", pa.binary()),
-        ("value", pa.binary()),
-        ("headers", pa.string()),  # JSON, see _decode_headers
-        ("ts_ms", pa.int64()),
-    ]
-)
-"""The records :func:`copy_records` takes (a Spark task's columns, the driver's batches)."""
-INPUT_COLUMNS = tuple(INPUT_SCHEMA.names)
+INPUT_COLUMNS = ("topic", "partition", "offset", "key", "value", "headers", "ts_ms")
+"""The columns of the records :func:`copy_records` takes, as :data:`Records`."""
+Records = dict[str, list[Any]]
+"""Records as columns of Python values, :data:`INPUT_COLUMNS` (and :data:`KEEP_COLUMN`, if the
+flow has record transforms), ``headers`` a list of ``(key, value)`` (``None``: no headers): the
+driver's reader builds them so (:mod:`mirrorflow.runtime.range_reader`); a Spark task's Arrow
+batch becomes them with :func:`records_of`."""
 KEEP_COLUMN = "keep"
 """Present when the flow has record transforms: false for a record they drop (not copied; the
 partition's position still moves past it)."""
@@ -263,13 +258,23 @@ class _Partition:
     runs: list[Run] = field(default_factory=list)  # this batch's copies, for the offset map
 
 
+def records_of(batch: pa.RecordBatch) -> Records:
+    """A Spark task's Arrow batch (``headers`` as JSON, see :func:`_decode_headers`) as
+    :data:`Records`."""
+    names = [*INPUT_COLUMNS, *([KEEP_COLUMN] if KEEP_COLUMN in batch.schema.names else [])]
+    records = {name: batch.column(name).to_pylist() for name in names}
+    records["headers"] = [_decode_headers(h) if h else None for h in records["headers"]]
+    return records
+
+
 def copy_records(
     settings: CopySettings,
-    batches: Iterable[pa.RecordBatch],
+    batches: Iterable[Records],
     producers: dict[str, Producer] | None = None,
     confirm: Callable[[], None] | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """Copy the records in ``batches`` to the target; yield syncs and per-partition totals.
+    """Copy the records in ``batches`` to the target; yield syncs and per-partition totals
+    (one Arrow batch, :data:`RESULT_SCHEMA`).
 
     A Spark task starts a transactional producer per source partition, which fences the earlier
     ones. The driver's small batches (:func:`mirrorflow.runtime.exactly_once.copy_in_driver`)
@@ -326,14 +331,12 @@ def _new_partition(
 
 
 def _produce_batch(
-    settings: CopySettings, batch: pa.RecordBatch, partitions, committed, producers=None
+    settings: CopySettings, cols: Records, partitions, committed, producers=None
 ) -> None:
-    cols = {name: batch.column(name).to_pylist() for name in INPUT_COLUMNS}
-    names = batch.schema.names
-    keep = batch.column(KEEP_COLUMN).to_pylist() if KEEP_COLUMN in names else None
+    keep = cols.get(KEEP_COLUMN)
     now_ms = int(time.time() * 1000)
     current = None
-    for i in range(batch.num_rows):
+    for i in range(len(cols["offset"])):
         topic, part = cols["topic"][i], cols["partition"][i]
         if current is None or current.topic != topic or current.partition != part:
             current = partitions.get((topic, part))
@@ -356,7 +359,6 @@ def _produce_batch(
         )
         size = (len(key) if key else 0) + (len(value) if value else 0)
         if headers:
-            headers = _decode_headers(headers)
             size += sum(len(k) + (len(v) if v else 0) for k, v in headers)
         if size + RECORD_OVERHEAD > limit:
             raise CopyError(
@@ -408,7 +410,7 @@ def _latency(p: _Partition) -> list[int]:
 
 
 def _decode_headers(text: str) -> list[tuple[str, bytes | None]]:
-    """Headers as the driver encodes them: JSON ``[{"k": key, "v": base64 value}]``, with
+    """Headers as the Spark job encodes them: JSON ``[{"k": key, "v": base64 value}]``, with
     ``v`` absent for a null value."""
     return [(h["k"], base64.b64decode(h["v"]) if "v" in h else None) for h in json.loads(text)]
 

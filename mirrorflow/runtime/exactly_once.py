@@ -123,7 +123,7 @@ def copy_in_transactions(frame: DataFrame, settings: eos_writer.CopySettings) ->
     from pyspark.sql import functions as F
 
     def copy(batches):
-        return eos_writer.copy_records(settings, batches)
+        return eos_writer.copy_records(settings, map(eos_writer.records_of, batches))
 
     rows = (
         frame.where(F.col("topic").isin(list(settings.remote_topics)))

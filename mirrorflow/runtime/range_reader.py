@@ -20,13 +20,9 @@ Spark task's poll timeout does.
 
 from __future__ import annotations
 
-import base64
-import json
 import time
 from collections.abc import Callable, Iterator
 from typing import cast
-
-import pyarrow as pa
 
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
 from mirrorflow.replication import clients
@@ -59,18 +55,13 @@ class RangeReader:
         ``cancelled``: whether the batch was cancelled (a pause): a read then stops."""
         self.cancelled = cancelled
         committed = java_consumer.get("isolation.level") == "read_committed"
-        config = {
-            k: v for k, v in consumer_config.items() if k not in ("group.id", "auto.offset.reset")
-        }
         self.source = source
         self.principal = client_principal(consumer_config)
-        self._consumer = clients.consumer(
+        self._consumer = clients.assigned_consumer(
             source,
+            consumer_config,
+            f"mirrorflow-reader-{flow}",
             {
-                **config,
-                "group.id": f"mirrorflow-reader-{flow}",  # never joined nor committed
-                "enable.auto.commit": False,
-                "enable.auto.offset.store": False,
                 "isolation.level": "read_committed" if committed else "read_uncommitted",
                 # a range's start is known: an offset reset means the range is gone (deleted)
                 "auto.offset.reset": "earliest",
@@ -80,9 +71,9 @@ class RangeReader:
             },
         )
 
-    def read(self, ranges: list[tuple[Partition, int, int]]) -> Iterator[pa.RecordBatch]:
-        """The records of ``ranges`` (partition, first offset, end), in chunks of
-        :data:`CHUNK`, each partition's in offset order."""
+    def read(self, ranges: list[tuple[Partition, int, int]]) -> Iterator[eos_writer.Records]:
+        """The records of ``ranges`` (partition, first offset, end) as the exactly-once writer
+        takes them, in chunks of :data:`CHUNK`, each partition's in offset order."""
         from confluent_kafka import TopicPartition
 
         ends = {tp: until for tp, start, until in ranges if until > start}
@@ -98,7 +89,7 @@ class RangeReader:
 
     def _read(
         self, starts: dict[Partition, int], ends: dict[Partition, int]
-    ) -> Iterator[pa.RecordBatch]:
+    ) -> Iterator[eos_writer.Records]:
         from confluent_kafka import KafkaError, TopicPartition
 
         remaining = dict(ends)
@@ -135,14 +126,14 @@ class RangeReader:
                         offset,
                         msg.key(),
                         msg.value(),
-                        _encode_headers(headers) if headers else None,
+                        headers or None,
                         timestamp if timestamp_type else None,
                     )
                 )
             if messages:
                 heard = time.monotonic()
             if len(rows) >= CHUNK:
-                yield _batch(rows)
+                yield _records(rows)
                 rows = []
             reached = self._consumer.position([TopicPartition(t, p) for t, p in remaining])
             for position in reached:
@@ -159,7 +150,7 @@ class RangeReader:
                     f"check that {self.source} is up; retrying",
                 )
         if rows:
-            yield _batch(rows)
+            yield _records(rows)
 
     def _raise(self, error, topic: str, partition: int) -> None:
         if unauthorized(error):
@@ -179,16 +170,5 @@ class RangeReader:
         self._consumer.close()
 
 
-def _encode_headers(headers: list[tuple[str, bytes | None]]) -> str:
-    """Headers as :func:`eos_writer._decode_headers` takes them (as the Spark job encodes them):
-    JSON ``[{"k": key, "v": base64 value}]``, ``v`` absent for a null value."""
-    return json.dumps(
-        [{"k": k} if v is None else {"k": k, "v": base64.b64encode(v).decode()} for k, v in headers]
-    )
-
-
-def _batch(rows: list[tuple]) -> pa.RecordBatch:
-    schema = eos_writer.INPUT_SCHEMA
-    columns = zip(*rows, strict=True)
-    arrays = [pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)]
-    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+def _records(rows: list[tuple]) -> eos_writer.Records:
+    return dict(zip(eos_writer.INPUT_COLUMNS, map(list, zip(*rows, strict=True)), strict=True))
