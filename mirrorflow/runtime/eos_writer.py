@@ -1,17 +1,17 @@
 """The executor side of the exactly-once mirror job: copy Kafka records in transactions.
 
-In exactly-once mode (``<target>.exactly.once.source.support = enabled``) Spark's Kafka batch
-source reads the offset ranges the driver planned; each Spark task gets the records of one
-source partition and hands them, as Arrow batches, to :func:`copy_records`, which runs in a
-Python worker. It produces every record to the same partition of the remote topic with the same
-key, value, headers and timestamp through that partition's transactional confluent-kafka
-producer, adds the partition's position as MirrorMaker 2's own record of Connect's offsets
-topic, and commits both together. The delivery reports give the exact downstream offset of each
-copy: it returns the offset syncs that MirrorMaker 2's rule makes due (a fresh rule state per
+In exactly-once mode (``<target>.exactly.once.source.support = enabled``) Spark's Kafka batch source
+reads the offset ranges the driver planned; each Spark task gets the records of one source partition
+and hands them, as Arrow batches made Python columns (:func:`records_of`), to :func:`copy_records`,
+which runs in a Python worker. It produces every record to the same partition of the remote topic
+with the same key, value, headers and timestamp through that partition's transactional
+confluent-kafka producer, adds the partition's position as MirrorMaker 2's own record of Connect's
+offsets topic, and commits both together. The delivery reports give the exact downstream offset of
+each copy: it returns the offset syncs that MirrorMaker 2's rule makes due (a fresh rule state per
 task, so never fewer syncs than MirrorMaker 2) plus the last copy of each partition, which the
 driver writes once the batch is committed. A small batch runs it in the driver instead
-(:func:`mirrorflow.runtime.exactly_once.copy_in_driver`), over the driver's own read of the
-ranges, with producers kept from one batch to the next.
+(:func:`mirrorflow.runtime.exactly_once.copy_in_driver`), over the driver's own read of the ranges,
+with producers kept from one batch to the next.
 
 (At-least-once copies never come here: mirrorflow's JVM copier writes them, see
 :mod:`mirrorflow.runtime.driver`.)
