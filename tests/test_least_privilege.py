@@ -644,7 +644,7 @@ def test_an_exactly_once_flow_needs_write_on_its_transactional_ids_too(sandbox, 
         assert_one_line_naming(
             error,
             f"cluster {target} refused principal {user} while starting a transaction",
-            f"WRITE on transactional id mirrorflow-{flow}-{topic}-",
+            f"WRITE on transactional ids prefixed mirrorflow-{flow}-",
         )
         eos = exactly_once_grant(source, target)
         grant(secondary, user, eos.resource, eos.name, eos.pattern, *eos.operations)

@@ -15,8 +15,9 @@ them:
   :func:`mirrorflow.runtime.eos_writer.copy_records` commits each partition's copies, its runs of
   the offset map and its position in one Kafka transaction; the offset syncs follow. A small
   batch (the same rule) is read by the driver's :class:`~mirrorflow.runtime.range_reader.
-  RangeReader` and copied by the same writer in the driver's Python, without a Spark job
-  (not for a flow with record transforms, which Spark applies).
+  RangeReader` and copied by the same writer in the driver's Python, without a Spark job, in
+  one transaction for all its partitions (not for a flow with record transforms, which Spark
+  applies).
 
 A batch that fails or is cancelled keeps what it committed (exactly once, its open transactions
 are aborted); a source that stops answering mid-batch leaves its ranges unfinished
@@ -271,7 +272,9 @@ class Batches:
             )
             self._driver = exactly_once.DriverCopy(reader, self._confirm_lease)
         elif not local and self._driver is not None:
-            self._driver.drop_producers()  # the Spark tasks fence them
+            # A Spark batch's cancellation fences the driver's id too (without a batch of the
+            # driver's to drop it): the next small batch starts a new producer.
+            self._driver.drop_producers()
         result = exactly_once.copy_batch(
             job.spark,
             job.spec,

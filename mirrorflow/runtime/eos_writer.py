@@ -11,7 +11,7 @@ each copy: it returns the offset syncs that MirrorMaker 2's rule makes due (a fr
 task, so never fewer syncs than MirrorMaker 2) plus the last copy of each partition, which the
 driver writes once the batch is committed. A small batch runs it in the driver instead
 (:func:`mirrorflow.runtime.exactly_once.copy_in_driver`), over the driver's own read of the ranges,
-with producers kept from one batch to the next.
+all its partitions in one transaction, with the producer kept from one batch to the next.
 
 (At-least-once copies never come here: mirrorflow's JVM copier writes them, see
 :mod:`mirrorflow.runtime.driver`.)
@@ -113,31 +113,35 @@ class CopySettings:
 
 
 def transactional_id(prefix: str, topic: str, partition: int) -> str:
-    """The ``transactional.id`` of a flow's copies of one source partition (``prefix``:
+    """The ``transactional.id`` of a Spark task's copies of one source partition (``prefix``:
     ``mirrorflow-S->T``)."""
     return f"{prefix}-{topic}-{partition}"
+
+
+def driver_transactional_id(prefix: str) -> str:
+    """The ``transactional.id`` of the driver's small batches: one transaction holds all their
+    partitions (it ends in a word, so no partition's id, which ends in a number, is the same)."""
+    return f"{prefix}-driver"
 
 
 def abort_transactions(
     cluster: str,
     producer_config: dict,
-    prefix: str,
-    partitions: list[tuple[str, int]],
+    transactional_ids: list[str],
     offsets_topic: str,
     timeout_s: float = 30.0,
 ) -> None:
-    """Fence the transactional producers of ``partitions`` (a producer initialised with the same
-    ``transactional.id``), which aborts their open transactions: a worker killed mid-batch
-    leaves its transaction open, and an open transaction holds back every read_committed
-    consumer of the partition until ``transaction.timeout.ms``. A :class:`MirrorflowError`
-    names the partitions that could not be fenced (on ``cluster``, the target, which holds
-    ``offsets_topic``)."""
+    """Fence the transactional producers of ``transactional_ids`` (a producer initialised with
+    the same ``transactional.id``), which aborts their open transactions: a worker killed
+    mid-batch leaves its transaction open, and an open transaction holds back every
+    read_committed consumer of the partition until ``transaction.timeout.ms``. A
+    :class:`MirrorflowError` names the ids that could not be fenced (on ``cluster``, the
+    target, which holds ``offsets_topic``)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from confluent_kafka import KafkaException
 
-    def fence(tp: tuple[str, int]) -> str | None:
-        txn_id = transactional_id(prefix, *tp)
+    def fence(txn_id: str) -> str | None:
         producer = clients.producer(cluster, {**producer_config, "transactional.id": txn_id})
         try:
             clients.init_transactions(producer, offsets_topic, timeout_s)
@@ -145,30 +149,30 @@ def abort_transactions(
         except KafkaException as exc:
             return f"{txn_id}: {exc.args[0].str()}"
 
-    if not partitions:
+    if not transactional_ids:
         return
-    with ThreadPoolExecutor(max_workers=min(8, len(partitions))) as pool:
-        failed = [f for f in pool.map(fence, partitions) if f is not None]
+    with ThreadPoolExecutor(max_workers=min(8, len(transactional_ids))) as pool:
+        failed = [f for f in pool.map(fence, transactional_ids) if f is not None]
     if failed:
         raise MirrorflowError(
-            f"could not abort the open transactions of {len(failed)} partition(s): "
+            f"could not abort the open transactions of {len(failed)} transactional id(s): "
             + "; ".join(failed[:3]),
             "they end after the target's transaction timeout (transaction.timeout.ms)",
         )
 
 
-def _transactional_producer(settings: CopySettings, topic: str, partition: int):
-    """A new transactional producer of one source partition, with a transaction begun.
+def _transactional_producer(settings: CopySettings, txn_id: str):
+    """A new transactional producer, with a transaction begun.
 
-    Its ``transactional.id`` is stable per flow and partition, so initialising it fences off
-    any earlier producer of that partition (a zombie of a previous attempt or job, or the one
-    another Python worker used for an earlier batch) and aborts its open transaction. A
-    producer is therefore never reused across tasks: another worker may have fenced it since
-    (the driver's small batches keep theirs: see :func:`copy_records`).
+    Its ``transactional.id`` is stable per flow and partition (the driver's: per flow), so
+    initialising it fences off any earlier producer of the same id (a zombie of a previous
+    attempt or job, or the one another Python worker used for an earlier batch) and aborts
+    its open transaction. A Spark task's producer is therefore never reused across tasks:
+    another worker may have fenced it since (the driver keeps its one: see
+    :func:`copy_records`).
     """
     from confluent_kafka import KafkaException
 
-    txn_id = transactional_id(settings.transactional_id_prefix, topic, partition)
     producer = clients.producer(
         settings.target_alias,
         {
@@ -197,7 +201,8 @@ def _begin(settings: CopySettings, producer: Producer, txn_id: str) -> None:
 def _start_failed(settings: CopySettings, txn_id: str, exc: Exception) -> NoReturn:
     error = exc.args[0]
     action = f"starting a transaction ({txn_id})"
-    _raise_if_refused(settings, action, error, f"WRITE on transactional id {txn_id}")
+    needs = f"WRITE on transactional ids prefixed {settings.transactional_id_prefix}-"
+    _raise_if_refused(settings, action, error, needs)
     raise CopyError(
         f"starting a transaction ({txn_id}) on {settings.target_alias} failed: {error.str()}"
     ) from None
@@ -218,9 +223,22 @@ def _confirm_lease(settings: CopySettings, holder: dict[str, Any], partitions) -
             lease.Holder(**holder),
         )
     except MirrorflowError as exc:
-        for p in partitions.values():
-            p.producer.abort_transaction(settings.flush_timeout_s)
+        _abort_all(settings, partitions)
         raise CopyError(str(exc)) from None
+
+
+def _transactions(partitions) -> dict[str, list[_Partition]]:
+    """The partitions by the transaction holding their copies (the driver's hold all theirs in
+    one; a Spark task's, each its own)."""
+    groups: dict[str, list[_Partition]] = {}
+    for p in partitions.values():
+        groups.setdefault(p.txn_id, []).append(p)
+    return groups
+
+
+def _abort_all(settings: CopySettings, partitions) -> None:
+    for group in _transactions(partitions).values():
+        group[0].producer.abort_transaction(settings.flush_timeout_s)
 
 
 class _Acks:
@@ -246,6 +264,7 @@ class _Partition:
     partition: int
     remote: str
     producer: Producer
+    txn_id: str
     skip_through: int = -1  # exactly-once: upstream offsets already committed on the target
     acks: _Acks = field(default_factory=_Acks)
     upstream: list[int] = field(default_factory=list)
@@ -277,11 +296,13 @@ def copy_records(
     (one Arrow batch, :data:`RESULT_SCHEMA`).
 
     A Spark task starts a transactional producer per source partition, which fences the earlier
-    ones. The driver's small batches (:func:`mirrorflow.runtime.exactly_once.copy_in_driver`)
-    keep theirs in ``producers`` (by transactional id) from one batch to the next, and
-    ``confirm`` (the driver's own check that its lease is fresh) replaces the task's read of
-    the leases topic. A caller whose batch failed, or that fences the partitions (a Spark
-    batch's tasks do), drops them: their state is unknown, or they are fenced."""
+    ones, and commits one transaction per partition. The driver's small batches
+    (:func:`mirrorflow.runtime.exactly_once.copy_in_driver`) copy all their partitions in one
+    transaction, of the producer of :func:`driver_transactional_id`, which they keep in
+    ``producers`` (by transactional id) from one batch to the next; ``confirm`` (the driver's
+    own check that its lease is fresh) replaces the task's read of the leases topic. A caller
+    whose batch failed, or that fences the flow's transactional ids, drops it: its state is
+    unknown, or it is fenced."""
     committed = dict(settings.committed)
     if _task_attempt() > 0:
         # A retried task may follow an attempt that committed before it failed.
@@ -299,8 +320,9 @@ def copy_records(
         finally:
             reader.close()
     partitions: dict[tuple[str, int], _Partition] = {}
+    begun: dict[str, Producer] = {}  # the producers whose transaction this batch began
     for batch in batches:
-        _produce_batch(settings, batch, partitions, committed, producers)
+        _produce_batch(settings, batch, partitions, committed, producers, begun)
     _commit_transactions(settings, partitions, confirm)
     _check_acks(settings, partitions)
     yield _results(settings, partitions)
@@ -314,24 +336,36 @@ def _task_attempt() -> int:
 
 
 def _new_partition(
-    settings: CopySettings, topic: str, part: int, committed, producers: dict | None
+    settings: CopySettings,
+    topic: str,
+    part: int,
+    committed,
+    producers: dict | None,
+    begun: dict[str, Producer],
 ) -> _Partition:
     remote = settings.remote_topics.get(topic)
     if remote is None:
         raise CopyError(f"no remote topic was prepared for source topic {topic}")
-    txn_id = transactional_id(settings.transactional_id_prefix, topic, part)
-    producer = producers.pop(txn_id, None) if producers is not None else None
-    if producer is not None:
-        _begin(settings, producer, txn_id)
+    prefix = settings.transactional_id_prefix
+    if producers is None:
+        txn_id = transactional_id(prefix, topic, part)
     else:
-        producer = _transactional_producer(settings, topic, part)
-    if producers is not None:
-        producers[txn_id] = producer  # the most recently used last
-    return _Partition(topic, part, remote, producer, committed.get((topic, part), -1))
+        txn_id = driver_transactional_id(prefix)
+    producer = begun.get(txn_id)
+    if producer is None:
+        producer = producers.pop(txn_id, None) if producers is not None else None
+        if producer is not None:
+            _begin(settings, producer, txn_id)
+        else:
+            producer = _transactional_producer(settings, txn_id)
+        if producers is not None:
+            producers[txn_id] = producer
+        begun[txn_id] = producer
+    return _Partition(topic, part, remote, producer, txn_id, committed.get((topic, part), -1))
 
 
 def _produce_batch(
-    settings: CopySettings, cols: Records, partitions, committed, producers=None
+    settings: CopySettings, cols: Records, partitions, committed, producers, begun
 ) -> None:
     keep = cols.get(KEEP_COLUMN)
     now_ms = int(time.time() * 1000)
@@ -342,7 +376,7 @@ def _produce_batch(
             current = partitions.get((topic, part))
             if current is None:
                 current = partitions[(topic, part)] = _new_partition(
-                    settings, topic, part, committed, producers
+                    settings, topic, part, committed, producers, begun
                 )
             limit = settings.max_message_bytes.get(current.remote, 1 << 62)
             produce, poll = current.producer.produce, current.producer.poll
@@ -418,7 +452,8 @@ def _decode_headers(text: str) -> list[tuple[str, bytes | None]]:
 def _commit_transactions(
     settings: CopySettings, partitions, confirm: Callable[[], None] | None = None
 ) -> None:
-    """Add each partition's offset-map runs and position to its transaction and commit it."""
+    """Add each partition's offset-map runs and position to its transaction and commit it (a
+    transaction with no partition read is aborted)."""
     from confluent_kafka import KafkaException
 
     from mirrorflow.mm2.formats import SourceOffset
@@ -427,37 +462,45 @@ def _commit_transactions(
         try:
             confirm()
         except MirrorflowError as exc:
-            for p in partitions.values():
-                p.producer.abort_transaction(settings.flush_timeout_s)
+            _abort_all(settings, partitions)
             raise CopyError(str(exc)) from None
     elif settings.lease_holder is not None and partitions:
         _confirm_lease(settings, settings.lease_holder, partitions)
 
-    for p in partitions.values():
+    for group in _transactions(partitions).values():
+        producer = group[0].producer
+        read = [p for p in group if p.seen >= 0]
         try:
-            if p.seen >= 0:
+            if not read:
+                producer.abort_transaction(settings.flush_timeout_s)
+                continue
+            for p in read:
                 if settings.map_topic and p.upstream:
                     _add_runs(settings, p)
                 # Past the records the transforms dropped too, as Connect commits the source
                 # offsets of the records its transforms drop.
                 position = SourceOffset(settings.source_alias, p.topic, p.partition, p.seen)
-                p.producer.produce(settings.offsets_topic, position.value(), position.key())
-                p.producer.commit_transaction(settings.flush_timeout_s)
-                p.committed_at_ms = int(time.time() * 1000)
-            else:
-                p.producer.abort_transaction(settings.flush_timeout_s)
+                producer.produce(settings.offsets_topic, position.value(), position.key())
+            producer.commit_transaction(settings.flush_timeout_s)
+            committed_at_ms = int(time.time() * 1000)
+            for p in read:
+                p.committed_at_ms = committed_at_ms
         except KafkaException as exc:
             error = exc.args[0]
             if error.txn_requires_abort():
-                p.producer.abort_transaction(settings.flush_timeout_s)
+                producer.abort_transaction(settings.flush_timeout_s)
+            copies = ", ".join(f"{p.topic}-{p.partition}" for p in read[:3]) + (
+                f" and {len(read) - 3} more partitions" if len(read) > 3 else ""
+            )
+            remotes = ", ".join(sorted({p.remote for p in read}))
             _raise_if_refused(
                 settings,
-                f"committing the copies of {p.topic}-{p.partition} to {p.remote}",
+                f"committing the copies of {copies} to {remotes}",
                 error,
-                f"WRITE on topics {p.remote}, {settings.offsets_topic} and {settings.map_topic}",
+                f"WRITE on topics {remotes}, {settings.offsets_topic} and {settings.map_topic}",
             )
             raise CopyError(
-                f"committing the copies of {p.topic}-{p.partition} to {p.remote} on "
+                f"committing the copies of {copies} to {remotes} on "
                 f"{settings.target_alias} failed: {error.str()} (nothing of it was committed)"
             ) from None
 

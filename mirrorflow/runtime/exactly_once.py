@@ -4,8 +4,8 @@ transaction that also commits its position and its runs of the offset map
 (:func:`copy_in_transactions`, with :func:`mirrorflow.runtime.eos_writer.copy_records` on the
 executors), and a failed or cancelled batch's partitions are fenced (:func:`fence`), which
 aborts their open transactions: nothing of it becomes visible but what it committed. A small
-batch is read and copied in the driver by the same writer, without a Spark job
-(:func:`copy_in_driver`, :mod:`mirrorflow.runtime.range_reader`).
+batch is read and copied in the driver by the same writer, without a Spark job, all its
+partitions in one transaction (:func:`copy_in_driver`, :mod:`mirrorflow.runtime.range_reader`).
 """
 
 from __future__ import annotations
@@ -47,19 +47,23 @@ def reader_group(flow: str) -> str:
 
 def transactional_prefix(spec: MirrorSpec) -> str:
     """The transactional ids of a flow's copies: ``<prefix>-<topic>-<partition>``, one per
-    source partition, so that a new task of a partition fences its earlier ones."""
+    source partition, so that a new task of a partition fences its earlier ones, and
+    ``<prefix>-driver``, the driver's small batches' (all their partitions in one transaction)."""
     return f"mirrorflow-{spec.source}->{spec.target}"
 
 
 def fence(spec: MirrorSpec, producer_config: dict, partitions: list[Partition]) -> None:
-    """Fence the transactional producers of the flow's ``partitions`` on its target, which
-    aborts their open transactions (a :class:`~mirrorflow.errors.MirrorflowError` names those
-    the target did not let it fence)."""
+    """Fence the transactional producers of the flow's ``partitions`` and the driver's on its
+    target, which aborts their open transactions (a
+    :class:`~mirrorflow.errors.MirrorflowError` names those the target did not let it fence)."""
+    prefix = transactional_prefix(spec)
     eos_writer.abort_transactions(
         spec.target,
         producer_config,
-        transactional_prefix(spec),
-        partitions,
+        [
+            eos_writer.driver_transactional_id(prefix),
+            *(eos_writer.transactional_id(prefix, *tp) for tp in partitions),
+        ],
         spec.offsets_topic,
         SOURCE_STALL_S,
     )
@@ -160,23 +164,18 @@ def copy_in_transactions(frame: DataFrame, settings: eos_writer.CopySettings) ->
 @dataclass
 class DriverCopy:
     """What the driver keeps for its small exactly-once batches (:func:`copy_in_driver`): its
-    reader of the source, its transactional producers from one batch to the next (at most
-    :data:`KEPT_PRODUCERS`, the most recently used), and its check that it still holds the
-    flow's lease."""
+    reader of the source, its transactional producer from one batch to the next (by its
+    transactional id, :func:`~mirrorflow.runtime.eos_writer.driver_transactional_id`), and its
+    check that it still holds the flow's lease."""
 
     reader: RangeReader
     confirm: Callable[[], None]
     producers: dict[str, Any] = field(default_factory=dict)
 
     def drop_producers(self) -> None:
-        """Forget the kept producers (a batch failed: their state is unknown; or the
-        partitions are fenced: a Spark batch's tasks start their own)."""
+        """Forget the kept producer (a batch failed: its state is unknown; or the flow's
+        transactional ids were fenced)."""
         self.producers.clear()
-
-
-# A kept producer holds its threads and connections: a flow of hundreds of partitions (a
-# mesh's heartbeat chains) keeps those of the partitions that copy most often.
-KEPT_PRODUCERS = 64
 
 
 def copy_in_driver(
@@ -184,9 +183,9 @@ def copy_in_driver(
     ranges: list[tuple[Partition, int, int]],
     settings: eos_writer.CopySettings,
 ) -> TransactionalCopy:
-    """Copy ``ranges`` as :func:`copy_in_transactions` does, in this process: the driver's
-    reader reads them, and the same writer copies them with the producers the driver kept
-    (a small batch, without a Spark job). A failure drops the kept producers."""
+    """Copy ``ranges`` as :func:`copy_in_transactions` does, in this process, all in one
+    transaction: the driver's reader reads them, and the same writer copies them with the
+    producer the driver kept (a small batch, without a Spark job). A failure drops it."""
     results = eos_writer.copy_records(
         settings, driver.reader.read(ranges), driver.producers, driver.confirm
     )
@@ -200,8 +199,6 @@ def copy_in_driver(
         # its transactional id exited with SIGSEGV once in a suite run; not reproduced alone.)
         traceback.clear_frames(exc.__traceback__)
         raise
-    while len(driver.producers) > KEPT_PRODUCERS:
-        driver.producers.pop(next(iter(driver.producers)))
     return _collect(rows)
 
 
