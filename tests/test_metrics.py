@@ -120,7 +120,7 @@ def test_latency_window_keeps_the_last_minute_else_the_last_batch():
 
 
 def test_exactly_once_latency_counts_from_the_commit():
-    p = eos_writer._Partition("t", 0, "a.t", producer=None)
+    p = eos_writer._Partition("t", 0, "a.t", producer=None, txn_id="mirrorflow-a->b-driver")
     for ts in (1_000, 1_500, 2_000):
         eos_writer._add(p.timestamps, ts)
     p.committed_at_ms = 2_100

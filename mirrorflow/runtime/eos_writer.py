@@ -474,6 +474,10 @@ def _commit_transactions(
             if not read:
                 producer.abort_transaction(settings.flush_timeout_s)
                 continue
+            if settings.map_topic and any(p.upstream for p in read):
+                # Every copy acknowledged first, once for the whole transaction (a flush per
+                # partition waits a round trip each for the runs produced before it).
+                producer.flush(settings.flush_timeout_s)
             for p in read:
                 if settings.map_topic and p.upstream:
                     _add_runs(settings, p)
@@ -506,9 +510,8 @@ def _commit_transactions(
 
 
 def _add_runs(settings: CopySettings, p: _Partition) -> None:
-    """Write the runs of the partition's copies to the offset map, in its transaction (once
-    every copy is acknowledged; otherwise the commit fails anyway)."""
-    p.producer.flush(settings.flush_timeout_s)
+    """Write the runs of the partition's copies to the offset map, in its transaction (its
+    copies flushed: once every copy is acknowledged; otherwise the commit fails anyway)."""
     if p.acks.error is not None or len(p.acks.downstream) != len(p.upstream):
         return
     p.runs = runs_of(p.upstream, p.acks.downstream)

@@ -93,14 +93,18 @@ class RangeReader:
         from confluent_kafka import KafkaError, TopicPartition
 
         remaining = dict(ends)
+        following = {tp: starts[tp] for tp in ends}  # the offset after the last record read
         heard = time.monotonic()
         rows: list[tuple] = []
         while remaining:
             if self.cancelled():
                 raise MirrorflowError("the batch was cancelled", "it is copied again on resume")
-            # A short wait: librdkafka returns after it unless CHUNK records are there, and a
-            # range's end is seen by its position (it passes transaction markers too).
-            messages = self._consumer.consume(CHUNK, 0.01)
+            # A short wait: librdkafka returns after it unless as many records are there as
+            # the ranges may still hold (a batch's last ones, not a wait after them: a range
+            # with gaps waits it out), and a range's end is seen by its position (it passes
+            # transaction markers too).
+            left = sum(remaining[tp] - following[tp] for tp in remaining)
+            messages = self._consumer.consume(max(1, min(CHUNK, left)), 0.01)
             for msg in messages:
                 error = msg.error()
                 if error is not None:
@@ -117,6 +121,7 @@ class RangeReader:
                 offset, end = cast(int, msg.offset()), remaining.get(tp)
                 if end is None or offset >= end:
                     continue  # past its range (fetched with the range's last records)
+                following[tp] = offset + 1
                 headers = cast(list[tuple[str, bytes | None]] | None, msg.headers())
                 timestamp_type, timestamp = msg.timestamp()
                 rows.append(
