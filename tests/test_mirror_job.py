@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -10,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
 
 import pytest
 from confluent_kafka import KafkaException, Producer
@@ -522,6 +524,56 @@ def test_sigterm_to_mirrorflow_mirror_stops_the_flow_after_its_current_batch(
     source = read_topic(primary, t)
     for p, records in read_topic(secondary, f"primary.{t}").items():
         assert copied({p: records})[p] == copied(source)[p][: len(records)]
+
+
+def test_a_caught_up_exactly_once_flow_commits_once_per_transaction_boundary_interval(
+    sandbox, topic_name, tmp_path
+):
+    """``S->T.transaction.boundary = interval``: records arriving in a trickle (20 a second)
+    reach the target in one transaction per interval, not one per batch as they arrive, and
+    each exactly once. (Unset, the interval is 100 ms.)"""
+    primary, secondary = sandbox["primary"], sandbox["secondary"]
+    t = topic_name("paced")
+    create_topics(primary, t, partitions=2)
+    produce(primary, t, 2, 10)
+    config = flow_file(
+        tmp_path,
+        sandbox,
+        t,
+        *EXACTLY_ONCE,
+        "primary->secondary.transaction.boundary = interval",
+        "primary->secondary.transaction.boundary.interval.ms = 1000",
+    )
+    log = tmp_path / "mirror.log"
+    job = start_mirror(config, "primary->secondary", tmp_path / "state", log)
+    remote = f"primary.{t}"
+
+    def count() -> int:
+        if remote not in topic_names(secondary):
+            return 0
+        return sum(len(records) for records in read_topic(secondary, remote).values())
+
+    try:
+        wait_for(lambda: count() == 10, 180, "the first records")  # caught up from here on
+        trickle = Producer({**primary.client_config(), "enable.idempotence": True})
+        for i in range(100):  # 5 s
+            trickle.produce(t, b"v%d" % i, b"k%d" % i, partition=i % 2)
+            trickle.poll(0)
+            time.sleep(0.05)
+        assert trickle.flush(30) == 0
+        wait_for(lambda: count() == 110, 60, "the trickle")
+    finally:
+        stop_job(job)
+    ends = [
+        datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        for line in log.read_text(errors="replace").splitlines()
+        if re.search(r"INFO mirrorflow\.mirror: primary->secondary batch \d+: [1-9]", line)
+    ]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(ends[1:])]
+    assert len(gaps) >= 3, ends  # the trickle took 5 s: a batch a second
+    assert min(gaps) >= 0.8, gaps  # start to start 1 s, less the batches' own time
+    source = read_topic(primary, t)
+    assert copied(read_topic(secondary, remote)) == copied(source)
 
 
 def test_offset_syncs_include_every_one_mirrormaker_2_would_write_and_all_are_exact(

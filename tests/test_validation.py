@@ -9,6 +9,7 @@ import pytest
 
 from mirrorflow.config.topology import load_topology
 from mirrorflow.config.validation import exit_code, validate
+from mirrorflow.errors import MirrorflowError
 
 SEEDS = Path(__file__).parent / "data" / "seeds"
 BASE = """\
@@ -302,6 +303,69 @@ def test_worker_settings_apply_where_mirrormaker_2_reads_them(tmp_path, level):
     else:
         assert (spec.offset_syncs_interval_ms, spec.exactly_once) == (1234, True)
         assert ignored == set()
+
+
+@pytest.mark.parametrize(
+    "settings, interval_ms",
+    [
+        ("", 100),  # mirrorflow's default; MirrorMaker 2's is poll
+        ("a->b.transaction.boundary = poll", 0),
+        ("a->b.transaction.boundary = interval\na->b.transaction.boundary.interval.ms = 250", 250),
+        ("a->b.transaction.boundary = interval\nb.offset.flush.interval.ms = 1234", 1234),
+        ("a->b.transaction.boundary = interval", 60_000),  # Connect's offset flush interval
+        ("transaction.boundary = poll", 100),  # MirrorMaker 2 drops it at the top level
+    ],
+)
+def test_an_exactly_once_flow_commits_on_the_transaction_boundary_mirrormaker_2_reads(
+    tmp_path, settings, interval_ms
+):
+    """``S->T.transaction.boundary`` (and its interval) reach MirrorMaker 2's connector as
+    Connect's source-connector settings; mirrorflow paces a caught-up exactly-once flow's
+    transactions by them, and by its own 100 ms when unset."""
+    from mirrorflow.replication.spec import spec_for_flow
+
+    path = _ab_file(
+        tmp_path,
+        "a.consumer.isolation.level = read_committed\n"
+        "b.exactly.once.source.support = enabled\n" + settings + "\n",
+    )
+    assert spec_for_flow([path], "a->b").transaction_interval_ms == interval_ms
+    found = _findings(path, not_honoured=True)
+    if settings.startswith("transaction.boundary"):
+        assert [(s, k) for s, _line, k, _p in found] == [("warning", "transaction.boundary")]
+        assert "unknown key" in found[0][3]
+    else:
+        assert found == []
+
+
+@pytest.mark.parametrize(
+    "value, problem",
+    [
+        ("connector", "defines no transaction boundaries"),
+        ("batch", "is not one of poll, interval, connector"),
+    ],
+)
+def test_a_transaction_boundary_mirrormaker_2_refuses_is_an_error(tmp_path, value, problem):
+    from mirrorflow.replication.spec import spec_for_flow
+
+    path = _ab_file(
+        tmp_path,
+        f"""\
+            a.consumer.isolation.level = read_committed
+            b.exactly.once.source.support = enabled
+            a->b.transaction.boundary = {value}
+            a->b.transaction.boundary.interval.ms = soon
+        """,
+    )
+    found = _findings(path)
+    assert [(s, k) for s, _line, k, _p in found] == [
+        ("error", "a->b.transaction.boundary"),
+        ("error", "a->b.transaction.boundary.interval.ms"),
+    ]
+    assert problem in found[0][3]
+    assert "not a whole number of milliseconds" in found[1][3]
+    with pytest.raises(MirrorflowError, match=r"validation error.*a->b\.transaction\.boundary: "):
+        spec_for_flow([path], "a->b")
 
 
 def test_a_top_level_worker_setting_overrides_the_targets_as_in_mirrormaker_2(tmp_path):

@@ -88,7 +88,20 @@ def notes(topology: Topology) -> list[str]:
     sooner = [
         f.name for f in topology.flows if f.config[refresh].layer.startswith(MIRRORFLOW_DEFAULT)
     ]
+    paced = [
+        f.name
+        for f in topology.flows
+        if "transaction.boundary" not in f.originals
+        and (p := topology.cluster(f.target).props.get("exactly.once.source.support")) is not None
+        and p.value.strip().lower() == "enabled"
+    ]
     lines = []
+    if paced:
+        lines.append(
+            f"exactly-once flows commit at most every {DEFAULT_TRANSACTION_INTERVAL_MS} ms once "
+            "caught up (mirrorflow's default; MirrorMaker 2's transaction.boundary: poll, a "
+            f"transaction per batch): {', '.join(paced)}"
+        )
     if sooner:
         lines.append(
             f"new topics and partitions are looked for every {MIRRORFLOW_DEFAULTS[refresh]} s "
@@ -162,7 +175,6 @@ NOT_HONOURED: dict[str, str] = {
     "topic configs by incremental alter, as 4.x does",
     "tasks.max": "mirrorflow copies each source partition as a Spark task: size it with the "
     "Spark master's cores",
-    "transaction.boundary": "exactly-once commits one transaction per source partition and batch",
 }
 """MirrorMaker 2 settings mirrorflow accepts but does not (yet) act on, with what it does."""
 _NOT_HONOURED_PREFIXES = {
@@ -221,7 +233,34 @@ def _not_honoured(prop: Property, name: str) -> list[Finding]:
     ]
 
 
+CONNECT_SOURCE_SETTINGS = ("transaction.boundary", "transaction.boundary.interval.ms")
+"""Settings of Connect's source connectors that MirrorMaker 2 hands its connector from the flow's
+keys (``S->T.<key>``; a top-level one it drops), which mirrorflow acts on in exactly-once mode:
+when a caught-up flow commits (see :func:`mirrorflow.replication.spec.transaction_interval_ms`)."""
+DEFAULT_TRANSACTION_INTERVAL_MS = 100
+"""How often a caught-up exactly-once flow commits when ``transaction.boundary`` is unset (the
+spec's default; MirrorMaker 2's is ``poll``: each batch)."""
+
+
+def _connect_source_setting(prop: Property, rest: str) -> list[Finding]:
+    value = prop.value.strip()
+    if rest == "transaction.boundary":
+        if value.lower() == "connector":
+            return [at(prop, "error", "transaction.boundary = connector: MirrorMaker 2's "
+                       "connector defines no transaction boundaries, and its worker refuses it",
+                       "set poll or interval, or remove it")]  # fmt: skip
+        if value.lower() not in ("poll", "interval"):
+            return [at(prop, "error", f"{value!r} is not one of poll, interval, connector",
+                       "set poll or interval, or remove it")]  # fmt: skip
+    elif not value.isdigit():
+        return [at(prop, "error", f"{value!r} is not a whole number of milliseconds >= 0",
+                   "fix the value")]  # fmt: skip
+    return []
+
+
 def _flow_key(prop: Property, rest: str) -> list[Finding]:
+    if rest in CONNECT_SOURCE_SETTINGS:
+        return _connect_source_setting(prop, rest)
     if rest in configdefs.flow_settings() or rest in configdefs.REMOVED_IN_4:
         return _legacy(prop, rest)
     role = next((p for p in _ROLE_PREFIXES if rest.startswith(p)), None)

@@ -98,6 +98,9 @@ class MirrorSpec:
     # Positions live in Connect's offsets topic on the target, as MirrorMaker 2's. Exactly-once
     # (``<target>.exactly.once.source.support = enabled``) commits them with the copies.
     exactly_once: bool = False
+    # exactly once, caught up: a batch (one transaction) starts at most this often; 0: each as
+    # soon as records arrive (transaction.boundary = poll). See transaction_interval_ms().
+    transaction_interval_ms: int = 100  # DEFAULT_TRANSACTION_INTERVAL_MS
     offsets_topic: str = ""
     offsets_partitions: int = OFFSETS_TOPIC_PARTITIONS
     offsets_replication_factor: int = 3
@@ -142,6 +145,16 @@ DEFAULT_HELD_BACK_SYNCS_INTERVAL_MS = 5000
 """How often held-back offset syncs are written unless ``offset.flush.interval.ms`` is set.
 MirrorMaker 2 writes them at each offset flush (Connect's default: every 60 s); sooner keeps
 checkpoints of caught-up groups closer to the end of the topic, at a few records per partition."""
+
+
+DEFAULT_TRANSACTION_INTERVAL_MS = validation.DEFAULT_TRANSACTION_INTERVAL_MS
+"""How often a caught-up exactly-once flow commits (a batch, one transaction, of what arrived
+since) unless the flow sets ``transaction.boundary``: Kafka Streams' ``commit.interval.ms`` under
+exactly-once. MirrorMaker 2's default, ``poll``, commits each batch as soon as it is copied: lower
+latency at a small load, more transactions and CPU (see :func:`transaction_interval_ms`)."""
+CONNECT_OFFSET_FLUSH_INTERVAL_MS = 60_000
+"""Connect's default ``offset.flush.interval.ms``, the interval of ``transaction.boundary =
+interval`` when neither it nor ``transaction.boundary.interval.ms`` is set."""
 
 
 DEFAULT_STOP_GRACE_MS = 5000
@@ -221,6 +234,7 @@ def spec_for_flow(
         if starting_offsets
         else str(flow.setting(configdefs.STARTING_OFFSETS_GROUP) or ""),
         exactly_once=exactly_once,
+        transaction_interval_ms=transaction_interval_ms(flow),
         transform=flow_transform(flow),
         provenance=bool(flow.setting(configdefs.PROVENANCE)),
         offsets_topic=offsets_topic(flow.source),
@@ -269,6 +283,48 @@ def _worker_setting(flow: Flow, name: str) -> str | None:
             return top.value.strip()
     cluster = flow.topology.cluster(flow.target).props.get(name)
     return cluster.value.strip() if cluster is not None else None
+
+
+def transaction_interval_ms(flow: Flow) -> int:
+    """How often the exactly-once flow ``flow`` commits once caught up (0: each batch as soon as
+    it is copied), from the Connect source-connector settings MirrorMaker 2 hands its connector
+    (``S->T.transaction.boundary``, ``S->T.transaction.boundary.interval.ms``; never the top
+    level, which MirrorMaker 2 drops): ``poll`` commits each batch, ``interval`` every
+    ``transaction.boundary.interval.ms``, else the target worker's ``offset.flush.interval.ms``,
+    else Connect's 60 s; unset, mirrorflow's :data:`DEFAULT_TRANSACTION_INTERVAL_MS`.
+    ``connector`` is refused (MirrorMaker 2's connector defines no boundaries)."""
+    boundary = flow.originals.get("transaction.boundary")
+    if boundary is None:
+        return DEFAULT_TRANSACTION_INTERVAL_MS
+    mode = boundary.value.strip().lower()
+    if mode == "poll":
+        return 0
+    if mode != "interval":
+        raise MirrorflowError(
+            f"flow {flow.name}: transaction.boundary = {boundary.value.strip()!r} "
+            + (
+                "is refused by MirrorMaker 2: its connector defines no transaction boundaries"
+                if mode == "connector"
+                else "is not one of poll, interval"
+            ),
+            "set it to poll (a transaction per batch) or interval (one every "
+            "transaction.boundary.interval.ms), or remove it (mirrorflow's default: every "
+            f"{DEFAULT_TRANSACTION_INTERVAL_MS} ms)",
+        )
+    interval = flow.originals.get("transaction.boundary.interval.ms")
+    if interval is not None:
+        try:
+            value = int(interval.value.strip())
+        except ValueError:
+            value = -1
+        if value < 0:
+            raise MirrorflowError(
+                f"flow {flow.name}: transaction.boundary.interval.ms = "
+                f"{interval.value.strip()!r} is not a whole number of milliseconds >= 0",
+                "fix the value",
+            )
+        return value
+    return _worker_int(flow, "offset.flush.interval.ms", CONNECT_OFFSET_FLUSH_INTERVAL_MS)
 
 
 def _worker_int(flow: Flow, name: str, default: int) -> int:

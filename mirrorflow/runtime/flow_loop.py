@@ -1,7 +1,8 @@
 """The loop that runs a flow (:class:`FlowLoop`): started, then round after round a batch (a
 backlog), a stream (caught up, at least once) or a wait for the next record (caught up, exactly
 once or ``--no-continuous``: the doorbell), until a stop; the whole retried while a cluster does
-not answer, up to ``retry_timeout_s``.
+not answer, up to ``retry_timeout_s``. Caught up, an exactly-once flow's batches (a transaction
+each) start at most every ``transaction_interval_ms`` (:meth:`FlowLoop._pace`).
 
 A cluster that does not answer (at start or mid-run) is retried with exponential backoff, each
 retry logged; the flow then resumes from its positions. Once it has not answered for
@@ -38,6 +39,7 @@ class FlowLoop:
         self._answered_at = time.monotonic()  # when both clusters last answered
         self._attempt_started = self._answered_at  # the current try of the batch loop
         self._copied_at = 0.0  # when a batch was last copied (both clusters answered)
+        self._planned_at = float("-inf")  # when the last batch was planned (monotonic)
 
     def run(self, once: bool) -> None:
         """Run the flow, retried while a cluster does not answer (see the module), until
@@ -96,6 +98,8 @@ class FlowLoop:
                     job.lease.renew()  # a job that was frozen learns here it lost the lease
                 # Caught up, the doorbell (assigned at the new positions) rings at once for any
                 # record that arrived meanwhile: no need to list the partitions' ends again.
+                if not caught_up:
+                    self._pace()
                 ranges = [] if caught_up else job.batches.plan()
                 self._answered()
                 if (
@@ -142,6 +146,18 @@ class FlowLoop:
                     producer.flush(1.0 if outage else 10.0)
                 except KafkaException as exc:  # the batch's own error, if any, says more
                     log.warning("%s: the producer of %s failed: %s", spec.flow, alias, exc)
+
+    def _pace(self) -> None:
+        """Exactly once, at the source's end (the last batch took every record planned): the
+        next batch, one transaction, starts no sooner than ``transaction_interval_ms`` after
+        the last one started, with what arrived meanwhile (a backlog's batches follow each
+        other at once)."""
+        job = self.job
+        interval = job.spec.transaction_interval_ms / 1000
+        batches = job.batches
+        if job.spec.exactly_once and interval and not batches.capped and batches.once_ends is None:
+            self._sleep_unless_stopped(self._planned_at + interval - time.monotonic())
+        self._planned_at = time.monotonic()
 
     def _wait_for_records(self) -> None:
         """Idle: wait until a record arrives, the topics change, a stop is asked or a task
@@ -212,8 +228,8 @@ class FlowLoop:
 
     def _sleep_unless_stopped(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline and not self.job.stopping():
-            time.sleep(0.2)
+        while (left := deadline - time.monotonic()) > 0 and not self.job.stopping():
+            time.sleep(min(0.2, left))
 
     def _log_retry(self, state) -> None:
         timeout = self.job.spec.retry_timeout_s
