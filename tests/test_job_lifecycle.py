@@ -221,6 +221,10 @@ def test_two_workers_never_copy_one_flow_at_once_and_a_frozen_holder_is_fenced(
         assert f"flow {FLOW} lost its lease on secondary to another job" in log, log[-3000:]
         if mode == "exactly-once":  # the batches the freeze caught were the driver's
             assert "offset syncs (in the driver) from" in log, log[-3000:]
+            # Woken without its lease, it fenced nothing: fencing then would have killed the
+            # second job's producer, and ended that job (a suite run saw it).
+            assert "are aborted; nothing of it is visible" not in log, log[-3000:]
+        assert second.poll() is None, (tmp_path / "second.log").read_text()[-3000:]
         produce(primary, t, 2, 1_000, start=21_000)
         source = stamps(primary, t)
         assert len(source) == 22_000

@@ -272,8 +272,18 @@ class MirrorJob:
 
     # -- what batches and streams share -------------------------------------------------------
     def fence(self, partitions: list[Partition]) -> bool:
-        """Fence the transactional producers of ``partitions`` on the target; False (logged)
-        when the target did not let it."""
+        """Fence the transactional producers of ``partitions`` (and the driver's) on the
+        target; False (logged) when the target did not let it, or when this job's lease is not
+        fresh: a job that may have lost it (frozen, cut off) must not fence the producers of
+        the job that took it over, which fenced this one's when it started (and this job's
+        next batch, once it renews, fences its own leftovers as it starts its producers)."""
+        if self.lease is not None and not self.lease.fresh():
+            log.warning(
+                "%s: its open transactions are left to the job holding the flow's lease "
+                "(this one's lease is not fresh: it may have lost it)",
+                self.spec.flow,
+            )
+            return False
         try:
             exactly_once.fence(self.spec, self.copy_producer_config, partitions)
         except MirrorflowError as exc:
