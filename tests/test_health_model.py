@@ -225,3 +225,62 @@ def test_topology_health_reads_each_flows_progress(tmp_path: Path):
     assert (flow["source"], flow["target"], flow["state"]) == ("primary", "secondary", "RUNNING")
     broken = topology_health([tmp_path / "missing.properties"], state, now=NOW)
     assert broken.error and "missing.properties" in broken.error and not broken.flows
+
+
+def test_a_running_flow_rewrites_progress_at_most_every_second_and_a_new_state_at_once(
+    tmp_path, monkeypatch
+):
+    """The job's report behind ``progress.json``, which the health model reads: batch after
+    batch in one state (a small exactly-once batch every ~25 ms) it is rewritten at most every
+    second, a change of state or an error at once, and what was left unwritten when the flow's
+    loop ends."""
+    import json
+
+    from mirrorflow.replication.spec import spec_for_flow
+    from mirrorflow.runtime import flow_report
+
+    path = tmp_path / "mm2.properties"
+    path.write_text(
+        "clusters = a, b\na.bootstrap.servers = a:9092\nb.bootstrap.servers = b:9092\n"
+        "a->b.enabled = true\n"
+    )
+    spec = spec_for_flow([path], "a->b", state_dir=tmp_path / "state")
+    report = flow_report.FlowReport(
+        spec,
+        source_admin=None,  # type: ignore[arg-type] (the lag is not measured here)
+        metrics=None,
+        positions=dict,
+        mapping=dict,
+        tasks=dict,
+        silenced=lambda: False,
+    )
+    now = [1000.0]
+    monkeypatch.setattr(flow_report.time, "monotonic", lambda: now[0])
+
+    def written() -> dict:
+        return json.loads((Path(spec.flow_dir) / "progress.json").read_text())
+
+    report.record_state("RUNNING")
+    for batch in range(1, 40):  # 39 batches in 0.975 s
+        report.batches = batch
+        now[0] += 0.025
+        report.record_state("RUNNING")
+    assert written()["batches"] == 0  # none of them rewrote it
+    now[0] += 0.05
+    report.batches = 40
+    report.record_state("RUNNING")  # over a second after the last write
+    assert written()["batches"] == 40
+    report.batches = 41
+    report.record_state("IDLE")  # a new state: at once
+    assert (written()["state"], written()["batches"]) == ("IDLE", 41)
+    report.batches = 42
+    now[0] += 0.01
+    report.record_state("RUNNING")
+    report.batches = 43
+    report.record_state("RUNNING", "a batch failed")  # an error: at once
+    assert (written()["batches"], written()["error"]) == (43, "a batch failed")
+    report.batches = 44
+    report.record_state("RUNNING")
+    assert written()["batches"] == 43
+    report.flush()  # the loop ends: what was left is written
+    assert written()["batches"] == 44
