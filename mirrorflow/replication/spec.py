@@ -291,39 +291,16 @@ def transaction_interval_ms(flow: Flow) -> int:
     (``S->T.transaction.boundary``, ``S->T.transaction.boundary.interval.ms``; never the top
     level, which MirrorMaker 2 drops): ``poll`` commits each batch, ``interval`` every
     ``transaction.boundary.interval.ms``, else the target worker's ``offset.flush.interval.ms``,
-    else Connect's 60 s; unset, mirrorflow's :data:`DEFAULT_TRANSACTION_INTERVAL_MS`.
-    ``connector`` is refused (MirrorMaker 2's connector defines no boundaries)."""
+    else Connect's 60 s; unset, mirrorflow's :data:`DEFAULT_TRANSACTION_INTERVAL_MS`. (``validate``
+    refuses other values, ``connector`` too: MirrorMaker 2's connector defines no boundaries.)"""
     boundary = flow.originals.get("transaction.boundary")
     if boundary is None:
         return DEFAULT_TRANSACTION_INTERVAL_MS
-    mode = boundary.value.strip().lower()
-    if mode == "poll":
+    if boundary.value.strip().lower() == "poll":
         return 0
-    if mode != "interval":
-        raise MirrorflowError(
-            f"flow {flow.name}: transaction.boundary = {boundary.value.strip()!r} "
-            + (
-                "is refused by MirrorMaker 2: its connector defines no transaction boundaries"
-                if mode == "connector"
-                else "is not one of poll, interval"
-            ),
-            "set it to poll (a transaction per batch) or interval (one every "
-            "transaction.boundary.interval.ms), or remove it (mirrorflow's default: every "
-            f"{DEFAULT_TRANSACTION_INTERVAL_MS} ms)",
-        )
     interval = flow.originals.get("transaction.boundary.interval.ms")
     if interval is not None:
-        try:
-            value = int(interval.value.strip())
-        except ValueError:
-            value = -1
-        if value < 0:
-            raise MirrorflowError(
-                f"flow {flow.name}: transaction.boundary.interval.ms = "
-                f"{interval.value.strip()!r} is not a whole number of milliseconds >= 0",
-                "fix the value",
-            )
-        return value
+        return int(interval.value.strip())
     return _worker_int(flow, "offset.flush.interval.ms", CONNECT_OFFSET_FLUSH_INTERVAL_MS)
 
 
