@@ -68,6 +68,15 @@ def test_records_are_copied_byte_for_byte_per_partition_and_in_order(sandbox, to
     for topic in (orders, users):
         source, target = read_topic(primary, topic), read_topic(secondary, f"primary.{topic}")
         assert copied(target) == copied(source), topic
+    # progress.json (the UI's flow page, the health model) ends at the positions copied to,
+    # a short second run's too (its one small batch is over well within progress.json's pace)
+    produce(primary, users, 2, 4, start=120)
+    run_mirror_once(config, "primary->secondary", tmp_path / "state")
+    report = progress(tmp_path / "state")
+    for topic, partitions, count in ((orders, 3, 300), (users, 2, 124)):
+        every = {str(p): count // partitions for p in range(partitions)}
+        assert report["source_end_offsets"][topic] == every, report
+        assert report["source_positions"][topic] == every, report
     remote = topic_names(secondary)
     assert f"primary.{skipped}" not in remote, "an excluded topic was replicated"
     assert not {f"primary.{orders}.internal", f"primary.__{users}"} & remote, (

@@ -140,6 +140,7 @@ class FlowLoop:
             scheduler.stop(wait_s=1.0 if outage else 30.0)
             doorbell.close()
             job.batches.close()
+            job.report.flush()  # the last batch's figures, if its pace held them back
             job.report.close()
             for alias, producer in job.producers.items():
                 try:
