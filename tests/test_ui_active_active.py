@@ -84,8 +84,18 @@ def example_flow_file(directory: Path, box, topic: str) -> Path:
 
 def read_page(page, url: str) -> dict[str, dict]:
     """Each flow as the page shows it: its table row (state, reason, lag) and its arrow in the
-    topology (state, label); the arrow must agree with the row."""
-    goto(page, url)
+    topology (state, label); the arrow must agree with the row.
+
+    A page already at ``url`` is read as it reloads itself (its meta refresh), right after that
+    reload: a navigation of the test's own would race it (CI: three ``goto`` in a row
+    "interrupted by another navigation" on a busy machine), and a read could straddle two
+    copies of the page."""
+    if page.url == url:
+        every = page.locator('meta[http-equiv="refresh"]').get_attribute("content")
+        with page.expect_navigation(url=url, timeout=(float(every) + 30) * 1000):
+            pass  # the page's own reload, loaded
+    else:
+        goto(page, url)
     page.locator("#flows").wait_for(timeout=15_000)
     shown: dict[str, dict] = {}
     for row in page.locator("#flows tbody tr[data-flow]").all():
@@ -108,8 +118,9 @@ def read_page(page, url: str) -> dict[str, dict]:
 def wait_states(
     page, url: str, wanted: dict[str, tuple[str, ...]], timeout: float, with_lag: bool = False
 ) -> dict:
-    """Reload until every flow of ``wanted`` shows one of its states (and, ``with_lag``, its
-    lag in records and seconds: its job has reported since it started); what the page shows."""
+    """Read the page at each of its reloads until every flow of ``wanted`` shows one of its
+    states (and, ``with_lag``, its lag in records and seconds: its job has reported since it
+    started); what the page shows."""
     deadline, shown = time.monotonic() + timeout, {}
     while time.monotonic() < deadline:
         shown = read_page(page, url)
@@ -119,7 +130,6 @@ def wait_states(
             for flow, states in wanted.items()
         ):
             return shown
-        time.sleep(1.5)
     raise AssertionError(f"the page did not show {wanted} within {timeout:.0f}s: {shown}")
 
 
