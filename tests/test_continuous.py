@@ -144,6 +144,19 @@ def test_a_continuous_flow_copies_a_steady_stream_and_a_sigkill_mid_stream_loses
             if key == FLOW.encode() and began * 1000 <= stamp <= ended * 1000
         ]
         assert len(renewals) <= (ended - began) / RENEW_S + 2, (len(renewals), ended - began)
+        # The offset map's records go with them (each run that grew since), not at every
+        # harvest: in a mesh every flow's heartbeat topics grow every second.
+        stored_runs: dict[int, int] = {}
+        for records in read_topic(secondary, map_topic("primary")).values():
+            for _o, key, _v, _h, stamp in records:
+                (run_topic, partition), _downstream = decode_key(key)
+                if run_topic == topic and began * 1000 <= stamp <= ended * 1000:
+                    stored_runs[partition] = stored_runs.get(partition, 0) + 1
+        assert set(stored_runs) == {0, 1}, stored_runs
+        assert max(stored_runs.values()) <= (ended - began) / RENEW_S + 2, (
+            stored_runs,
+            ended - began,
+        )
         # The target freezes (SIGSTOP: connections open, no answer) for longer than a lease
         # renewal waits, while records arrive: the stream holds, copying nothing, and copies
         # again once the target answers, without ending: no retry, no new stream, no batch.

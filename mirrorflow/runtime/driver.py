@@ -39,6 +39,7 @@ copy. Heartbeats are written to the target only, as MirrorMaker 2 writes them.
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -120,6 +121,10 @@ class MirrorJob:
         self.mapping: dict[str, str] = {}  # replicated source topic -> remote topic
         self.positions: dict[Partition, int] = {}  # next offset to copy
         self.offset_map = OffsetMap()
+        # Runs added to the offset map and not stored yet (add_runs), by (partition, target
+        # offset): the stream's harvests add them, its position writes store them first.
+        self._unstored: dict[tuple[Partition, int], Run] = {}
+        self._unstored_lock = threading.Lock()
         self.writer: PositionWriter | None = None
         self.lease: FlowLease | None = None  # the flow's lease on the target, while it runs
         self.scheduler: Scheduler | None = None
@@ -298,18 +303,30 @@ class MirrorJob:
     def store_runs(self, runs: dict[Partition, list[Run]]) -> None:
         """Add a batch's runs of copies to the offset map and store them on the target before
         the batch's positions are written (so the map covers every copy below a position)."""
-        records = [
-            record_of(tp, run)
-            for tp, partition_runs in sorted(runs.items())
-            for run in self.offset_map.add(tp, partition_runs)
-        ]
-        if not records:
+        self.add_runs(runs)
+        self.store_added_runs()
+
+    def add_runs(self, runs: dict[Partition, list[Run]]) -> None:
+        """Add runs of copies to the offset map (its translations take them at once), to be
+        stored on the target by :meth:`store_added_runs` before positions past them are
+        written. A run that grows between two stores is stored once, as it then is."""
+        with self._unstored_lock:
+            for tp, partition_runs in sorted(runs.items()):
+                for run in self.offset_map.add(tp, partition_runs):
+                    self._unstored[(tp, run.downstream)] = run
+
+    def store_added_runs(self) -> None:
+        """Store the runs added since the last store (:meth:`add_runs`) on the target; those
+        added meanwhile stay for the next."""
+        with self._unstored_lock:
+            storing = dict(self._unstored)
+        if not storing:
             return
         topic = self.spec.offset_map_topic
         write_records(
             self.producers[self.spec.target],
             topic,
-            records,
+            [record_of(tp, run) for (tp, _downstream), run in sorted(storing.items())],
             cluster=self.spec.target,
             principal=client_principal(self.spec.target_client),
             what=f"writing the offset map to {topic}",
@@ -317,3 +334,7 @@ class MirrorJob:
             error=ClusterUnreachable,
             timeout_s=60,
         )
+        with self._unstored_lock:
+            for key, run in storing.items():
+                if self._unstored.get(key) == run:
+                    del self._unstored[key]

@@ -3,9 +3,9 @@ flow runs instead of batches.
 
 The copy itself is the JVM copier's (:class:`~mirrorflow.runtime.copier.CopyStream`: one task,
 one consumer for all the flow's source partitions, in the driver's JVM). :class:`FlowStream`
-starts it from the flow's positions, every :data:`STREAM_COMMIT_S` writes what it acknowledged
-as a batch's copies are written (the offset map, then the figures; the positions with the
-flow's next lease renewal, in its transaction), hands
+starts it from the flow's positions, every :data:`STREAM_COMMIT_S` takes what it acknowledged
+(its runs into the offset map in memory, its figures; the offset map's records on the target,
+then the positions, with the flow's next lease renewal, the positions in its transaction), hands
 it the topics and partitions new to the flow as the refresh finds them, lets it copy only while
 the flow's lease is fresh (holding it, not ending it, while the target does not answer a
 renewal), and ends it at a stop or pause, a topic leaving the flow, or a failed task (in the
@@ -215,6 +215,7 @@ class FlowStream:
                 if not self.unwritten:
                     return False
                 writing = dict(self.unwritten)
+            self.job.store_added_runs()  # the offset map first: it covers every copy below
             self.job.writer.write(writing)
             with self._unwritten_lock:
                 for tp, reached in writing.items():
@@ -246,13 +247,17 @@ class FlowStream:
 
         Positions are written on the lease's beat (:data:`~mirrorflow.replication.lease.RENEW_S`),
         in the renewal's transaction, rather than at every harvest: a flow's control traffic on
-        its target is one transaction per renewal, busy or idle. A job killed between two
+        its target is one transaction per renewal, busy or idle, and the offset map's records
+        before it, each run that grew since as it now is (the offset map in memory, which
+        checkpoints translate with, takes them at the harvest). In a mesh, every flow copies a
+        heartbeat a second to each of hundreds of heartbeat topics: a record per partition per
+        harvest for the offset map was as many records as the copies. A job killed between two
         renewals copies up to that much again when it starts (at least once), as MirrorMaker 2
         does since its last offset flush (every 60 s by default)."""
         job = self.job
         assert job.writer is not None
         now = time.time()
-        job.store_runs(harvested.runs)
+        job.add_runs(harvested.runs)  # stored with the positions they let pass
         moved = {
             tp: reached
             for tp, reached in zip(partitions, harvested.reached, strict=True)
