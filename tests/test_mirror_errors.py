@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
-from mirrorflow.runtime.batch_errors import batch_error
+from mirrorflow.runtime.batch_errors import ProducerFenced, batch_error
 from mirrorflow.runtime.eos_writer import ERROR_PREFIX
 
 SPEC = SimpleNamespace(flow="dc1->dc2", source="dc1", target="dc2")
@@ -60,6 +60,49 @@ def test_other_failures_stop_the_flow_with_their_cause_in_one_line(reason, expec
     error = batch_error(SPEC, wrapped(reason))
     assert type(error) is MirrorflowError
     assert expected in error.message and "\n" not in error.message
+
+
+@pytest.mark.parametrize(
+    "reason",
+    [
+        f"{ERROR_PREFIX}committing the copies of t-0 to dc1.t on dc2 failed: Local: This "
+        "instance has been fenced by a newer instance (nothing of it was committed)",
+        'cimpl.KafkaException: KafkaError{code=_FENCED,val=-144,str="Local: This instance '
+        'has been fenced by a newer instance"}',
+        "org.apache.kafka.common.errors.ProducerFencedException: There is a newer producer "
+        "with the same transactionalId which fences the current one.",
+    ],
+)
+def test_a_batch_whose_producer_another_fenced_is_copied_again_not_a_stop(reason):
+    """Exactly once, another producer of the flow's transactional ids (an earlier holder's
+    retried task) fenced the batch's: nothing was committed, and the job that holds the lease
+    copies it again (:class:`ProducerFenced`, which the flow's loop retries)."""
+    error = batch_error(SPEC, wrapped(reason))
+    assert isinstance(error, ProducerFenced), error
+    assert error.message.startswith("flow dc1->dc2: its batch's transactional producer was fenced")
+    assert "\n" not in error.message and "fence" in error.message.split(": ", 2)[2].lower()
+
+
+def test_a_kafka_error_behind_a_callbacks_system_error_is_the_one_named():
+    """A delivery report librdkafka calls while a produce() fails (the producer fenced) makes
+    Python raise ``SystemError: <function _Acks.__call__ ...> returned a result with an
+    exception set``; the line names the client's error, its cause, not that."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    cause = KafkaException(
+        KafkaError(KafkaError._FENCED, "Local: This instance has been fenced by a newer instance")
+    )
+    try:
+        try:
+            raise cause
+        except KafkaException as pending:
+            raise SystemError(
+                "<function _Acks.__call__ at 0x7f0> returned a result with an exception set"
+            ) from pending
+    except SystemError as exc:
+        error = batch_error(SPEC, exc)
+    assert isinstance(error, ProducerFenced), error
+    assert "fenced by a newer instance" in error.message and "_Acks" not in error.message
 
 
 @pytest.mark.parametrize(

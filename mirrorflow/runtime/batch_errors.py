@@ -17,6 +17,21 @@ class BatchCancelled(Exception):
     """The flow was cancelled (paused or held) before or while its batch or stream ran."""
 
 
+class ProducerFenced(MirrorflowError):
+    """Exactly once: another producer of the flow's transactional ids fenced the batch's (an
+    earlier holder's copy task that Spark retried after that job woke from a freeze, or a
+    stray producer of ``mirrorflow-S->T-*``). Nothing of the batch was committed; the job,
+    while it still holds the flow's lease, starts its producers again and copies it again
+    (:class:`~mirrorflow.runtime.flow_loop.FlowLoop`)."""
+
+
+_FENCED = re.compile(
+    r"_FENCED|PRODUCER_FENCED|ProducerFencedException|InvalidProducerEpochException|"
+    r"fenced by a newer instance|newer producer with the same transactionalId|"
+    r"attempted an operation with an old epoch"
+)
+
+
 _UNREACHABLE = re.compile(
     r"TimeoutException|NetworkException|DisconnectException|Local: Timed out|"
     r"_TRANSPORT|All broker connections are down|not acknowledged within|did not answer"
@@ -40,7 +55,23 @@ def batch_error(spec: MirrorSpec, exc) -> MirrorflowError:
     """The first line a user needs from a failed batch (a copy error names the record); a
     cluster that did not answer gives :class:`ClusterUnreachable`, which is retried, unless the
     error is one retrying does not mend (:data:`_PERMANENT`)."""
+    while isinstance(exc, SystemError) and exc.__cause__ is not None:
+        # A Python callback that librdkafka called while the client had an error pending
+        # (a delivery report during a produce() that failed): "<function ...> returned a
+        # result with an exception set", the client's own error its cause.
+        exc = exc.__cause__
     text = str(exc)
+    fenced = _FENCED.search(text)
+    if fenced and not _PERMANENT.search(text):
+        line = next(ln.strip() for ln in text.splitlines() if _FENCED.search(ln))
+        kafka = _KAFKA_CAUSE.search(line)  # Kafka's own exception, not Spark's wrapper
+        cause = (kafka[0] if kafka else line).removeprefix(mirror_writer.ERROR_PREFIX)[:300]
+        return ProducerFenced(
+            f"flow {spec.flow}: its batch's transactional producer was fenced by another "
+            f"producer of its transactional ids: {cause}",
+            "nothing of the batch was committed; while the job holds the flow's lease it starts "
+            "its producers again and copies the batch again",
+        )
     driver = _DRIVER_ERROR.search(text)  # raised by mirrorflow's code on an executor
     if driver:
         kind = ClusterUnreachable if driver.group(1) == "ClusterUnreachable" else MirrorflowError

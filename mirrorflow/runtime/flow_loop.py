@@ -5,7 +5,10 @@ not answer, up to ``retry_timeout_s``. Caught up, an exactly-once flow's batches
 each) start at most every ``transaction_interval_ms`` (:meth:`FlowLoop._pace`).
 
 A cluster that does not answer (at start or mid-run) is retried with exponential backoff, each
-retry logged; the flow then resumes from its positions. Once it has not answered for
+retry logged; the flow then resumes from its positions. So is an exactly-once batch whose
+producer another producer of the flow's transactional ids fenced
+(:class:`~mirrorflow.runtime.batch_errors.ProducerFenced`), while the job still holds the flow's
+lease, up to :data:`MAX_FENCED_IN_A_ROW` times in a row. Once it has not answered for
 ``retry_timeout_s`` (``--retry-timeout``; -1: retry forever) the flow fails, in one line naming
 the cluster and what to check; so does an idle flow whose periodic tasks (its heartbeats) have
 not reached a cluster for that long (:meth:`FlowLoop.tasks_unanswered`).
@@ -18,7 +21,7 @@ import time
 from typing import TYPE_CHECKING
 
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
-from mirrorflow.runtime.batch_errors import BatchCancelled
+from mirrorflow.runtime.batch_errors import BatchCancelled, ProducerFenced
 from mirrorflow.runtime.doorbell import Doorbell
 
 if TYPE_CHECKING:
@@ -27,6 +30,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("mirrorflow.mirror")
 
 DOORBELL_WAIT_S = 0.5
+# Batches fenced one after the other (ProducerFenced), nothing copied between them, before the
+# flow stops: an earlier holder's retried copy tasks fence a partition's producer once each
+# (Spark's spark.task.maxFailures, 4 by default), then fail their lease check.
+MAX_FENCED_IN_A_ROW = 5
 IDLE_REPLAN_S = 30.0  # an idle flow lists its partitions' ends this often, doorbell or not
 
 
@@ -40,6 +47,7 @@ class FlowLoop:
         self._attempt_started = self._answered_at  # the current try of the batch loop
         self._copied_at = 0.0  # when a batch was last copied (both clusters answered)
         self._planned_at = float("-inf")  # when the last batch was planned (monotonic)
+        self._fenced = 0  # batches fenced since a batch was last copied
 
     def run(self, once: bool) -> None:
         """Run the flow, retried while a cluster does not answer (see the module), until
@@ -49,7 +57,7 @@ class FlowLoop:
         job = self.job
         self._answered_at = time.monotonic()
         retrying = tenacity.Retrying(
-            retry=tenacity.retry_if_exception_type(ClusterUnreachable),
+            retry=tenacity.retry_if_exception_type((ClusterUnreachable, ProducerFenced)),
             stop=self._give_up,
             wait=tenacity.wait_exponential_jitter(
                 initial=job.spec.retry_backoff_s, max=job.spec.retry_backoff_max_s
@@ -188,6 +196,7 @@ class FlowLoop:
     def copied_now(self) -> None:
         """Records were just copied: both clusters answer."""
         self._copied_at = time.monotonic()
+        self._fenced = 0
 
     def _answered(self) -> None:
         """Both clusters answered just now: an outage, if any, is over."""
@@ -221,6 +230,11 @@ class FlowLoop:
         """Whether to stop retrying: another wait and attempt (as long as the failed part of
         the last one) would end past ``retry_timeout_s`` without an answer, so the flow fails
         within its bound rather than after it."""
+        if isinstance(state.outcome.exception(), ProducerFenced):
+            # Another producer of the flow's ids fenced the batch's; the lease, renewed as
+            # the flow starts again, says whether this job may go on (LeaseLost otherwise).
+            self._fenced += 1
+            return self._fenced > MAX_FENCED_IN_A_ROW
         timeout = self.job.spec.retry_timeout_s
         if timeout < 0:
             return False
@@ -233,6 +247,16 @@ class FlowLoop:
             time.sleep(min(0.2, left))
 
     def _log_retry(self, state) -> None:
+        if isinstance(state.outcome.exception(), ProducerFenced):
+            log.warning(
+                "%s: %s; retrying in %.0f s (fenced %d time(s) in a row; the flow stops after %d)",
+                self.job.spec.flow,
+                state.outcome.exception(),
+                state.next_action.sleep,
+                self._fenced,
+                MAX_FENCED_IN_A_ROW,
+            )
+            return
         timeout = self.job.spec.retry_timeout_s
         log.warning(
             "%s: %s; retrying in %.0f s (attempt %d, %s)",
