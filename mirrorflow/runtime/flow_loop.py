@@ -247,24 +247,19 @@ class FlowLoop:
             time.sleep(min(0.2, left))
 
     def _log_retry(self, state) -> None:
-        if isinstance(state.outcome.exception(), ProducerFenced):
-            log.warning(
-                "%s: %s; retrying in %.0f s (fenced %d time(s) in a row; the flow stops after %d)",
-                self.job.spec.flow,
-                state.outcome.exception(),
-                state.next_action.sleep,
-                self._fenced,
-                MAX_FENCED_IN_A_ROW,
-            )
-            return
         timeout = self.job.spec.retry_timeout_s
+        attempt = f"attempt {state.attempt_number}"
+        if isinstance(state.outcome.exception(), ProducerFenced):
+            why = f"fenced {self._fenced} time(s) in a row; stops after {MAX_FENCED_IN_A_ROW}"
+        elif timeout >= 0:
+            unanswered = f"no answer for {self._unanswered_s():.0f}s"
+            why = f"{attempt}, {unanswered}, the flow fails by {timeout:g}s"
+        else:
+            why = f"{attempt}, retrying forever"
         log.warning(
-            "%s: %s; retrying in %.0f s (attempt %d, %s)",
+            "%s: %s; retrying in %.0f s (%s)",
             self.job.spec.flow,
             state.outcome.exception(),
             state.next_action.sleep,
-            state.attempt_number,
-            f"no answer for {self._unanswered_s():.0f}s, the flow fails by {timeout:g}s"
-            if timeout >= 0
-            else "retrying forever",
+            why,
         )
