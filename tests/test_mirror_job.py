@@ -14,7 +14,7 @@ import time
 from datetime import datetime
 
 import pytest
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 from mirrorflow.mm2.formats import Heartbeat
@@ -565,13 +565,47 @@ def test_a_caught_up_exactly_once_flow_commits_once_per_transaction_boundary_int
 
     try:
         wait_for(lambda: count() == 10, 180, "the first records")  # caught up from here on
+        # The copies as they reach the target, before their commit (read_uncommitted)
+        early = Consumer(
+            {
+                **secondary.client_config(),
+                "group.id": f"{t}-early",
+                "isolation.level": "read_uncommitted",
+                "fetch.wait.max.ms": 10,
+                "enable.auto.commit": False,
+            }
+        )
+        early.assign(
+            [
+                TopicPartition(
+                    remote, p, early.get_watermark_offsets(TopicPartition(remote, p), 30)[1]
+                )
+                for p in range(2)
+            ]
+        )
+        waited: list[float] = []  # each copy: seen on the target less its record's timestamp
+
+        def watch(seconds: float) -> None:
+            end = time.monotonic() + seconds
+            while (left := end - time.monotonic()) > 0:
+                msg = early.poll(left)
+                if msg is not None and msg.error() is None:
+                    waited.append(time.time() - msg.timestamp()[1] / 1000)
+
         trickle = Producer({**primary.client_config(), "enable.idempotence": True})
         for i in range(100):  # 5 s
             trickle.produce(t, b"v%d" % i, b"k%d" % i, partition=i % 2)
             trickle.poll(0)
-            time.sleep(0.05)
+            watch(0.05)
         assert trickle.flush(30) == 0
         wait_for(lambda: count() == 110, 60, "the trickle")
+        watch(1.0)
+        early.close()
+        # Each record is copied into the open transaction as it arrives, not planned and
+        # copied once the interval is over: most wait for their commit on the target, not
+        # for the batch (before: half a second on average, up to a second).
+        assert len(waited) == 100, len(waited)
+        assert sorted(waited)[50] < 0.3, sorted(waited)
         # Another producer of the driver's transactional id starts (as an earlier holder's copy
         # task that Spark retried after it woke would): it fences the job's producer. The job
         # still holds the flow's lease, so it starts its producers again and copies on: the
@@ -589,17 +623,16 @@ def test_a_caught_up_exactly_once_flow_commits_once_per_transaction_boundary_int
         assert "fenced by another producer" in log.read_text(), log.read_text()[-3000:]
     finally:
         stop_job(job)
-    # Each batch's start: its line's time (its end) less the time it took (a first batch of
-    # the trickle took 0.5 s on a busy machine, 0.07 s the next: their ends 0.58 s apart).
-    starts = [
-        datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp() - float(took[1])
+    # Each batch's commit: its line's time. Caught up, a batch takes what arrives into its
+    # transaction until the commit is due (1 s after the last), then commits.
+    commits = [
+        datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
         for line in log.read_text(errors="replace").splitlines()
         if re.search(r"INFO mirrorflow\.mirror: primary->secondary batch \d+: [1-9]", line)
-        and (took := re.search(r" in ([\d.]+) s", line))
     ]
-    gaps = [later - earlier for earlier, later in itertools.pairwise(starts[1:6])]
-    assert len(gaps) >= 3, starts  # the trickle took 5 s: a batch a second
-    assert min(gaps) >= 0.8, gaps  # start to start 1 s, less a plan's own time (unpaced: 0.05)
+    gaps = [later - earlier for earlier, later in itertools.pairwise(commits[1:7])]
+    assert len(gaps) >= 4, commits  # the trickle took 5 s: a commit a second
+    assert min(gaps) >= 0.9, gaps  # 1 s apart, less the commits' jitter (unpaced: 0.05)
     source = read_topic(primary, t)
     assert copied(read_topic(secondary, remote)) == copied(source)
 

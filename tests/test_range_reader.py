@@ -84,3 +84,48 @@ def test_the_driver_reads_a_batchs_ranges_as_sparks_source_does(sandbox, topic_n
     finally:
         committed.close()
         uncommitted.close()
+
+
+def test_a_following_read_takes_what_arrives_as_it_arrives_until_its_commit(sandbox, topic_name):
+    """Caught up, an exactly-once batch in the driver goes on reading its partitions past its
+    ranges until its transaction is due: each record that arrives is handed to the writer as
+    soon as it is read (not at the end), on every followed partition, and the read ends then."""
+    import threading
+    import time
+
+    primary = sandbox["primary"]
+    topic = topic_name("follow")
+    create_topics(primary, topic, partitions=2)
+    config = primary.client_config()
+    plain = Producer(config)
+    for i in range(4):  # offsets 0-3 of partition 0: the batch's range is 2-4
+        plain.produce(topic, f"v{i}".encode(), partition=0)
+    assert plain.flush(30) == 0
+
+    def trickle() -> None:  # 10 records over 1 s, on both partitions
+        for i in range(10):
+            time.sleep(0.1)
+            plain.produce(topic, f"late{i}".encode(), partition=i % 2)
+            plain.flush(30)
+
+    reader = range_reader.RangeReader("primary", "primary->secondary", config, {})
+    producing = threading.Thread(target=trickle)
+    try:
+        started = time.monotonic()
+        until = started + 2.0
+        producing.start()
+        handed: list[tuple[float, list[int]]] = []  # when each chunk came, its partitions
+        follow = {(topic, 0): 2, (topic, 1): 0}
+        for columns in reader.read([((topic, 0), 2, 4)], follow, until):
+            handed.append((time.monotonic() - started, columns["partition"]))
+        ended = time.monotonic()
+        rows = [p for _at, partitions in handed for p in partitions]
+        assert rows.count(0) == 2 + 5 and rows.count(1) == 5, handed  # the range, then all 10
+        assert until <= ended < until + 0.5, ended - until
+        # handed over as they came: more than a chunk, the first long before the end
+        assert len(handed) >= 5, handed
+        assert handed[0][0] < 0.5, handed
+        assert reader._consumer.assignment() == []  # nothing assigned between batches
+    finally:
+        producing.join()
+        reader.close()

@@ -17,7 +17,9 @@ them:
   batch (the same rule) is read by the driver's :class:`~mirrorflow.runtime.range_reader.
   RangeReader` and copied by the same writer in the driver's Python, without a Spark job, in
   one transaction for all its partitions (not for a flow with record transforms, which Spark
-  applies).
+  applies). Caught up, such a batch goes on taking the records that arrive, each produced into
+  its open transaction as it is read, until the transaction is due to commit
+  (:meth:`Batches.commit_due`: ``transaction_interval_ms`` after the last commit).
 
 A batch that fails or is cancelled keeps what it committed (exactly once, its open transactions
 are aborted); a source that stops answering mid-batch leaves its ranges unfinished
@@ -47,6 +49,11 @@ log = logging.getLogger("mirrorflow.mirror")
 Partition = tuple[str, int]
 LOCAL_BATCH_MAX_BYTES = 8 << 20  # a local batch's records times the flow's mean record size
 EOS_LOCAL_BATCH_MAX_BYTES = 64 << 20  # likewise, exactly once
+# Exactly once, caught up: the longest a batch in the driver takes what arrives before its commit
+# is due (an interval longer than this waits the rest before the batch starts), which keeps a
+# transaction's records in the driver few and the transaction short, under the producer's
+# transaction.timeout.ms.
+FOLLOW_MAX_S = 1.0
 
 
 class Batches:
@@ -60,6 +67,28 @@ class Batches:
         self.once_ends: dict[Partition, int] | None = None
         # What small exactly-once batches keep from one to the next (made at the first)
         self._driver: exactly_once.DriverCopy | None = None
+        # Exactly once: when the last batch's transaction committed (monotonic; a batch that
+        # took what arrived until its commit was due: when it stopped taking them)
+        self.committed_at = float("-inf")
+
+    @property
+    def follow(self) -> bool:
+        """Whether the flow's caught-up batches take the records that arrive until their
+        commit is due: exactly once, in the driver (no record transforms, which Spark applies;
+        driver batches not turned off)."""
+        spec = self.job.spec
+        return spec.exactly_once and spec.transform is None and spec.local_batch_limit > 0
+
+    def commit_due(self) -> float | None:
+        """Exactly once, caught up (the last plan took every record, not ``--once``): when the
+        next batch's transaction may commit (monotonic), ``transaction_interval_ms`` after the
+        last; None when it commits as soon as it is copied (a backlog, ``--once``,
+        ``transaction.boundary = poll``, at least once)."""
+        spec = self.job.spec
+        interval = spec.transaction_interval_ms / 1000
+        if not spec.exactly_once or not interval or self.capped or self.once_ends is not None:
+            return None
+        return self.committed_at + interval
 
     def close(self) -> None:
         """Close what the batches keep between them (the driver's reader of the source, its
@@ -137,7 +166,9 @@ class Batches:
         planned = sum(until - start for _tp, start, until in ranges)
         if spec.exactly_once:
             try:
-                records, size, syncs, copied = self._copy_in_transactions(ranges, mapping, local)
+                records, size, syncs, copied, followed = self._copy_in_transactions(
+                    ranges, mapping, local
+                )
             except Exception as exc:  # Spark's error: its text holds the copy's message
                 # A killed or failed task may leave its transaction open, which would hold
                 # back the target partition's read_committed consumers: abort them now.
@@ -151,6 +182,18 @@ class Batches:
                 " (in the driver)" if local else ""
             )
             report.local_batches += local
+            planned_until = {tp: until for tp, _start, until in ranges}
+            beyond = {tp: r for tp, r in followed.items() if r > planned_until.get(tp, 0)}
+            if beyond:  # it took what arrived past its ranges too
+                ranges = [
+                    (tp, job.positions[tp], beyond.get(tp) or planned_until[tp])
+                    for tp in sorted({*planned_until, *beyond})
+                ]
+                ends = job.backlog.planned_ends
+                job.backlog.planned_ends = {
+                    **ends,
+                    **{tp: r for tp, r in beyond.items() if r > ends.get(tp, 0)},
+                }
         else:
             self.stalled = []
             try:
@@ -256,12 +299,17 @@ class Batches:
 
     def _copy_in_transactions(
         self, ranges: list[tuple[Partition, int, int]], mapping: dict[str, str], local: bool
-    ) -> tuple[int, int, int, dict[Partition, Copied]]:
+    ) -> tuple[int, int, int, dict[Partition, Copied], dict[Partition, int]]:
         """Exactly-once: the Python workers (``local``: the driver) copy each source partition
         in a transaction that also commits its position and its runs in the offset map; then
         the offset syncs go out. Returns (records, bytes, syncs, what was copied per
-        partition)."""
+        partition, the offset after each partition's last copy).
+
+        Caught up, a batch in the driver also takes what arrives in the flow's partitions until
+        its commit is due (:meth:`commit_due`), at most :data:`FOLLOW_MAX_S`; the next is due
+        ``transaction_interval_ms`` after that (after the end of a batch that did not)."""
         job = self.job
+        started = time.monotonic()
         if local and self._driver is None:
             from mirrorflow.runtime.range_reader import RangeReader
 
@@ -272,12 +320,16 @@ class Batches:
                 spec.source_consumer_client,
                 spec.source_consumer,
                 cancelled=lambda: job.cancelled,
+                stopping=job.stopping,
             )
             self._driver = exactly_once.DriverCopy(reader, self._confirm_lease)
         elif not local and self._driver is not None:
             # A Spark batch's cancellation fences the driver's id too (without a batch of the
             # driver's to drop it): the next small batch starts a new producer.
             self._driver.drop_producers()
+        due = self.commit_due()
+        until = min(due, started + FOLLOW_MAX_S) if due is not None else None
+        follow = local and until is not None and until > started and self.follow
         result = exactly_once.copy_batch(
             job.spark,
             job.spec,
@@ -289,10 +341,16 @@ class Batches:
             offset_map=job.offset_map,
             lease_holder=asdict(job.lease.holder) if job.lease is not None else None,
             driver=self._driver if local else None,
+            follow={tp: job.positions[tp] for tp in job.partitions(mapping) if tp in job.positions}
+            if follow
+            else None,
+            until=until if follow else None,
         )
+        # the commit's start (it took records until then), or, if it did not follow, its end
+        self.committed_at = until if follow and until is not None else time.monotonic()
         if job.spec.emit_offset_syncs and result.syncs:
             self._write_offset_syncs(result.syncs)
-        return result.records, result.bytes, len(result.syncs), result.copied
+        return result.records, result.bytes, len(result.syncs), result.copied, result.reached
 
     def _confirm_lease(self) -> None:
         """Before a small batch in the driver commits: the job still holds the flow's lease,

@@ -5,7 +5,8 @@ transaction that also commits its position and its runs of the offset map
 executors), and a failed or cancelled batch's partitions are fenced (:func:`fence`), which
 aborts their open transactions: nothing of it becomes visible but what it committed. A small
 batch is read and copied in the driver by the same writer, without a Spark job, all its
-partitions in one transaction (:func:`copy_in_driver`, :mod:`mirrorflow.runtime.range_reader`).
+partitions in one transaction (:func:`copy_in_driver`, :mod:`mirrorflow.runtime.range_reader`),
+which may take past its ranges what arrives until it commits (``follow``).
 """
 
 from __future__ import annotations
@@ -111,13 +112,15 @@ def read_ranges(
 @dataclass
 class TransactionalCopy:
     """What an exactly-once batch committed: records and bytes in all, each partition's runs
-    of copies (by target offset) and figures, and the offset syncs to write (in order)."""
+    of copies (by target offset) and figures, the offset syncs to write (in order), and the
+    offset after each partition's last copy (``reached``)."""
 
     records: int = 0
     bytes: int = 0
     runs: dict[Partition, list[Run]] = field(default_factory=dict)
     copied: dict[Partition, Copied] = field(default_factory=dict)
     syncs: list[OffsetSync] = field(default_factory=list)
+    reached: dict[Partition, int] = field(default_factory=dict)
 
 
 def copy_in_transactions(frame: DataFrame, settings: eos_writer.CopySettings) -> TransactionalCopy:
@@ -182,12 +185,16 @@ def copy_in_driver(
     driver: DriverCopy,
     ranges: list[tuple[Partition, int, int]],
     settings: eos_writer.CopySettings,
+    follow: dict[Partition, int] | None = None,
+    until: float | None = None,
 ) -> TransactionalCopy:
     """Copy ``ranges`` as :func:`copy_in_transactions` does, in this process, all in one
-    transaction: the driver's reader reads them, and the same writer copies them with the
-    producer the driver kept (a small batch, without a Spark job). A failure drops it."""
+    transaction: the driver's reader reads them (and, ``follow``, what arrives until ``until``:
+    :meth:`~mirrorflow.runtime.range_reader.RangeReader.read`), and the same writer copies them
+    as they come with the producer the driver kept (a small batch, without a Spark job). A
+    failure drops it."""
     results = eos_writer.copy_records(
-        settings, driver.reader.read(ranges), driver.producers, driver.confirm
+        settings, driver.reader.read(ranges, follow, until), driver.producers, driver.confirm
     )
     try:
         rows = [SimpleNamespace(**row) for batch in results for row in batch.to_pylist()]
@@ -221,6 +228,7 @@ def _collect(rows: list[Any]) -> TransactionalCopy:
         if r.kind != "last":
             continue
         tp = (r.topic, r.partition)
+        result.reached[tp] = max(result.reached.get(tp, 0), r.upstream + 1)
         figures = Copied(
             r.records,
             r.bytes,
@@ -245,6 +253,8 @@ def copy_batch(
     offset_map: OffsetMap,
     lease_holder: dict | None,
     driver: DriverCopy | None = None,
+    follow: dict[Partition, int] | None = None,
+    until: float | None = None,
 ) -> TransactionalCopy:
     """One exactly-once batch of the flow ``spec``: Spark's Kafka batch source reads ``ranges``
     (the flow's record transforms applied, if any), and the Python workers copy each source
@@ -252,7 +262,8 @@ def copy_batch(
     (after ``positions``) and its runs, which are then added to ``offset_map``. The offset
     syncs it returns are for the caller to write once it returns. With ``driver`` (a flow
     without record transforms), the driver reads and copies the ranges itself
-    (:func:`copy_in_driver`)."""
+    (:func:`copy_in_driver`), and what arrives meanwhile in ``follow``'s partitions until
+    ``until``."""
     settings = eos_writer.CopySettings(
         source_alias=spec.source,
         target_alias=spec.target,
@@ -271,7 +282,7 @@ def copy_batch(
         last_runs={tp: run for tp in positions if (run := offset_map.last_run(tp)) is not None},
     )
     if driver is not None and spec.transform is None:
-        result = copy_in_driver(driver, ranges, settings)
+        result = copy_in_driver(driver, ranges, settings, follow, until)
     else:
         frame = read_ranges(spark, spec, ranges)
         if spec.transform is not None:

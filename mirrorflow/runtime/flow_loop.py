@@ -2,7 +2,7 @@
 backlog), a stream (caught up, at least once) or a wait for the next record (caught up, exactly
 once or ``--no-continuous``: the doorbell), until a stop; the whole retried while a cluster does
 not answer, up to ``retry_timeout_s``. Caught up, an exactly-once flow's batches (a transaction
-each) start at most every ``transaction_interval_ms`` (:meth:`FlowLoop._pace`).
+each) commit at most every ``transaction_interval_ms`` (:meth:`FlowLoop._pace`).
 
 A cluster that does not answer (at start or mid-run) is retried with exponential backoff, each
 retry logged; the flow then resumes from its positions. So is an exactly-once batch whose
@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
 from mirrorflow.runtime.batch_errors import BatchCancelled, ProducerFenced
+from mirrorflow.runtime.batches import FOLLOW_MAX_S
 from mirrorflow.runtime.doorbell import Doorbell
 
 if TYPE_CHECKING:
@@ -46,7 +47,6 @@ class FlowLoop:
         self._answered_at = time.monotonic()  # when both clusters last answered
         self._attempt_started = self._answered_at  # the current try of the batch loop
         self._copied_at = 0.0  # when a batch was last copied (both clusters answered)
-        self._planned_at = float("-inf")  # when the last batch was planned (monotonic)
         self._fenced = 0  # batches fenced since a batch was last copied
 
     def run(self, once: bool) -> None:
@@ -138,8 +138,6 @@ class FlowLoop:
                         break
                 else:
                     caught_up = False
-                    if job.report.state != "IDLE":
-                        job.record_state("IDLE")
                     self._wait_for_records()
         except ClusterUnreachable:
             outage = True  # whatever waits for that cluster would only wait the timeouts out
@@ -158,15 +156,17 @@ class FlowLoop:
 
     def _pace(self) -> None:
         """Exactly once, at the source's end (the last batch took every record planned): the
-        next batch, one transaction, starts no sooner than ``transaction_interval_ms`` after
-        the last one started, with what arrived meanwhile (a backlog's batches follow each
-        other at once)."""
-        job = self.job
-        interval = job.spec.transaction_interval_ms / 1000
-        batches = job.batches
-        if job.spec.exactly_once and interval and not batches.capped and batches.once_ends is None:
-            self._sleep_unless_stopped(self._planned_at + interval - time.monotonic())
-        self._planned_at = time.monotonic()
+        next batch, one transaction, commits no sooner than ``transaction_interval_ms`` after
+        the last one (:meth:`~mirrorflow.runtime.batches.Batches.commit_due`). A batch in the
+        driver starts at once and takes what arrives until then (at most
+        :data:`~mirrorflow.runtime.batches.FOLLOW_MAX_S`: it starts that long before); another
+        starts then, with what arrived meanwhile. A backlog's batches follow each other at
+        once."""
+        batches = self.job.batches
+        due = batches.commit_due()
+        if due is not None:
+            ahead = FOLLOW_MAX_S if batches.follow else 0.0
+            self._sleep_unless_stopped(due - ahead - time.monotonic())
 
     def _wait_for_records(self) -> None:
         """Idle: wait until a record arrives, the topics change, a stop is asked or a task
@@ -177,6 +177,10 @@ class FlowLoop:
         backlog = job.backlog
         mapping, since = job.mapping, time.monotonic()
         while not self.doorbell.wait(job.positions, DOORBELL_WAIT_S):
+            # IDLE once nothing arrived for a wait, not between two batches of a steady load
+            # (each change of state rewrites progress.json at once)
+            if job.report.state != "IDLE":
+                job.record_state("IDLE")
             if self.doorbell.error is not None:  # it cannot tell: list the ends each wait
                 return
             backlog.caught_up_at = time.time()  # no record past the positions: nothing to copy
