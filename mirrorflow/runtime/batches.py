@@ -321,6 +321,7 @@ class Batches:
                 spec.source_consumer,
                 cancelled=lambda: job.cancelled,
                 stopping=job.stopping,
+                follows=self.follow and spec.transaction_interval_ms > 0,
             )
             self._driver = exactly_once.DriverCopy(reader, self._confirm_lease)
         elif not local and self._driver is not None:
