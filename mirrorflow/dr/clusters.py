@@ -45,7 +45,7 @@ def replicated_groups(spec: MirrorSpec, admin: ClusterAdmin, pattern: str) -> li
     """The consumer groups on ``admin``'s cluster that the flow checkpoints and ``pattern`` (a
     regex) matches in full, sorted."""
     try:
-        listed = admin.client.list_consumer_groups(request_timeout=ADMIN_TIMEOUT_S).result()
+        listed = admin.list_consumer_groups(request_timeout=ADMIN_TIMEOUT_S).result()
     except Exception as exc:
         raise cluster_error(
             admin, "listing consumer groups", exc, "DESCRIBE on the groups"

@@ -47,7 +47,7 @@ def create_acls(
     """Create the DENY WRITE ``bindings`` on ``admin``'s cluster, calling ``created`` with each
     one the cluster created (as it answers, before a later refusal fails, naming it)."""
     try:
-        futures = admin.client.create_acls(bindings, request_timeout=ADMIN_TIMEOUT_S)
+        futures = admin.create_acls(bindings, request_timeout=ADMIN_TIMEOUT_S)
         for binding, future in futures.items():
             future.result()
             if created is not None:
@@ -69,7 +69,7 @@ def delete_acls(
         return
     filters = deny_write_bindings(acls, as_filter=True)
     try:
-        futures = admin.client.delete_acls(filters, request_timeout=ADMIN_TIMEOUT_S)
+        futures = admin.delete_acls(filters, request_timeout=ADMIN_TIMEOUT_S)
         for acl_filter, future in futures.items():
             future.result()
             if deleted is not None:

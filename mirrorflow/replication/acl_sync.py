@@ -197,7 +197,7 @@ class AclSync(FlowSync):
         removes = [c for c in changes if c.action == "remove"]
         self._ensure_ledger()
         if creates:
-            futures = self.target.client.create_acls(
+            futures = self.target.create_acls(
                 [c.binding() for c in creates], request_timeout=ADMIN_TIMEOUT_S
             )
             for binding, future in futures.items():
@@ -221,9 +221,7 @@ class AclSync(FlowSync):
                 binding.permission_type,
             )
             try:
-                self.target.client.delete_acls([exact], request_timeout=ADMIN_TIMEOUT_S)[
-                    exact
-                ].result()
+                self.target.delete_acls([exact], request_timeout=ADMIN_TIMEOUT_S)[exact].result()
                 applied += 1
                 ledger.append((replace(change, action="create").ledger_key(), None))
             except KafkaException as exc:
@@ -293,7 +291,7 @@ def _describe_acls(admin: ClusterAdmin) -> list[AclBinding] | None:
     answer is checked against the principal's authorised operations on the cluster (which the
     cluster tells only a principal with DESCRIBE on it)."""
     try:
-        acls = admin.client.describe_acls(_ANY_ACL, request_timeout=ADMIN_TIMEOUT_S).result()
+        acls = admin.describe_acls(_ANY_ACL, request_timeout=ADMIN_TIMEOUT_S).result()
     except KafkaException as exc:
         if exc.args[0].code() == KafkaError.SECURITY_DISABLED:
             return None

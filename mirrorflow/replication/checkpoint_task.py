@@ -118,9 +118,7 @@ class GroupCheckpoints:
     def refresh_groups(self) -> list[str]:
         """The source's consumer groups that pass the flow's ``groups`` / ``groups.exclude``."""
         try:
-            listed = self.source.client.list_consumer_groups(
-                request_timeout=ADMIN_TIMEOUT_S
-            ).result()
+            listed = self.source.list_consumer_groups(request_timeout=ADMIN_TIMEOUT_S).result()
         except KafkaException as exc:
             raise cluster_error(
                 self.source, "listing consumer groups", exc, "DESCRIBE on the cluster"

@@ -256,12 +256,18 @@ def admin(
     config: Mapping[str, Any],
     on_error: ErrorCallback | None = None,
     quiet: bool = False,
+    to_stderr: bool = False,
 ) -> AdminClient:
     """An admin client of ``cluster`` (its alias) with ``config`` (librdkafka settings);
     ``on_error`` is told each error event too (as is an ``error_cb`` in ``config``). ``quiet``:
     the caller says in its own line why the cluster failed it (``mirrorflow plan``), so what
-    librdkafka says goes to DEBUG only."""
-    return AdminClient(_config(cluster, config, on_error, quiet))
+    librdkafka says goes to DEBUG only. ``to_stderr``: librdkafka writes its log lines to stderr
+    itself, as it says them (the admin helper process, whose parent keeps them: a line queued
+    for a ``poll`` would die with a crash it explains)."""
+    settings = _config(cluster, config, on_error, quiet)
+    if to_stderr:
+        del settings["logger"]
+    return AdminClient(settings)
 
 
 def consumer(

@@ -24,7 +24,7 @@ from confluent_kafka.admin import (
 )
 
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
-from mirrorflow.replication import clients
+from mirrorflow.replication import admin_helper, clients
 from mirrorflow.replication.offset_map import OFFSET_MAP_TOPIC_CONFIG
 
 if TYPE_CHECKING:
@@ -39,13 +39,23 @@ class ClusterAdmin:
     Authentication failures reach librdkafka's error callback, not the failing call, so they
     are collected here and end a metadata request at once instead of after its timeout. A
     metadata answer tells :mod:`~mirrorflow.replication.clients` that the cluster answers.
+
+    ACL requests and the listing of consumer groups, whose answers librdkafka can crash the
+    process on, run in a helper process (:mod:`~mirrorflow.replication.admin_helper`); they take
+    and return what ``AdminClient``'s methods of the same names do.
     """
 
     def __init__(self, alias: str, config: dict[str, str]) -> None:
         self.alias = alias
         self.principal = client_principal(config)
         self.auth_error: KafkaError | None = None
+        self._config = config
         self.client = clients.admin(alias, config, on_error=self._on_error)
+        self._helper = admin_helper.helper(alias, config)
+        self.describe_acls = self._helper.describe_acls
+        self.create_acls = self._helper.create_acls
+        self.delete_acls = self._helper.delete_acls
+        self.list_consumer_groups = self._helper.list_consumer_groups
 
     def _on_error(self, error: KafkaError) -> None:
         if error.code() in _AUTH_ERRORS:
@@ -63,6 +73,10 @@ class ClusterAdmin:
                         self, "connecting", KafkaException(self.auth_error)
                     ) from None
                 if time.monotonic() > deadline:
+                    # A new client next time, as a restart of the job would make: one kept
+                    # failing with "Broker transport failure" for minutes after its broker
+                    # restarted and answered every other client.
+                    self.client = clients.admin(self.alias, self._config, on_error=self._on_error)
                     raise cluster_error(self, "listing topics", exc) from None
             else:
                 clients.answered(self.alias)
