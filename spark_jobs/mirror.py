@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     die_with_parent()  # the JVM that runs this driver is its Spark: without it, nothing to do
     args = parse_args(sys.argv[1:] if argv is None else argv)
     faulthandler.register(signal.SIGUSR2, all_threads=True)  # kill -USR2: where is it stuck?
+    faulthandler.enable()  # a crash in a C library (librdkafka) says where, in the job's log
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

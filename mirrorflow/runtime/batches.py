@@ -74,10 +74,16 @@ class Batches:
     @property
     def follow(self) -> bool:
         """Whether the flow's caught-up batches take the records that arrive until their
-        commit is due: exactly once, in the driver (no record transforms, which Spark applies;
-        driver batches not turned off)."""
+        commit is due: exactly once with an interval boundary (not ``transaction.boundary =
+        poll``), in the driver (no record transforms, which Spark applies; driver batches not
+        turned off)."""
         spec = self.job.spec
-        return spec.exactly_once and spec.transform is None and spec.local_batch_limit > 0
+        return (
+            spec.exactly_once
+            and spec.transaction_interval_ms > 0
+            and spec.transform is None
+            and spec.local_batch_limit > 0
+        )
 
     def commit_due(self) -> float | None:
         """Exactly once, caught up (the last plan took every record, not ``--once``): when the
@@ -321,7 +327,7 @@ class Batches:
                 spec.source_consumer,
                 cancelled=lambda: job.cancelled,
                 stopping=job.stopping,
-                follows=self.follow and spec.transaction_interval_ms > 0,
+                follows=self.follow,
             )
             self._driver = exactly_once.DriverCopy(reader, self._confirm_lease)
         elif not local and self._driver is not None:
