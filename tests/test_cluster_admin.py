@@ -212,7 +212,10 @@ def test_a_helper_killed_mid_request_fails_that_request_in_one_line_and_the_next
     assert [e.code() for e in outcome["result"].errors] == [KafkaError._TIMED_OUT]
 
 
-def test_a_frozen_helper_is_stopped_after_the_request_timeout_and_its_slack(silent_broker):
+def test_a_frozen_helper_is_stopped_after_the_request_timeout_and_its_slack(
+    silent_broker, monkeypatch
+):
+    monkeypatch.setattr(admin_helper, "_SLACK_S", 1.0)  # 10 s in a job
     admin = ClusterAdmin("frozen", {"bootstrap.servers": silent_broker})
     thread, outcome = _in_background(
         lambda: admin.create_acls(
@@ -232,8 +235,10 @@ def test_a_frozen_helper_is_stopped_after_the_request_timeout_and_its_slack(sile
     )
     pid = _wait_for_helper(admin)
     os.kill(pid, signal.SIGSTOP)
-    thread.join(admin_helper._SLACK_S + 10)
+    started = time.monotonic()
+    thread.join(20)
     assert not thread.is_alive()
+    assert time.monotonic() - started < 1 + 1 + 5  # the request's timeout, the slack, a kill
     assert outcome["error"].code() == KafkaError._TIMED_OUT
     assert "did not answer create_acls" in outcome["error"].str()
     with pytest.raises(ProcessLookupError):  # killed, and reaped
