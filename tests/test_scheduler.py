@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 import time
+from pathlib import Path
 
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
 from mirrorflow.replication.scheduler import Scheduler
@@ -30,6 +32,28 @@ def test_each_task_runs_on_its_own_interval_and_its_runs_are_counted():
     stats = scheduler.stats()
     assert stats["fast"]["runs"] == len(fast) and stats["fast"]["failures"] == 0
     assert stats["slow"]["runs"] == 0
+
+
+def test_top_shows_which_task_a_thread_runs():
+    """``top -H -p <driver pid>`` names each task's thread (the shared loop: ``tasks``)."""
+
+    def os_name() -> str:
+        return Path(f"/proc/self/task/{threading.get_native_id()}/comm").read_text().strip()
+
+    scheduler = Scheduler("a->b")
+    seen: dict[str, str] = {}
+    scheduler.add("renew-lease", 0.05, lambda: seen.setdefault("lease", os_name()), alone=True)
+    scheduler.add(
+        "report-progress-and-more", 0.05, lambda: seen.setdefault("report", os_name()), alone=True
+    )
+    scheduler.add("refresh-topics", 0.05, lambda: seen.setdefault("shared", os_name()))
+    scheduler.start()
+    try:
+        wait_until(lambda: len(seen) == 3)
+    finally:
+        scheduler.stop()
+    # Linux keeps 15 bytes of a name
+    assert seen == {"lease": "renew-lease", "report": "report-progress", "shared": "tasks"}
 
 
 def test_an_unreachable_cluster_is_counted_and_retried_but_other_errors_end_the_flow():

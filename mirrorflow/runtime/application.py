@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 
 from mirrorflow.errors import MirrorflowError
 from mirrorflow.replication import lag
+from mirrorflow.replication.scheduler import name_os_thread
 from mirrorflow.replication.spec import MirrorSpec
 from mirrorflow.runtime import jobs
 from mirrorflow.runtime.driver import MirrorJob
@@ -104,6 +105,7 @@ class FlowThread:
         self.thread.start()
 
     def _run(self, job: MirrorJob, once: bool) -> None:
+        name_os_thread("flow")
         job.spark.sparkContext.setLocalProperty("spark.scheduler.pool", self.spec.flow)
         try:
             job.run(once=once)
@@ -160,6 +162,7 @@ class FlowThread:
         self._measuring.start()
 
     def _measure(self) -> None:
+        name_os_thread("lag-paused")
         from mirrorflow.replication.remote_cluster import flow_positions
 
         spec = self.spec
