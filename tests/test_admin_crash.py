@@ -24,26 +24,10 @@ import sys
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import (
-    AclBindingFilter,
-    AclOperation,
-    AclPermissionType,
-    ResourcePatternType,
-    ResourceType,
-)
 
+from mirrorflow.replication.acl_sync import EVERY_ACL
 from mirrorflow.replication.topics import ClusterAdmin
 from tests.malformed_broker import DESCRIBE_ACLS, LIST_GROUPS, MalformedBroker
-
-EVERY_ACL = AclBindingFilter(
-    ResourceType.ANY,
-    None,
-    ResourcePatternType.ANY,
-    None,
-    None,
-    AclOperation.ANY,
-    AclPermissionType.ANY,
-)
 
 # The ListGroups crash comes from an uninitialised list on librdkafka's stack: SIGSEGV (realloc
 # of a garbage pointer, in its rdk:main thread) every time here, but other garbage could abort.

@@ -29,30 +29,9 @@ from confluent_kafka.admin import (
 )
 
 from mirrorflow.replication import admin_helper
+from mirrorflow.replication.acl_sync import EVERY_ACL
 from mirrorflow.replication.topics import ClusterAdmin
 from tests.conftest import create_topics
-
-ANY_ACL = AclBindingFilter(
-    ResourceType.ANY,
-    None,
-    ResourcePatternType.ANY,
-    None,
-    None,
-    AclOperation.ANY,
-    AclPermissionType.ANY,
-)
-
-
-def _fields(binding: AclBinding) -> tuple:
-    return (
-        binding.restype,
-        binding.name,
-        binding.resource_pattern_type,
-        binding.principal,
-        binding.host,
-        binding.operation,
-        binding.permission_type,
-    )
 
 
 def _topic_filter(topic: str, operation: AclOperation = AclOperation.ANY) -> AclBindingFilter:
@@ -98,10 +77,8 @@ def test_acl_requests_and_consumer_groups_answer_as_admin_client_does(sandbox, t
     assert [f.result() for f in created.values()] == [None, None]
     helper = _helper_pid(admin)
     found = admin.describe_acls(_topic_filter(topic), request_timeout=30).result()
-    assert sorted(map(_fields, found)) == sorted(map(_fields, wanted))
-    assert sorted(map(_fields, found)) == sorted(
-        map(_fields, direct.describe_acls(_topic_filter(topic)).result(timeout=30))
-    )
+    assert sorted(found) == sorted(wanted)  # AclBindings compare by their seven fields
+    assert sorted(found) == sorted(direct.describe_acls(_topic_filter(topic)).result(timeout=30))
     # bob has no ALTER on the cluster: his refusal is the broker's, on that binding's future
     bob = ClusterAdmin("primary", cluster.client_config("bob"))
     refused = bob.create_acls(wanted[:1], request_timeout=30)[wanted[0]]
@@ -129,10 +106,10 @@ def test_acl_requests_and_consumer_groups_answer_as_admin_client_does(sandbox, t
     os.kill(helper, signal.SIGKILL)  # between two requests: the next starts a new helper
     time.sleep(0.2)
     deleted = admin.delete_acls([_topic_filter(topic, AclOperation.READ)], request_timeout=30)
-    assert [list(map(_fields, f.result())) for f in deleted.values()] == [[_fields(wanted[0])]]
+    assert [f.result() for f in deleted.values()] == [[wanted[0]]]
     assert _helper_pid(admin) != helper
     left = direct.describe_acls(_topic_filter(topic)).result(timeout=30)
-    assert list(map(_fields, left)) == [_fields(wanted[1])]
+    assert left == [wanted[1]]
     admin.delete_acls([_topic_filter(topic)], request_timeout=30)
 
 
@@ -191,7 +168,7 @@ def test_a_helper_killed_mid_request_fails_that_request_in_one_line_and_the_next
     silent_broker,
 ):
     admin = ClusterAdmin("stuck", {"bootstrap.servers": silent_broker})
-    thread, outcome = _in_background(lambda: admin.describe_acls(ANY_ACL, request_timeout=60))
+    thread, outcome = _in_background(lambda: admin.describe_acls(EVERY_ACL, request_timeout=60))
     pid = _wait_for_helper(admin)
     time.sleep(1.0)  # inside the request: librdkafka waits for the broker's answer
     started = time.monotonic()

@@ -106,7 +106,7 @@ _ALLOW, _DENY = AclPermissionType.ALLOW, AclPermissionType.DENY
 _GROUP_OPERATIONS = (AclOperation.READ, AclOperation.DESCRIBE)
 # None matches any name, principal or host (AclBindingFilter's docstring), though the filter
 # inherits AclBinding's annotations (str): the ignores are for those.
-_ANY_ACL = AclBindingFilter(
+EVERY_ACL = AclBindingFilter(
     ResourceType.ANY,
     None,  # type: ignore[arg-type]
     ResourcePatternType.ANY,
@@ -291,7 +291,7 @@ def _describe_acls(admin: ClusterAdmin) -> list[AclBinding] | None:
     answer is checked against the principal's authorised operations on the cluster (which the
     cluster tells only a principal with DESCRIBE on it)."""
     try:
-        acls = admin.describe_acls(_ANY_ACL, request_timeout=ADMIN_TIMEOUT_S).result()
+        acls = admin.describe_acls(EVERY_ACL, request_timeout=ADMIN_TIMEOUT_S).result()
     except KafkaException as exc:
         if exc.args[0].code() == KafkaError.SECURITY_DISABLED:
             return None
