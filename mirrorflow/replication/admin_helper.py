@@ -297,13 +297,6 @@ class AdminHelper:
                         self._helper = None
                     raise
 
-    def close(self) -> None:
-        """End the helper now (it would end by itself after :data:`IDLE_S`)."""
-        with self._lock:
-            if self._helper is not None:
-                self._helper.stop()
-                self._helper = None
-
     def describe_acls(self, acl_filter: AclBindingFilter, request_timeout: float) -> Future:
         """The ACL bindings ``acl_filter`` matches."""
         return _done(
