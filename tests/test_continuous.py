@@ -101,9 +101,11 @@ def test_a_continuous_flow_copies_a_steady_stream_and_a_sigkill_mid_stream_loses
         # The remote topic's limit is lowered under the stream's batch size (16 KiB), as a
         # config sync does when the source topic's is: its records still fit, its producer's
         # batches do not, and Kafka's producer would split a refused batch into batches of the
-        # same size forever (KAFKA-8350). Records arrive at once: the flow's topic refresh
-        # takes the new limit, and the stream starts again with batches that fit, from before
-        # the copies its producer could not deliver.
+        # same size forever (KAFKA-8350). Records arrive at once: the stream's producer splits
+        # the refused batches, the stream says so, the flow's topic refresh runs at once and
+        # takes the new limit (a streaming flow does not read its limits at every refresh),
+        # and the stream starts again with batches that fit, from before the copies its
+        # producer could not deliver.
         restarts = log.read_text().count("copying continuously")
         alter_topic(secondary, remote, {"max.message.bytes": "8000"})
         lowered = time.monotonic()
@@ -114,6 +116,20 @@ def test_a_continuous_flow_copies_a_steady_stream_and_a_sigkill_mid_stream_loses
         wait_for(complete, 60, "records that fit the lowered limit, in batches that fit it")
         print(f"copied {time.monotonic() - lowered:.1f} s after the limit was lowered")
         assert log.read_text().count("copying continuously") == restarts + 1
+        assert "the target refused a batch of the stream as too large" in log.read_text()
+        # The limit is raised again, and records over the limit the stream knows (8,000 bytes)
+        # arrive: its copier stops at the first, the limits are read again, and the stream
+        # starts again with the raised one, rather than the flow failing on a record the
+        # target takes.
+        alter_topic(secondary, remote, {"max.message.bytes": "1048588"})
+        for i in range(4):
+            producer.produce(topic, b"z" * 20_000, f"large-{i}".encode(), partition=i % 2)
+        assert producer.flush(30) == 0
+        wait_for(complete, 60, "records over the stream's limit, once the target's was raised")
+        assert (
+            f"{remote} takes records of at most 1048588 bytes now (max.message.bytes, was 8000): "
+            "the stream starts again with it"
+        ) in log.read_text()
         # Under a steady stream the flow's control traffic on the target is one transaction
         # per lease renewal, the positions riding with it: not one each second as well.
         began = time.time()

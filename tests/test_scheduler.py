@@ -34,6 +34,25 @@ def test_each_task_runs_on_its_own_interval_and_its_runs_are_counted():
     assert stats["slow"]["runs"] == 0
 
 
+def test_a_task_asked_to_run_soon_runs_at_once_then_keeps_its_interval():
+    scheduler = Scheduler("a->b")
+    runs: list[float] = []
+    scheduler.add("refresh-topics", 60.0, lambda: runs.append(time.monotonic()))
+    scheduler.start()
+    try:
+        time.sleep(0.2)
+        assert runs == []  # first due in 60 s
+        asked = time.monotonic()
+        scheduler.run_soon("refresh-topics")
+        wait_until(lambda: len(runs) == 1, 2.0)
+        assert runs[0] - asked < 1.0
+        scheduler.run_soon("no-such-task")  # nothing
+        time.sleep(0.3)
+        assert len(runs) == 1  # next due 60 s after that run
+    finally:
+        scheduler.stop()
+
+
 def test_top_shows_which_task_a_thread_runs():
     """``top -H -p <driver pid>`` names each task's thread (the shared loop: ``tasks``)."""
 

@@ -91,6 +91,14 @@ class Scheduler:
         self._wake.set()
         return task
 
+    def run_soon(self, name: str) -> None:
+        """Run the shared task ``name`` (not ``alone``) as soon as the scheduler's thread is free,
+        rather than at its next interval (any thread); nothing if there is no such task."""
+        for task in self.tasks:
+            if task.name == name and not task.alone:
+                task.next_due = time.monotonic()
+                self._wake.set()
+
     def run_now(self, task: PeriodicTask) -> None:
         """Run ``task`` on the calling thread, counted and timed like a scheduled run."""
         started = time.monotonic()

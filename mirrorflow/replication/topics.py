@@ -234,11 +234,11 @@ class RemoteTopics:
         self.source_partitions: dict[str, int] = {}  # replicated source topic -> partitions
         self.max_message_bytes: dict[str, int] = {}
 
-    def prepare(self) -> dict[str, str]:
+    def prepare(self, limits: bool = True) -> dict[str, str]:
         """Source topic -> remote topic for every replicated topic, remote topics made ready,
-        and :attr:`max_message_bytes` of each read again: an admin or a config sync may have
-        changed a remote topic's limit since (a stream's producer must then start again with
-        batches that fit it: KAFKA-8350)."""
+        and :attr:`max_message_bytes` of each new one read; with ``limits``, of every one read
+        again: an admin or a config sync may have changed a remote topic's limit since (a
+        stream's producer must then start again with batches that fit it: KAFKA-8350)."""
         source_topics = {
             name: len(meta.partitions)
             for name, meta in self.source.metadata().topics.items()
@@ -249,10 +249,15 @@ class RemoteTopics:
         if stale:
             self._create_or_grow({s: source_topics[s] for s in stale}, mapping)
         known = [remote for source, remote in mapping.items() if source not in stale]
-        if known:
+        if known and limits:
             self.max_message_bytes.update(self._max_message_bytes(known))
         self.source_partitions = source_topics
         return mapping
+
+    def read_limits(self, remotes: list[str]) -> None:
+        """Read the ``max.message.bytes`` of ``remotes`` (remote topics that exist) again into
+        :attr:`max_message_bytes`."""
+        self.max_message_bytes.update(self._max_message_bytes(remotes))
 
     def _create_or_grow(self, counts: dict[str, int], mapping: dict[str, str]) -> None:
         target_meta = self.target.metadata()

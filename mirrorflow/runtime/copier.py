@@ -54,7 +54,7 @@ STREAM_BATCH_SIZE = 16 << 10
 # batch.size above a topic's limit splits forever (KAFKA-8350; fixed in clients newer than the
 # 3.9 that Spark's Kafka connector brings): no copy of that topic would ever be acknowledged.
 
-_HEAD = struct.Struct(">qqq")  # records, bytes, ranges
+_HEAD = struct.Struct(">qqqq")  # records, bytes, ranges, batches split (a stream's producer)
 _RANGE = struct.Struct(">13q")  # see MirrorCopier.Copied.encode
 _RUN = struct.Struct(">qqqq")  # range index, first source offset, first target offset, count
 
@@ -65,7 +65,8 @@ class CopierResult:
     partition its figures and runs of copies, the offset each range reached, the ranges the
     source left unfinished (``stalled``: partition, offset), and, for a stream's ranges, when
     each was last caught up (epoch ms, -1 never) and the end its consumer last saw (-1
-    unknown)."""
+    unknown); for a stream, how many batches its producer has split so far (the target refused
+    them as too large: ``MirrorCopier.Stream.batchesSplit``)."""
 
     records: int = 0
     bytes: int = 0
@@ -75,12 +76,13 @@ class CopierResult:
     stalled: list[tuple[Partition, int]] = field(default_factory=list)
     caught_up_ms: list[int] = field(default_factory=list)
     ends_seen: list[int] = field(default_factory=list)
+    batches_split: int = 0
 
     @classmethod
     def decode(cls, data: builtins.bytes, partitions: list[Partition]) -> CopierResult:
         """``MirrorCopier.Copied.encode``'s block for ranges of ``partitions`` (in order)."""
-        records, size, count = _HEAD.unpack_from(data)
-        result = cls(records, size)
+        records, size, count, split = _HEAD.unpack_from(data)
+        result = cls(records, size, batches_split=split)
         ranges_end = _HEAD.size + _RANGE.size * count
         for index, (nbytes, *stats, until, stall, caught_up, end) in enumerate(
             _RANGE.iter_unpack(data[_HEAD.size : ranges_end])

@@ -231,11 +231,12 @@ class MirrorJob:
     # -- the flow's topics and positions -------------------------------------------------------
     def refresh_topics(self) -> None:
         """The scheduler's ``refresh-topics`` task: new topics and partitions join the flow, and
-        remote topics' changed size limits reach its copies. With nothing new the flow's mapping
-        stays the same object: a stream goes on."""
+        remote topics' changed size limits reach its copies (read again when
+        :meth:`FlowStream.limits_due` says so). With nothing new the flow's mapping stays the
+        same object: a stream goes on."""
         topics = self.remote_topics
         partitions, limits = dict(topics.source_partitions), dict(topics.max_message_bytes)
-        mapping = topics.prepare()
+        mapping = topics.prepare(limits=self.stream.limits_due())
         changed = {
             remote: limit
             for remote, limit in topics.max_message_bytes.items()

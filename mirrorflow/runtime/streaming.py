@@ -19,7 +19,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from mirrorflow.errors import ClusterUnreachable
+from mirrorflow.errors import ClusterUnreachable, MirrorflowError
 from mirrorflow.runtime.batch_errors import BatchCancelled, batch_error
 from mirrorflow.runtime.copier import STREAM_OPEN, CopierResult, CopyStream
 
@@ -36,6 +36,8 @@ STREAM_COMMIT_S = 1.0
 # the flow is this far behind at most: no Spark job, which in an application of many flows waits
 # for the executors' few slots behind the others' batches.
 STREAM_AGAIN_MAX_RECORDS = 50_000
+# The copier's error for a record larger than its remote topic's limit as the stream knows it.
+TOO_LARGE = "is larger than max.message.bytes="
 
 
 class FlowStream:
@@ -47,6 +49,9 @@ class FlowStream:
         self.unwritten: dict[Partition, int] = {}  # positions reached, written with the lease
         self._unwritten_lock = threading.Lock()  # the stream's harvests and the renewal task
         self._write_lock = threading.Lock()  # held while positions are written
+        self.running = False  # a stream copies (run has not returned)
+        self._limits_read_at = float("-inf")  # monotonic: the remote topics' limits last read
+        self._limits_asked = False  # the stream's producer split a batch: read them now
 
     def starts_again(self, ranges: list[tuple[Partition, int, int]]) -> bool:
         """Whether a stream that just ended starts again rather than a batch of ``ranges``
@@ -58,6 +63,43 @@ class FlowStream:
             and not spec.exactly_once
             and sum(until - start for _tp, start, until in ranges) <= STREAM_AGAIN_MAX_RECORDS
         )
+
+    def limits_due(self) -> bool:
+        """Whether the flow's topic refresh reads its remote topics' size limits again
+        (``max.message.bytes``; a new topic's is always read): at every refresh while the flow
+        copies in batches. A stream's producer tells when the target refuses its batches as too
+        large (it splits them, :meth:`_batches_split`): while the flow streams, they are read at
+        once then, and otherwise every ``sync.topic.configs.interval.seconds`` (a raised
+        limit; MirrorMaker 2's interval for topic configs; a record over the limit the stream
+        knows also has it read, :meth:`_limit_raised`). Each read describes every remote
+        topic's configs: at every refresh, an idle mesh of 6 (30 flows, some 65 heartbeat
+        topics each) spent about 0.06 cores on them."""
+        now = time.monotonic()
+        due = (
+            not self.running
+            or self._limits_asked
+            or now - self._limits_read_at >= self.job.spec.sync_configs_interval_s
+        )
+        if due:
+            self._limits_read_at, self._limits_asked = now, False
+        return due
+
+    def _batches_split(self) -> None:
+        """The stream's producer split batches the target refused as too large: a remote
+        topic's ``max.message.bytes`` is now under the stream's batches, which Kafka's producer
+        would split into batches of the same size forever (KAFKA-8350). The topic refresh runs
+        now and reads the limits; a lowered one ends the stream, which starts again with
+        batches that fit."""
+        job = self.job
+        if not self._limits_asked:
+            log.info(
+                "%s: the target refused a batch of the stream as too large for its topic: the "
+                "remote topics' size limits (max.message.bytes) are read again now",
+                job.spec.flow,
+            )
+        self._limits_asked = True
+        if job.scheduler is not None:
+            job.scheduler.run_soon("refresh-topics")
 
     def run(self, behind: int = 0) -> None:
         """Copy continuously from the flow's positions until a stop or pause, a topic leaving
@@ -73,6 +115,7 @@ class FlowStream:
         error: str | None = None
         with self._unwritten_lock:
             self.unwritten = {}
+        self.running, split = True, 0
         try:
             stream = CopyStream(
                 job.copier.java,
@@ -104,6 +147,9 @@ class FlowStream:
                         error = str(exc)
                         break
                     self._commit(harvested, stream.partitions, mapping)
+                    if harvested.batches_split > split:
+                        split = harvested.batches_split
+                        self._batches_split()
                     stream.allow(self.allowance_ms())
                     if job.mapping is not mapping:
                         extended = self._extend(stream, mapping, limits)
@@ -121,13 +167,39 @@ class FlowStream:
                 error = failed or error
                 self._commit(harvested, stream.partitions, mapping, final=True)
         finally:
+            self.running = False
             job.end_batch(batch)
             with self._unwritten_lock:  # written at the end, or read again at the retry
                 self.unwritten = {}
-        if error is not None:
+        if error is not None and not self._limit_raised(error, mapping):
             raise batch_error(job.spec, error)
         if job.cancelled:
             raise BatchCancelled
+
+    def _limit_raised(self, error: str, mapping: dict[str, str]) -> bool:
+        """Whether the stream ended on a record larger than its remote topic's limit as last
+        read (the copier's ``is larger than max.message.bytes=``) while the target now takes it:
+        the limit was raised since (a streaming flow reads them every
+        ``sync.topic.configs.interval.seconds``, :meth:`limits_due`). Then the stream starts
+        again with the new limits, from that record, instead of the flow failing."""
+        if TOO_LARGE not in error:
+            return False
+        before = self._limits(mapping)
+        try:
+            self.job.remote_topics.read_limits(sorted(before))
+        except MirrorflowError:  # the target does not answer: the record's error stands
+            return False
+        raised = {r: n for r, n in self._limits(mapping).items() if n > before[r]}
+        for remote, limit in sorted(raised.items()):
+            log.info(
+                "%s: %s takes records of at most %d bytes now (max.message.bytes, was %d): "
+                "the stream starts again with it",
+                self.job.spec.flow,
+                remote,
+                limit,
+                before[remote],
+            )
+        return bool(raised)
 
     def _limits(self, mapping: dict[str, str]) -> dict[str, int]:
         """The size limits (``max.message.bytes``) of ``mapping``'s remote topics, as last read."""

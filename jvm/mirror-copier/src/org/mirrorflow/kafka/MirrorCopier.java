@@ -27,6 +27,8 @@ import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerConfig;
 import org.apache.kafka.clients.producer.ProducerRecord;
 import org.apache.kafka.common.KafkaException;
+import org.apache.kafka.common.Metric;
+import org.apache.kafka.common.MetricName;
 import org.apache.kafka.common.TopicPartition;
 import org.apache.kafka.common.errors.AuthenticationException;
 import org.apache.kafka.common.errors.AuthorizationException;
@@ -226,7 +228,8 @@ public final class MirrorCopier {
    * What the stream of {@code batch} copied since the last harvest, encoded as {@link #copy}'s
    * results: per range the records, bytes, ages and latencies acknowledged, the offset below
    * which every copy is acknowledged ({@link Copied#next}: the position to write), when it was
-   * last caught up and the end its consumer saw, and the runs of copies below that offset.
+   * last caught up and the end its consumer saw, and the runs of copies below that offset;
+   * in its head, how many batches its producer has split so far ({@link Stream#batchesSplit}).
    * Throws the error of a range that failed (then call {@link #endStream}).
    */
   public static byte[] harvest(String batch) throws Exception {
@@ -243,7 +246,7 @@ public final class MirrorCopier {
         }
       }
     }
-    return Copied.encode(stream.drain());
+    return Copied.encode(stream.drain(), stream.batchesSplit());
   }
 
   /**
@@ -278,7 +281,7 @@ public final class MirrorCopier {
             stream.flow, stream.graceMs, STREAM_END_SLACK_MS);
       }
     }
-    return Copied.encode(stream.drain());
+    return Copied.encode(stream.drain(), stream.batchesSplit());
   }
 
   /**
@@ -328,6 +331,15 @@ public final class MirrorCopier {
     final long graceMs;
     /** Its flow ({@code source->target}), for its log lines. */
     final String flow;
+    /** Its task's producer, once it has one (see {@link #batchesSplit}). */
+    private volatile KafkaProducer<byte[], byte[]> producer;
+    /** The producer's {@code batch-split-total} when the stream took it (producers are pooled). */
+    private volatile long splitBefore;
+
+    void producer(KafkaProducer<byte[], byte[]> producer) {
+      splitBefore = batchSplitTotal(producer);
+      this.producer = producer;
+    }
 
     Stream(String flow, long graceMs) {
       this.flow = flow;
@@ -352,6 +364,32 @@ public final class MirrorCopier {
         this.progress.add(progress);
       }
       added.add(new Added(partitions, copied, names));
+    }
+
+    /**
+     * How many batches its producer has split since it started ({@code batch-split-total}):
+     * the broker refused them as too large for their topic. Kafka's producer splits such a
+     * batch into batches of its own {@code batch.size}, forever when that is above the topic's
+     * {@code max.message.bytes} (KAFKA-8350): a remote topic's limit was lowered under the
+     * stream's batches, and the driver reads the limits again when this grows.
+     */
+    long batchesSplit() {
+      KafkaProducer<byte[], byte[]> producer = this.producer;
+      return producer == null ? 0 : batchSplitTotal(producer) - splitBefore;
+    }
+
+    private static long batchSplitTotal(KafkaProducer<byte[], byte[]> producer) {
+      try {
+        for (Map.Entry<MetricName, ? extends Metric> metric : producer.metrics().entrySet()) {
+          if (metric.getKey().name().equals("batch-split-total")
+              && metric.getKey().group().equals("producer-metrics")) {
+            return ((Number) metric.getValue().metricValue()).longValue();
+          }
+        }
+      } catch (RuntimeException closed) { // a producer closing: nothing more to tell
+        return 0;
+      }
+      return 0;
     }
 
     synchronized List<Copied> drain() {
@@ -584,6 +622,12 @@ public final class MirrorCopier {
      * run {range index, first source offset, first target offset, count}.
      */
     static byte[] encode(List<Copied> results) {
+      return encode(results, 0);
+    }
+
+    /** {@code results} encoded, {@code batchesSplit} in the head (a stream's: see {@link
+     * Stream#batchesSplit}). */
+    static byte[] encode(List<Copied> results, long batchesSplit) {
       int runs = 0;
       for (Copied copied : results) {
         synchronized (copied) {
@@ -592,8 +636,8 @@ public final class MirrorCopier {
         }
       }
       java.nio.ByteBuffer out =
-          java.nio.ByteBuffer.allocate(24 + 104 * results.size() + 32 * runs);
-      out.putLong(0).putLong(0).putLong(results.size());
+          java.nio.ByteBuffer.allocate(32 + 104 * results.size() + 32 * runs);
+      out.putLong(0).putLong(0).putLong(results.size()).putLong(batchesSplit);
       long records = 0;
       long bytes = 0;
       for (Copied copied : results) {
@@ -829,6 +873,7 @@ public final class MirrorCopier {
           }
           if (consumer == null) {
             sender = new Sender();
+            stream.producer(sender.producer);
             consumer = new KafkaConsumer<>(consumerConfig());
           }
           if (assign) {
@@ -902,9 +947,18 @@ public final class MirrorCopier {
         }
       }
       if (sender != null) {
-        // Every copy acknowledged, or the first failure thrown; or, past the grace, the copies
-        // still in flight left to the producer, the positions staying before them.
-        sender.settle(copied, remotes, stream.graceMs);
+        try {
+          // Every copy acknowledged, or the first failure thrown; or, past the grace, the copies
+          // still in flight left to the producer, the positions staying before them.
+          sender.settle(copied, remotes, stream.graceMs);
+        } finally {
+          if (stream.batchesSplit() > 0) {
+            // Its refused batches split forever (KAFKA-8350), even once the limit is raised
+            // again, until its network thread dies of it (StackOverflowError): a stream whose
+            // producer has these settings again must not take this one from the pool.
+            KafkaClients.discardProducer(sender.producerConfig);
+          }
+        }
       }
       for (Map.Entry<TopicPartition, Copied> entry : copied.entrySet()) {
         entry.getValue().next = next.get(entry.getKey());
