@@ -20,6 +20,7 @@ from mirrorflow.devtools import sandbox as sandbox_mod
 from mirrorflow.replication.lease import LEASES_TOPIC, RENEW_S
 from mirrorflow.replication.offset_map import decode_key, decode_value, map_topic
 from mirrorflow.replication.positions import SourceOffsetReader, offsets_topic
+from mirrorflow.replication.spec import DEFAULT_OFFSET_FLUSH_INTERVAL_MS
 from mirrorflow.runtime import launch
 from tests.conftest import create_topics
 from tests.mirror_harness import (
@@ -41,6 +42,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
 FLOW = "primary->secondary"
 REFRESH_S = 5  # the flows' topic refresh, where a test needs it soon
+FLUSH_S = DEFAULT_OFFSET_FLUSH_INTERVAL_MS / 1000  # a stream's positions are written this often
 
 
 def test_a_continuous_flow_copies_a_steady_stream_and_a_sigkill_mid_stream_loses_nothing(
@@ -131,7 +133,8 @@ def test_a_continuous_flow_copies_a_steady_stream_and_a_sigkill_mid_stream_loses
             "the stream starts again with it"
         ) in log.read_text()
         # Under a steady stream the flow's control traffic on the target is one transaction
-        # per lease renewal, the positions riding with it: not one each second as well.
+        # per lease renewal, the positions riding with one every offset.flush.interval.ms:
+        # not one each second as well.
         began = time.time()
         produce_fresh(primary, topic, 2, 2_000, start=14_101, seconds=12.0)
         ended = time.time()
@@ -152,7 +155,7 @@ def test_a_continuous_flow_copies_a_steady_stream_and_a_sigkill_mid_stream_loses
 
         # The positions are written while the stream runs (with the renewals), not only at its
         # end: a failover waiting for them to reach the source's ends must not wait forever.
-        wait_for(positions_at_the_ends, 5 * RENEW_S, "the stream's positions, while it runs")
+        wait_for(positions_at_the_ends, FLUSH_S + 5 * RENEW_S, "the stream's positions, running")
         renewals = [
             stamp
             for records in read_topic(secondary, LEASES_TOPIC).values()
@@ -160,8 +163,9 @@ def test_a_continuous_flow_copies_a_steady_stream_and_a_sigkill_mid_stream_loses
             if key == FLOW.encode() and began * 1000 <= stamp <= ended * 1000
         ]
         assert len(renewals) <= (ended - began) / RENEW_S + 2, (len(renewals), ended - began)
-        # The offset map's records go with them (each run that grew since), not at every
-        # harvest: in a mesh every flow's heartbeat topics grow every second.
+        # The offset map's records go with the positions (each run that grew since), every
+        # offset.flush.interval.ms, not at every harvest nor renewal: in a mesh every flow's
+        # heartbeat topics grow every second.
         stored_runs: dict[int, int] = {}
         for records in read_topic(secondary, map_topic("primary")).values():
             for _o, key, _v, _h, stamp in records:
@@ -169,7 +173,7 @@ def test_a_continuous_flow_copies_a_steady_stream_and_a_sigkill_mid_stream_loses
                 if run_topic == topic and began * 1000 <= stamp <= ended * 1000:
                     stored_runs[partition] = stored_runs.get(partition, 0) + 1
         assert set(stored_runs) == {0, 1}, stored_runs
-        assert max(stored_runs.values()) <= (ended - began) / RENEW_S + 2, (
+        assert max(stored_runs.values()) <= (ended - began) / FLUSH_S + 2, (
             stored_runs,
             ended - began,
         )

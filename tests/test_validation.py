@@ -290,7 +290,7 @@ def test_worker_settings_apply_where_mirrormaker_2_reads_them(tmp_path, level):
     )
     spec = spec_for_flow([path], "a->b")
     mm2 = _mm2_worker_settings(path, spec)
-    assert spec.offset_syncs_interval_ms == int(mm2["offset.flush.interval.ms"] or 5000)
+    assert spec.offset_flush_interval_ms == int(mm2["offset.flush.interval.ms"] or 5000)
     assert spec.exactly_once == (mm2["exactly.once.source.support"] == "enabled")
     assert spec.stop_grace_ms == int(mm2["task.shutdown.graceful.timeout.ms"])
     assert spec.offsets_partitions == int(mm2["offset.storage.partitions"])
@@ -298,10 +298,10 @@ def test_worker_settings_apply_where_mirrormaker_2_reads_them(tmp_path, level):
     assert (spec.stop_grace_ms, spec.offsets_partitions) == (2345, 7)
     ignored = {key for _s, _line, key, problem in _findings(path) if "at top level" in problem}
     if level == "top":
-        assert (spec.offset_syncs_interval_ms, spec.exactly_once) == (5000, False)
+        assert (spec.offset_flush_interval_ms, spec.exactly_once) == (5000, False)
         assert ignored == {"offset.flush.interval.ms", "exactly.once.source.support"}
     else:
-        assert (spec.offset_syncs_interval_ms, spec.exactly_once) == (1234, True)
+        assert (spec.offset_flush_interval_ms, spec.exactly_once) == (1234, True)
         assert ignored == set()
 
 

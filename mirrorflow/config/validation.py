@@ -187,7 +187,7 @@ _NOT_HONOURED_PREFIXES = {
 HONOURED_WORKER_SETTINGS = frozenset(
     {
         "exactly.once.source.support",  # exactly once
-        "offset.flush.interval.ms",  # how often held-back offset syncs are written
+        "offset.flush.interval.ms",  # how often positions and held-back syncs are written
         "offset.storage.partitions",  # the positions' topic, mm2-offsets.<source>.internal
         "offset.storage.replication.factor",
         "task.shutdown.graceful.timeout.ms",  # how long a stream's end waits for its copies

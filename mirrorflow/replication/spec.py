@@ -70,7 +70,9 @@ class MirrorSpec:
     offset_syncs_location: str = "source"
     offset_syncs_replication_factor: int = 3
     max_offset_lag: int = 100
-    offset_syncs_interval_ms: int = 5000  # held-back syncs (MirrorMaker 2: at offset flush)
+    # how often a stream's positions and the held-back offset syncs are written (MirrorMaker
+    # 2: its offset flush, source offsets and held-back syncs)
+    offset_flush_interval_ms: int = 5000
     # how long a stream's end waits for its copies' acknowledgements (MirrorMaker 2: a task's stop)
     stop_grace_ms: int = 5000  # DEFAULT_STOP_GRACE_MS
     flow_dir: str = ""  # the flow's local files: progress.json, the restart request
@@ -141,10 +143,12 @@ class MirrorSpec:
         return EOS_LOCAL_BATCH_MAX_RECORDS if self.exactly_once else LOCAL_BATCH_MAX_RECORDS
 
 
-DEFAULT_HELD_BACK_SYNCS_INTERVAL_MS = 5000
-"""How often held-back offset syncs are written unless ``offset.flush.interval.ms`` is set.
-MirrorMaker 2 writes them at each offset flush (Connect's default: every 60 s); sooner keeps
-checkpoints of caught-up groups closer to the end of the topic, at a few records per partition."""
+DEFAULT_OFFSET_FLUSH_INTERVAL_MS = 5000
+"""How often a stream's positions and the held-back offset syncs are written unless
+``offset.flush.interval.ms`` is set. MirrorMaker 2 writes its source offsets and those syncs at
+each offset flush (Connect's default: every 60 s); sooner keeps checkpoints of caught-up groups
+closer to the end of the topic, at a few records per partition, and a crash's re-copies
+shorter."""
 
 
 DEFAULT_TRANSACTION_INTERVAL_MS = validation.DEFAULT_TRANSACTION_INTERVAL_MS
@@ -223,8 +227,8 @@ def spec_for_flow(
             flow.numeric_setting("offset-syncs.topic.replication.factor")
         ),
         max_offset_lag=int(flow.numeric_setting("offset.lag.max")),
-        offset_syncs_interval_ms=_worker_int(
-            flow, "offset.flush.interval.ms", DEFAULT_HELD_BACK_SYNCS_INTERVAL_MS
+        offset_flush_interval_ms=_worker_int(
+            flow, "offset.flush.interval.ms", DEFAULT_OFFSET_FLUSH_INTERVAL_MS
         ),
         stop_grace_ms=_worker_int(flow, "task.shutdown.graceful.timeout.ms", DEFAULT_STOP_GRACE_MS),
         flow_dir=str(state_dir / f"{flow.source}-{flow.target}") if state_dir else "",

@@ -325,7 +325,7 @@ def copier_settings(
     if spec.emit_offset_syncs:
         settings["syncs.topic"] = spec.offset_syncs_topic
         settings["syncs.lag.max"] = str(spec.max_offset_lag)
-        settings["syncs.interval.ms"] = str(spec.offset_syncs_interval_ms)
+        settings["syncs.interval.ms"] = str(spec.offset_flush_interval_ms)
         settings["syncs"] = spec.offset_syncs_cluster
         settings["syncs.principal"] = principal(spec.offset_syncs_producer)
         for k, v in spec.offset_syncs_producer.items():

@@ -175,8 +175,9 @@ class MirrorJob:
 
     def renew_lease(self) -> None:
         """The ``renew-lease`` task: renew the flow's lease, with the positions a running
-        stream reached since (in one transaction), unless a batch's positions just renewed it."""
-        if self.lease is None or self.stream.write_positions():
+        stream reached since when ``offset.flush.interval.ms`` has passed (in one transaction),
+        unless a batch's positions just renewed it."""
+        if self.lease is None or self.stream.write_positions(when_due=True):
             return
         if self.lease.renewal_due():
             self.lease.renew()

@@ -52,6 +52,7 @@ class FlowStream:
         self.running = False  # a stream copies (run has not returned)
         self._limits_read_at = float("-inf")  # monotonic: the remote topics' limits last read
         self._limits_asked = False  # the stream's producer split a batch: read them now
+        self._positions_written_at = float("-inf")  # monotonic: the last write of positions
 
     def starts_again(self, ranges: list[tuple[Partition, int, int]]) -> bool:
         """Whether a stream that just ended starts again rather than a batch of ``ranges``
@@ -272,10 +273,12 @@ class FlowStream:
             log.info("%s: lease renewed: the stream copies again", job.spec.flow)
         return int(lease.fresh_until() * 1000)
 
-    def write_positions(self) -> bool:
+    def write_positions(self, when_due: bool = False) -> bool:
         """Write the positions the stream reached and has not written, in one transaction
-        that renews the flow's lease (the ``renew-lease`` task calls it on its beat, and a
-        stream that ends): whether there were any.
+        that renews the flow's lease (the ``renew-lease`` task calls it on its beat,
+        ``when_due``: only once ``offset.flush.interval.ms`` has passed since the last write, as
+        MirrorMaker 2 flushes its source offsets; a stream that ends, always): whether it
+        wrote any. Positions that wait renew nothing: the renewal task renews the lease alone.
 
         The write happens outside the lock the stream's harvests take: a target that does not
         answer makes a write wait (:data:`~mirrorflow.replication.lease.COMMIT_TIMEOUT_S`),
@@ -283,12 +286,16 @@ class FlowStream:
         only grow, so one reached again during the write stays unwritten for the next."""
         assert self.job.writer is not None
         with self._write_lock:  # one write at a time: the renewal task's, the stream's end
+            flush_s = self.job.spec.offset_flush_interval_ms / 1000
+            if when_due and time.monotonic() - self._positions_written_at < flush_s:
+                return False
             with self._unwritten_lock:
                 if not self.unwritten:
                     return False
                 writing = dict(self.unwritten)
             self.job.store_added_runs()  # the offset map first: it covers every copy below
             self.job.writer.write(writing)
+            self._positions_written_at = time.monotonic()
             with self._unwritten_lock:
                 for tp, reached in writing.items():
                     if self.unwritten.get(tp) == reached:
@@ -314,18 +321,21 @@ class FlowStream:
         final: bool = False,
     ) -> None:
         """Write what a stream acknowledged since its last harvest: its runs to the offset map,
-        then the positions it reached, with the next lease renewal (or at once if ``final``:
-        the stream ended); its figures to the metrics and ``progress.json``.
+        then the positions it reached, with the first lease renewal once
+        ``offset.flush.interval.ms`` has passed (or at once if ``final``: the stream ended); its
+        figures to the metrics and ``progress.json``.
 
-        Positions are written on the lease's beat (:data:`~mirrorflow.replication.lease.RENEW_S`),
-        in the renewal's transaction, rather than at every harvest: a flow's control traffic on
-        its target is one transaction per renewal, busy or idle, and the offset map's records
-        before it, each run that grew since as it now is (the offset map in memory, which
-        checkpoints translate with, takes them at the harvest). In a mesh, every flow copies a
-        heartbeat a second to each of hundreds of heartbeat topics: a record per partition per
-        harvest for the offset map was as many records as the copies. A job killed between two
-        renewals copies up to that much again when it starts (at least once), as MirrorMaker 2
-        does since its last offset flush (every 60 s by default)."""
+        Positions are written every ``offset.flush.interval.ms`` (mirrorflow's default 5 s), in
+        the transaction of the lease renewal then due, rather than at every harvest: a flow's
+        control traffic on its target is one transaction per renewal
+        (:data:`~mirrorflow.replication.lease.RENEW_S`), busy or idle, with the positions and,
+        before them, the offset map's runs that grew since (each as it now is: the offset map
+        in memory, which checkpoints translate with, takes them at the harvest) in one renewal
+        of those in an interval. In a mesh, every flow copies a heartbeat a second to each of
+        hundreds of heartbeat topics: a position per partition at each renewal was most of a
+        renewal's cost. A job killed between two writes copies up to that much again when it
+        starts (at least once), as MirrorMaker 2 does since its last offset flush (every 60 s
+        by default)."""
         job = self.job
         assert job.writer is not None
         now = time.time()
