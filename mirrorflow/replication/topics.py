@@ -250,7 +250,7 @@ class RemoteTopics:
             self._create_or_grow({s: source_topics[s] for s in stale}, mapping)
         known = [remote for source, remote in mapping.items() if source not in stale]
         if known and limits:
-            self.max_message_bytes.update(self._max_message_bytes(known))
+            self.read_limits(known)
         self.source_partitions = source_topics
         return mapping
 
@@ -291,8 +291,7 @@ class RemoteTopics:
                             exc,
                             f"ALTER on topic {name}",
                         ) from None
-        remotes = [mapping[s] for s in counts]
-        self.max_message_bytes.update(self._max_message_bytes(remotes))
+        self.read_limits([mapping[s] for s in counts])
         for s in counts:
             self.partitions[mapping[s]] = counts[s]
 
