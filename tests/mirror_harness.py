@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -345,6 +346,35 @@ def alter_topic(cluster: sandbox_mod.Cluster, topic: str, config: dict[str, str]
     resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=entries)
     for future in admin.incremental_alter_configs([resource]).values():
         future.result(timeout=30)
+
+
+def record_batches(
+    cluster: sandbox_mod.Cluster, topic: str, partition: int
+) -> list[tuple[int, int]]:
+    """The record batches of a partition as its broker stored them (first and last offset of
+    each), read from its log segments with Kafka's own ``DumpLogSegments``: how the records were
+    produced, one request's worth to a batch."""
+    from mirrorflow.devtools.broker import LOG_DIR
+    from mirrorflow.runtime import jvm
+
+    segments = sorted((Path(cluster.directory) / LOG_DIR / f"{topic}-{partition}").glob("*.log"))
+    dumped = subprocess.run(
+        [
+            "java",
+            "-cp",
+            jvm.classpath("kafka"),
+            "org.apache.kafka.tools.DumpLogSegments",
+            "--files",
+            ",".join(map(str, segments)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    return [
+        (int(m[1]), int(m[2])) for m in re.finditer(r"baseOffset: (\d+) lastOffset: (\d+)", dumped)
+    ]
 
 
 def topic_names(cluster: sandbox_mod.Cluster) -> set[str]:

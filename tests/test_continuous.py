@@ -17,6 +17,7 @@ import pytest
 from confluent_kafka import KafkaException, Producer
 
 from mirrorflow.devtools import sandbox as sandbox_mod
+from mirrorflow.mm2.formats import Heartbeat
 from mirrorflow.replication.lease import LEASES_TOPIC, RENEW_S
 from mirrorflow.replication.offset_map import decode_key, decode_value, map_topic
 from mirrorflow.replication.positions import SourceOffsetReader, offsets_topic
@@ -32,6 +33,7 @@ from tests.mirror_harness import (
     produce_fresh,
     progress,
     read_topic,
+    record_batches,
     start_mirror,
     stop_job,
     topic_names,
@@ -52,6 +54,8 @@ def test_a_continuous_flow_copies_a_steady_stream_and_a_sigkill_mid_stream_loses
     topic = topic_name("steady")
     remote = f"primary.{topic}"
     create_topics(primary, topic, partitions=2)
+    if "heartbeats" not in topic_names(primary):  # of flows into primary (written below)
+        create_topics(primary, "heartbeats")
     produce(primary, topic, 2, 2_000)  # a backlog: batches copy it, then the stream starts
     config = flow_file(tmp_path, sandbox, topic, f"refresh.topics.interval.seconds = {REFRESH_S}")
     state, log = tmp_path / "state", tmp_path / "mirror.log"
@@ -177,6 +181,36 @@ def test_a_continuous_flow_copies_a_steady_stream_and_a_sigkill_mid_stream_loses
             stored_runs,
             ended - began,
         )
+        # Heartbeat topics are read once a beat, not as each heartbeat arrives: in a mesh every
+        # cluster holds hundreds of them (every flow's heartbeats, copied along every chain),
+        # a heartbeat a second each. Heartbeats of a flow into the source, 20 a second for 4 s,
+        # all reach the target, in a batch or two a second, not one batch each.
+        mine = {int(time.time() * 1000) + i for i in range(80)}
+        beats = Producer({**primary.client_config(), "linger.ms": 0})
+        for stamp in sorted(mine):
+            beat = Heartbeat("elsewhere", "primary", stamp)
+            beats.produce("heartbeats", beat.value(), beat.key(), partition=0)
+            beats.poll(0)
+            time.sleep(0.05)
+        assert beats.flush(30) == 0
+
+        def copied_beats() -> list[int]:
+            return [
+                offset
+                for offset, key, value, *_rest in read_topic(secondary, "primary.heartbeats")[0]
+                if key is not None
+                and (beat := Heartbeat.from_record(key, value)).source_cluster_alias == "elsewhere"
+                and beat.timestamp in mine
+            ]
+
+        wait_for(lambda: len(copied_beats()) == len(mine), 30, "the heartbeats' copies")
+        offsets = copied_beats()
+        batches = [
+            (first, last)
+            for first, last in record_batches(secondary, "primary.heartbeats", 0)
+            if any(first <= offset <= last for offset in offsets)
+        ]
+        assert len(batches) <= 12, batches  # read as they arrived: 80
         # The target freezes (SIGSTOP: connections open, no answer) for longer than a lease
         # renewal waits, while records arrive: the stream holds, copying nothing, and copies
         # again once the target answers, without ending: no retry, no new stream, no batch.

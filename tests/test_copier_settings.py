@@ -62,3 +62,25 @@ def test_no_batch_is_larger_than_the_smallest_limit_of_the_remote_topics(tmp_pat
         settings_of(tmp_path, "b.producer.batch.size = 2048", limits=small)["producer.batch.size"]
         == "2048"
     )
+
+
+def test_a_stream_reads_heartbeat_topics_once_a_beat_and_data_topics_as_records_arrive(tmp_path):
+    """Every heartbeat topic the flow copies, its source's own and those copied along chains
+    of flows, is marked paced (read once a beat); a data topic is not, even one whose name
+    ends like one."""
+    mapping = {
+        "heartbeats": "a.heartbeats",
+        "c.heartbeats": "a.c.heartbeats",
+        "d.c.heartbeats": "a.d.c.heartbeats",
+        "orders": "a.orders",
+        "orders-heartbeats": "a.orders-heartbeats",
+    }
+    limits = dict.fromkeys(mapping.values(), 1_048_588)
+    config = write_private(
+        tmp_path / "mm2.properties",
+        f"clusters = a, b\na.bootstrap.servers = localhost:1\nb.bootstrap.servers = localhost:2\n"
+        f"{FLOW}.enabled = true\n",
+    )
+    settings = copier_settings(spec_for_flow([config], FLOW), mapping, limits)
+    paced = sorted(key.removeprefix("paced.") for key in settings if key.startswith("paced."))
+    assert paced == ["c.heartbeats", "d.c.heartbeats", "heartbeats"]

@@ -19,6 +19,7 @@ from mirrorflow.airflow.ui import charts
 from mirrorflow.airflow.ui.graph import lag_label
 from mirrorflow.health import history, trends
 from mirrorflow.health.numbers import thousands
+from mirrorflow.mm2.policy import DefaultReplicationPolicy
 from mirrorflow.runtime import metrics as metrics_mod
 from mirrorflow.runtime import trend
 
@@ -153,10 +154,11 @@ def test_latency_since_merges_the_flows_partitions_after_a_time():
         {
             ("t", 0): Copied(2, 20, Stats(), Stats(100, 300, 400, 2)),
             ("t", 1): Copied(1, 10, Stats(), Stats(50, 50, 50, 1)),
+            ("heartbeats", 0): Copied(1, 10, Stats(), Stats(1_900, 1_900, 1_900, 1)),
         },
-        {("t", 0): 2, ("t", 1): 1},
-        {("t", 0): 2, ("t", 1): 1},
-        {"t": "a.t"},
+        {("t", 0): 2, ("t", 1): 1, ("heartbeats", 0): 1},
+        {("t", 0): 2, ("t", 1): 1, ("heartbeats", 0): 1},
+        {"t": "a.t", "heartbeats": "a.heartbeats"},
         t0,
     )
     other.batch(
@@ -166,7 +168,10 @@ def test_latency_since_merges_the_flows_partitions_after_a_time():
         {"u": "c.u"},
         t0,
     )
-    assert flow.latency_since(t0 - 1) == Stats(50, 300, 450, 3)
+    assert flow.latency_since(t0 - 1) == Stats(50, 1_900, 2_350, 4)
+    # The trend leaves out heartbeat topics, which a stream copies once a second.
+    heartbeats = DefaultReplicationPolicy().is_heartbeats_topic
+    assert flow.latency_since(t0 - 1, heartbeats) == Stats(50, 300, 450, 3)
     assert flow.latency_since(time.time() + 1).count == 0  # nothing acknowledged since
 
 
@@ -174,7 +179,9 @@ class FakeJob:
     """What the sampler reads of a MirrorJob: its flow, its state directory, its metrics."""
 
     def __init__(self, flow_dir: Path, metrics=None) -> None:
-        self.spec = SimpleNamespace(flow="a->b")
+        self.spec = SimpleNamespace(
+            flow="a->b", is_heartbeats_topic=DefaultReplicationPolicy().is_heartbeats_topic
+        )
         self.flow_dir, self.metrics = flow_dir, metrics
 
 

@@ -60,6 +60,9 @@ class MirrorSpec:
     sync_acls_remove: bool = False  # remove the ACLs it created once the source's are gone
     acl_ledger_topic: str = ""  # on the target: the ACLs the sync created
     heartbeats_topic: str = "heartbeats"
+    # Whether a topic is a heartbeats topic, its own cluster's or one copied from another
+    # (``A.heartbeats``, ``B.A.heartbeats``): the replication policy's rule.
+    is_heartbeats_topic: Callable[[str], bool] = lambda topic: False
     emit_heartbeats: bool = True
     heartbeats_interval_s: float = 1.0
     refresh_topics_enabled: bool = True
@@ -211,6 +214,7 @@ def spec_for_flow(
         acl_ledger_topic=f"mirrorflow-acls.{flow.source}.internal",
         replication_factor=int(flow.numeric_setting("replication.factor")),
         heartbeats_topic=flow.policy.heartbeats_topic(),
+        is_heartbeats_topic=flow.policy.is_heartbeats_topic,
         emit_heartbeats=bool(flow.setting("emit.heartbeats.enabled")),
         heartbeats_interval_s=float(flow.numeric_setting("emit.heartbeats.interval.seconds")),
         refresh_topics_enabled=bool(flow.setting("refresh.topics.enabled")),

@@ -314,6 +314,8 @@ def copier_settings(
         **{f"producer.{k}": v for k, v in producer.items()},
         **{f"topic.{src}": rem for src, rem in mapping.items()},
         **{f"limit.{rem}": str(limit) for rem, limit in limits.items()},
+        # A stream reads heartbeat topics once a beat, not as each heartbeat arrives.
+        **{f"paced.{src}": "true" for src in mapping if spec.is_heartbeats_topic(src)},
     }
     # A stream's producer: its copies wait less (latency), and its batches are Kafka's default
     # size, unless the flow sets them.

@@ -42,7 +42,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -406,14 +406,21 @@ class FlowMetrics:
                 "mirrorflow_checkpoint_latency_ms", labels, Stats(value, value, value, 1), now
             )
 
-    def latency_since(self, since: float) -> Stats:
+    def latency_since(
+        self, since: float, leave_out: Callable[[str], bool] = lambda remote: False
+    ) -> Stats:
         """The replication latencies of the flow's copies acknowledged after ``since`` (Unix
-        time), over all its partitions and at most the last :data:`WINDOW_S` seconds (what
-        the flow's trend samples: :mod:`mirrorflow.runtime.trend`)."""
+        time), over all its partitions but those of remote topics ``leave_out`` names, and at
+        most the last :data:`WINDOW_S` seconds (what the flow's trend samples:
+        :mod:`mirrorflow.runtime.trend`)."""
         live, merged = self.metrics.live, Stats()
         with live.lock:
             for (name, labels), window in live.windows.items():
-                if name == "mirrorflow_replication_latency_ms" and labels[:2] == self.labels:
+                if (
+                    name == "mirrorflow_replication_latency_ms"
+                    and labels[:2] == self.labels
+                    and not leave_out(labels[2])
+                ):
                     for at, stats in window.samples:
                         if at > since:
                             merged = merged.merge(stats)

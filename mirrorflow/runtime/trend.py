@@ -16,7 +16,8 @@ to a ring of the last :data:`WINDOW_S` seconds and rewrites ``trend.json`` atomi
 - ``records``: records copied since the job started (a counter, as Prometheus counters: it
   starts at 0 when the job starts);
 - ``latency_ms``: the highest replication latency of the records the target acknowledged since
-  the last sample, from the job's metrics (:meth:`FlowMetrics.latency_since`); None when
+  the last sample (heartbeat topics left out: a stream copies those once a second), from the
+  job's metrics (:meth:`FlowMetrics.latency_since`); None when
   nothing was copied meanwhile or the job has no metrics (no ``--metrics-port``).
 
 Nothing is sampled while the job is frozen or stopped, so those times have no samples: the
@@ -128,7 +129,8 @@ class Sampler:
         progress = jobs.read_progress(self.flow_dir)
         latency = None
         if job.metrics is not None:
-            stats = job.metrics.latency_since(self.last_at)
+            # Not the heartbeat topics': a stream copies them once a second, on purpose.
+            stats = job.metrics.latency_since(self.last_at, job.spec.is_heartbeats_topic)
             latency = stats.high if stats.count else None
         return {
             "t": round(now, 2),

@@ -104,6 +104,12 @@ public final class MirrorCopier {
   static final String STREAM_FETCH_MAX_WAIT_MS = "5000";
 
   /**
+   * How often a stream reads its paced partitions ({@code paced.<topic>}: the heartbeat topics
+   * of a flow) unless {@code stream.paced.interval.ms} says: what arrived since, in one fetch.
+   */
+  static final String STREAM_PACED_MS = "1000";
+
+  /**
    * How long a stream's end waits for its copies' acknowledgements unless {@code
    * stream.end.grace.ms} says (MirrorMaker 2's {@code task.shutdown.graceful.timeout.ms}).
    */
@@ -217,7 +223,9 @@ public final class MirrorCopier {
     }
     Map<String, String> names = new HashMap<>();
     for (Map.Entry<String, String> entry : settings.entrySet()) {
-      if (entry.getKey().startsWith("topic.") || entry.getKey().startsWith("limit.")) {
+      if (entry.getKey().startsWith("topic.")
+          || entry.getKey().startsWith("limit.")
+          || entry.getKey().startsWith("paced.")) {
         names.put(entry.getKey(), entry.getValue());
       }
     }
@@ -838,6 +846,14 @@ public final class MirrorCopier {
      * all, taking the partitions added to the stream at each poll, until the stream's batch is
      * cancelled or a copy fails. A partition the flow does not copy (its topic matched the
      * subscription but not the flow's filters) stays where it is.
+     *
+     * <p>Its paced partitions ({@code paced.<topic>}: the driver marks the flow's heartbeat topics)
+     * are read by a consumer of their own, polled without waiting once every {@code
+     * stream.paced.interval.ms} ({@link #STREAM_PACED_MS}): what arrived since its last beat comes
+     * in one fetch and goes out in one request. In a mesh every cluster holds hundreds of heartbeat
+     * topics (each flow's heartbeats, copied along every chain of flows), a heartbeat a second
+     * each: read as they arrive, every stream fetched and produced for a record or two at a time
+     * all day. A heartbeat's copy waits at most two beats.
      */
     Void stream(Stream stream) throws Exception {
       Map<TopicPartition, Copied> copied = new HashMap<>();
@@ -845,15 +861,18 @@ public final class MirrorCopier {
       Map<TopicPartition, Long> next = new HashMap<>();
       String batch = settings.get("batch");
       AtomicLong allowed = ALLOWED.get(batch);
+      long pacedMs = Long.parseLong(settings.getOrDefault("stream.paced.interval.ms", STREAM_PACED_MS));
+      // Records as they arrive; the paced ones (heartbeat topics) once every pacedMs.
+      StreamReader prompt = new StreamReader();
+      StreamReader paced = new StreamReader();
+      long pacedAt = 0; // when the paced reader is polled next (epoch ms)
       Sender sender = null;
-      KafkaConsumer<byte[], byte[]> consumer = null;
       boolean failed = false;
       try {
         while (!failed
             && !stream.ended
             && !cancelled(batch)
             && (sender == null || sender.failure.get() == null)) {
-          boolean assign = false;
           for (Stream.Added added; (added = stream.added.poll()) != null; ) {
             settings.putAll(added.names());
             for (int i = 0; i < added.partitions().size(); i++) {
@@ -863,7 +882,7 @@ public final class MirrorCopier {
                 copied.put(tp, added.progress().get(i));
                 remotes.put(tp, remote);
                 next.put(tp, added.progress().get(i).sentNext);
-                assign = true;
+                ("true".equals(settings.get("paced." + tp.topic())) ? paced : prompt).add(tp);
               }
             }
           }
@@ -871,80 +890,35 @@ public final class MirrorCopier {
             Thread.sleep(100);
             continue;
           }
-          if (consumer == null) {
+          if (sender == null) {
             sender = new Sender();
             stream.producer(sender.producer);
-            consumer = new KafkaConsumer<>(consumerConfig());
           }
-          if (assign) {
-            consumer.assign(copied.keySet());
-            for (Map.Entry<TopicPartition, Long> entry : next.entrySet()) {
-              consumer.seek(entry.getKey(), entry.getValue());
-            }
-          }
+          prompt.assign(next);
+          paced.assign(next);
           if (allowed != null && System.currentTimeMillis() > allowed.get()) {
             Thread.sleep(20); // not allowed to copy now (see ALLOWED): wait for the driver
             continue;
           }
-          ConsumerRecords<byte[], byte[]> polled;
-          try {
-            polled = consumer.poll(Duration.ofMillis(500));
-          } catch (AuthenticationException | AuthorizationException refused) {
-            throw refusedBy("source", "reading " + copied.keySet(), refused, "READ on its topics");
-          } catch (OffsetOutOfRangeException gone) {
-            for (Map.Entry<TopicPartition, Long> lost : gone.offsetOutOfRangePartitions().entrySet()) {
-              TopicPartition tp = lost.getKey();
-              long earliest = consumer.beginningOffsets(List.of(tp)).get(tp);
-              LOG.warn(
-                  "{}: offsets {} to {} are no longer on {} (retention or truncation); copying from {}",
-                  tp, lost.getValue(), earliest - 1, settings.get("source"), earliest);
-              next.put(tp, earliest);
-              consumer.seek(tp, earliest);
-            }
-            continue;
+          long now = System.currentTimeMillis();
+          if (paced.consumer != null && now >= pacedAt) {
+            pacedAt = now + pacedMs;
+            // Without waiting: what its fetch sent at the last beat brought, and the next fetch.
+            failed = !read(paced, Duration.ZERO, stream, sender, copied, remotes, next, allowed);
           }
-          long readAt = System.currentTimeMillis();
-          Set<TopicPartition> held = new java.util.HashSet<>();
-          for (TopicPartition tp : polled.partitions()) {
-            for (ConsumerRecord<byte[], byte[]> record : polled.records(tp)) {
-              if (stream.ended
-                  || allowed != null && System.currentTimeMillis() > allowed.get()) {
-                consumer.seek(tp, record.offset()); // copied once allowed again
-                held.add(tp);
-                break;
-              }
-              if (sender.send(record, tp, remotes.get(tp), copied.get(tp), readAt) == Sender.FAILED) {
-                failed = true;
-                break;
-              }
-              next.put(tp, record.offset() + 1); // a copy sent, or a gap: dropped by the transforms
-            }
-            if (failed) {
-              break;
-            }
+          if (failed) {
+            break;
           }
-          for (Map.Entry<TopicPartition, Copied> entry : copied.entrySet()) {
-            TopicPartition tp = entry.getKey();
-            Copied progress = entry.getValue();
-            if (!failed && !held.contains(tp)) {
-              // Past the last record returned: offsets holding no record for us (transaction
-              // markers, aborted or compacted records) up to the consumer's position.
-              next.put(tp, Math.max(next.get(tp), consumer.position(tp)));
-            }
-            progress.sentNext = next.get(tp);
-            java.util.OptionalLong lag = consumer.currentLag(tp);
-            if (lag.isPresent()) {
-              progress.endSeen = next.get(tp) + lag.getAsLong();
-              if (lag.getAsLong() == 0 && progress.inFlight.get() == 0) {
-                progress.caughtUpAt = readAt;
-              }
-            }
+          long waitMs = paced.consumer == null ? 500 : Math.max(0, Math.min(500, pacedAt - now));
+          if (prompt.consumer != null) {
+            failed = !read(prompt, Duration.ofMillis(waitMs), stream, sender, copied, remotes, next, allowed);
+          } else {
+            Thread.sleep(Math.min(100, waitMs));
           }
         }
       } finally {
-        if (consumer != null) {
-          consumer.close(Duration.ofSeconds(5));
-        }
+        prompt.close();
+        paced.close();
       }
       if (sender != null) {
         try {
@@ -964,6 +938,113 @@ public final class MirrorCopier {
         entry.getValue().next = next.get(entry.getKey());
       }
       return null;
+    }
+
+    /**
+     * One of a stream's consumers and the partitions it reads: a stream reads its partitions'
+     * records as they arrive with one, and its paced partitions' with another, polled once a
+     * beat.
+     */
+    private final class StreamReader {
+      final Set<TopicPartition> partitions = new java.util.LinkedHashSet<>();
+      KafkaConsumer<byte[], byte[]> consumer;
+      private boolean added;
+
+      void add(TopicPartition tp) {
+        added |= partitions.add(tp);
+      }
+
+      /** Its consumer reads its partitions (new ones from {@code next}) once some were added. */
+      void assign(Map<TopicPartition, Long> next) {
+        if (!added) {
+          return;
+        }
+        if (consumer == null) {
+          consumer = new KafkaConsumer<>(consumerConfig());
+        }
+        consumer.assign(partitions);
+        for (TopicPartition tp : partitions) {
+          consumer.seek(tp, next.get(tp));
+        }
+        added = false;
+      }
+
+      void close() {
+        if (consumer != null) {
+          consumer.close(Duration.ofSeconds(5));
+        }
+      }
+    }
+
+    /**
+     * One poll of {@code reader}'s consumer (waiting at most {@code wait}) and the copies of what
+     * it returned; then its partitions' progress: where each is, the end its consumer saw, when
+     * it was caught up. False when a copy failed (the sender holds why).
+     */
+    private boolean read(
+        StreamReader reader,
+        Duration wait,
+        Stream stream,
+        Sender sender,
+        Map<TopicPartition, Copied> copied,
+        Map<TopicPartition, String> remotes,
+        Map<TopicPartition, Long> next,
+        AtomicLong allowed) {
+      KafkaConsumer<byte[], byte[]> consumer = reader.consumer;
+      ConsumerRecords<byte[], byte[]> polled;
+      try {
+        polled = consumer.poll(wait);
+      } catch (AuthenticationException | AuthorizationException refused) {
+        throw refusedBy("source", "reading " + reader.partitions, refused, "READ on its topics");
+      } catch (OffsetOutOfRangeException gone) {
+        for (Map.Entry<TopicPartition, Long> lost : gone.offsetOutOfRangePartitions().entrySet()) {
+          TopicPartition tp = lost.getKey();
+          long earliest = consumer.beginningOffsets(List.of(tp)).get(tp);
+          LOG.warn(
+              "{}: offsets {} to {} are no longer on {} (retention or truncation); copying from {}",
+              tp, lost.getValue(), earliest - 1, settings.get("source"), earliest);
+          next.put(tp, earliest);
+          consumer.seek(tp, earliest);
+        }
+        return true;
+      }
+      long readAt = System.currentTimeMillis();
+      Set<TopicPartition> held = new java.util.HashSet<>();
+      boolean failed = false;
+      for (TopicPartition tp : polled.partitions()) {
+        for (ConsumerRecord<byte[], byte[]> record : polled.records(tp)) {
+          if (stream.ended || allowed != null && System.currentTimeMillis() > allowed.get()) {
+            consumer.seek(tp, record.offset()); // copied once allowed again
+            held.add(tp);
+            break;
+          }
+          if (sender.send(record, tp, remotes.get(tp), copied.get(tp), readAt) == Sender.FAILED) {
+            failed = true;
+            break;
+          }
+          next.put(tp, record.offset() + 1); // a copy sent, or a gap: dropped by the transforms
+        }
+        if (failed) {
+          break;
+        }
+      }
+      for (TopicPartition tp : reader.partitions) {
+        Copied progress = copied.get(tp);
+        if (!failed && !held.contains(tp)) {
+          // Past the last record returned: offsets holding no record for us (transaction
+          // markers, aborted or compacted records) up to the consumer's position.
+          next.put(tp, Math.max(next.get(tp), consumer.position(tp)));
+        }
+        progress.sentNext = next.get(tp);
+        java.util.OptionalLong lag = consumer.currentLag(tp);
+        if (lag.isPresent()) {
+          progress.endSeen = next.get(tp) + lag.getAsLong();
+          if (lag.getAsLong() == 0 && progress.inFlight.get() == 0) {
+            progress.caughtUpAt = readAt;
+          }
+        }
+      }
+      return !failed;
     }
 
     /** The copies of one task: its producer, offset syncs, transforms and first failure. */
