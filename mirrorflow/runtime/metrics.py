@@ -44,7 +44,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, start_http_server
 from prometheus_client.core import GaugeMetricFamily
@@ -157,8 +157,17 @@ class _Live(Collector):
         self.oldest: dict[tuple[str, ...], float] = {}
 
     def record(self, name: str, labels: tuple[str, ...], stats: Stats, at: float) -> None:
+        self.record_all([(name, labels, stats)], at)
+
+    def record_all(self, figures: list[tuple[str, tuple[str, ...], Stats]], at: float) -> None:
+        """Several figures (name, labels, stats) at ``at``, under one acquisition of the lock."""
         with self.lock:
-            self.windows.setdefault((name, labels), _Window()).add(stats, at)
+            windows = self.windows
+            for name, labels, stats in figures:
+                window = windows.get((name, labels))
+                if window is None:
+                    window = windows[(name, labels)] = _Window()
+                window.add(stats, at)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         now = time.time()
@@ -308,9 +317,24 @@ class FlowMetrics:
 
     def __init__(self, metrics: Metrics, source: str, target: str) -> None:
         self.metrics, self.labels = metrics, (source, target)
+        # Each partition's labels and each metric's child for them, made once: a stream reports
+        # every second for each of its partitions (some 65 in a mesh of 6, every heartbeat
+        # chain), and prometheus_client's labels() checks and looks them up at every call.
+        self._labels: dict[tuple[str, int], tuple[str, ...]] = {}
+        self._children: dict[tuple[object, tuple[str, ...]], Any] = {}
 
     def _partition(self, remote: str, partition: int) -> tuple[str, ...]:
-        return (*self.labels, remote, str(partition))
+        labels = self._labels.get((remote, partition))
+        if labels is None:
+            labels = self._labels[(remote, partition)] = (*self.labels, remote, str(partition))
+        return labels
+
+    def _child(self, metric: Any, labels: tuple[str, ...]) -> Any:
+        """``metric.labels(*labels)``, looked up once."""
+        child = self._children.get((metric, labels))
+        if child is None:
+            child = self._children[(metric, labels)] = metric.labels(*labels)
+        return child
 
     def batch(
         self,
@@ -323,15 +347,17 @@ class FlowMetrics:
         """A batch's figures: what it ``copied`` per source partition, the flow's positions
         after it and the source's ends at its plan (made at ``planned_at``)."""
         m, now = self.metrics, time.time()
+        windows: list[tuple[str, tuple[str, ...], Stats]] = []
         for (topic, partition), figures in copied.items():
             if topic not in remote_topics:
                 continue
             labels = self._partition(remote_topics[topic], partition)
             if figures.records:
-                m.records.labels(*labels).inc(figures.records)
-            m.bytes.labels(*labels).inc(figures.bytes)
-            m.live.record("mirrorflow_record_age_ms", labels, figures.age, now)
-            m.live.record("mirrorflow_replication_latency_ms", labels, figures.latency, now)
+                self._child(m.records, labels).inc(figures.records)
+            self._child(m.bytes, labels).inc(figures.bytes)
+            windows.append(("mirrorflow_record_age_ms", labels, figures.age))
+            windows.append(("mirrorflow_replication_latency_ms", labels, figures.latency))
+        m.live.record_all(windows, now)
         m.batches.labels(*self.labels).inc()
         m.last_batch.labels(*self.labels).set(now)
         self.lag(positions, ends, remote_topics, planned_at)
@@ -345,13 +371,13 @@ class FlowMetrics:
     ) -> None:
         """Each partition's lag: its end at the last plan (made at ``at``) minus its position
         (never below 0); a partition without lag was caught up at ``at``."""
-        live = self.metrics.live
-        for (topic, partition), position in positions.items():
-            if topic in remote_topics and (topic, partition) in ends:
-                labels = self._partition(remote_topics[topic], partition)
-                lag = max(0, ends[(topic, partition)] - position)
-                self.metrics.lag.labels(*labels).set(lag)
-                with live.lock:
+        live, gauge = self.metrics.live, self.metrics.lag
+        with live.lock:
+            for (topic, partition), position in positions.items():
+                if topic in remote_topics and (topic, partition) in ends:
+                    labels = self._partition(remote_topics[topic], partition)
+                    lag = max(0, ends[(topic, partition)] - position)
+                    self._child(gauge, labels).set(lag)
                     known = live.caught_up.get(labels)
                     if not lag:
                         live.caught_up[labels] = (max(at, known[0]) if known else at, True)
@@ -367,7 +393,7 @@ class FlowMetrics:
             if topic not in remote_topics:
                 continue
             labels = self._partition(remote_topics[topic], partition)
-            self.metrics.lag.labels(*labels).set(behind.get((topic, partition), 0))
+            self._child(self.metrics.lag, labels).set(behind.get((topic, partition), 0))
             with live.lock:
                 if (topic, partition) not in behind:
                     known = live.caught_up.get(labels)
