@@ -211,6 +211,19 @@ def test_a_continuous_flow_copies_a_steady_stream_and_a_sigkill_mid_stream_loses
             if any(first <= offset <= last for offset in offsets)
         ]
         assert len(batches) <= 12, batches  # read as they arrived: 80
+        # A backlog of heartbeats (20,000 at once) is copied at the next beats, all of it, not
+        # one poll's max.poll.records (500) a beat: that would take 40 s.
+        burst = {int(time.time() * 1000) + 1_000 + i for i in range(20_000)}
+        beats = Producer({**primary.client_config(), "linger.ms": 20})
+        for stamp in burst:
+            beat = Heartbeat("elsewhere", "primary", stamp)
+            beats.produce("heartbeats", beat.value(), beat.key(), partition=0)
+            beats.poll(0)
+        assert beats.flush(30) == 0
+        mine |= burst
+        written = time.monotonic()
+        wait_for(lambda: len(copied_beats()) == len(mine), 60, "a backlog of heartbeats")
+        assert time.monotonic() - written < 30, time.monotonic() - written
         # The target freezes (SIGSTOP: connections open, no answer) for longer than a lease
         # renewal waits, while records arrive: the stream holds, copying nothing, and copies
         # again once the target answers, without ending: no retry, no new stream, no batch.

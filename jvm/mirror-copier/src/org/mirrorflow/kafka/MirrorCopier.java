@@ -903,15 +903,21 @@ public final class MirrorCopier {
           long now = System.currentTimeMillis();
           if (paced.consumer != null && now >= pacedAt) {
             pacedAt = now + pacedMs;
-            // Without waiting: what its fetch sent at the last beat brought, and the next fetch.
-            failed = !read(paced, Duration.ZERO, stream, sender, copied, remotes, next, allowed);
+            // Without waiting: what its fetch sent at the last beat brought (all of it, not one
+            // poll's max.poll.records: a backlog of heartbeats catches up at once), and the next
+            // fetch.
+            int polled;
+            do {
+              polled = read(paced, Duration.ZERO, stream, sender, copied, remotes, next, allowed);
+            } while (polled >= paced.maxPollRecords && !stream.ended);
+            failed = polled < 0;
           }
           if (failed) {
             break;
           }
           long waitMs = paced.consumer == null ? 500 : Math.max(0, Math.min(500, pacedAt - now));
           if (prompt.consumer != null) {
-            failed = !read(prompt, Duration.ofMillis(waitMs), stream, sender, copied, remotes, next, allowed);
+            failed = read(prompt, Duration.ofMillis(waitMs), stream, sender, copied, remotes, next, allowed) < 0;
           } else {
             Thread.sleep(Math.min(100, waitMs));
           }
@@ -948,6 +954,8 @@ public final class MirrorCopier {
     private final class StreamReader {
       final Set<TopicPartition> partitions = new java.util.LinkedHashSet<>();
       KafkaConsumer<byte[], byte[]> consumer;
+      /** Its consumer's max.poll.records: a poll that returned as many may have left more. */
+      int maxPollRecords = ConsumerConfig.DEFAULT_MAX_POLL_RECORDS;
       private boolean added;
 
       void add(TopicPartition tp) {
@@ -960,7 +968,12 @@ public final class MirrorCopier {
           return;
         }
         if (consumer == null) {
-          consumer = new KafkaConsumer<>(consumerConfig());
+          Map<String, Object> config = consumerConfig();
+          Object most = config.get(ConsumerConfig.MAX_POLL_RECORDS_CONFIG);
+          if (most != null) {
+            maxPollRecords = Integer.parseInt(most.toString());
+          }
+          consumer = new KafkaConsumer<>(config);
         }
         consumer.assign(partitions);
         for (TopicPartition tp : partitions) {
@@ -979,9 +992,10 @@ public final class MirrorCopier {
     /**
      * One poll of {@code reader}'s consumer (waiting at most {@code wait}) and the copies of what
      * it returned; then its partitions' progress: where each is, the end its consumer saw, when
-     * it was caught up. False when a copy failed (the sender holds why).
+     * it was caught up. Returns how many records the poll returned, or -1 when a copy failed (the
+     * sender holds why).
      */
-    private boolean read(
+    private int read(
         StreamReader reader,
         Duration wait,
         Stream stream,
@@ -1006,7 +1020,7 @@ public final class MirrorCopier {
           next.put(tp, earliest);
           consumer.seek(tp, earliest);
         }
-        return true;
+        return 0;
       }
       long readAt = System.currentTimeMillis();
       Set<TopicPartition> held = new java.util.HashSet<>();
@@ -1044,7 +1058,7 @@ public final class MirrorCopier {
           }
         }
       }
-      return !failed;
+      return failed ? -1 : polled.count();
     }
 
     /** The copies of one task: its producer, offset syncs, transforms and first failure. */
