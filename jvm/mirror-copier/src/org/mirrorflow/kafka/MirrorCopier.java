@@ -104,10 +104,10 @@ public final class MirrorCopier {
   static final String STREAM_FETCH_MAX_WAIT_MS = "5000";
 
   /**
-   * How often a stream reads its paced partitions ({@code paced.<topic>}: the heartbeat topics
-   * of a flow) unless {@code stream.paced.interval.ms} says: what arrived since, in one fetch.
+   * How often (ms) a stream reads its paced partitions ({@code paced.<topic>}: the heartbeat
+   * topics of a flow): what arrived since, in one fetch.
    */
-  static final String STREAM_PACED_MS = "1000";
+  static final long STREAM_PACED_MS = 1000;
 
   /**
    * How long a stream's end waits for its copies' acknowledgements unless {@code
@@ -848,8 +848,8 @@ public final class MirrorCopier {
      * subscription but not the flow's filters) stays where it is.
      *
      * <p>Its paced partitions ({@code paced.<topic>}: the driver marks the flow's heartbeat topics)
-     * are read by a consumer of their own, polled without waiting once every {@code
-     * stream.paced.interval.ms} ({@link #STREAM_PACED_MS}): what arrived since its last beat comes
+     * are read by a consumer of their own, polled without waiting once every {@link
+     * #STREAM_PACED_MS}: what arrived since its last beat comes
      * in one fetch and goes out in one request. In a mesh every cluster holds hundreds of heartbeat
      * topics (each flow's heartbeats, copied along every chain of flows), a heartbeat a second
      * each: read as they arrive, every stream fetched and produced for a record or two at a time
@@ -861,8 +861,7 @@ public final class MirrorCopier {
       Map<TopicPartition, Long> next = new HashMap<>();
       String batch = settings.get("batch");
       AtomicLong allowed = ALLOWED.get(batch);
-      long pacedMs = Long.parseLong(settings.getOrDefault("stream.paced.interval.ms", STREAM_PACED_MS));
-      // Records as they arrive; the paced ones (heartbeat topics) once every pacedMs.
+      // Records as they arrive; the paced ones (heartbeat topics) once every STREAM_PACED_MS.
       StreamReader prompt = new StreamReader();
       StreamReader paced = new StreamReader();
       long pacedAt = 0; // when the paced reader is polled next (epoch ms)
@@ -902,7 +901,7 @@ public final class MirrorCopier {
           }
           long now = System.currentTimeMillis();
           if (paced.consumer != null && now >= pacedAt) {
-            pacedAt = now + pacedMs;
+            pacedAt = now + STREAM_PACED_MS;
             // Without waiting: what its fetch sent at the last beat brought (all of it, not one
             // poll's max.poll.records: a backlog of heartbeats catches up at once), and the next
             // fetch.
