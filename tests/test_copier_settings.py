@@ -2,13 +2,17 @@
 requests for throughput; a stream's producer, which writes to every partition of its flow
 (hundreds in a mesh, every cluster's heartbeat chains) and keeps a buffer of ``batch.size`` per
 partition in its pool, uses Kafka's default size and a short linger; settings the flow gives its
-target producer hold for both."""
+target producer hold for both. And the copier's results as the driver decodes them."""
 
 from __future__ import annotations
 
+import struct
+
 from mirrorflow.paths import write_private
+from mirrorflow.replication.offset_map import Run
 from mirrorflow.replication.spec import spec_for_flow
-from mirrorflow.runtime.copier import copier_settings
+from mirrorflow.runtime.copier import CopierResult, copier_settings
+from mirrorflow.runtime.metrics import Copied, Stats
 
 FLOW = "a->b"
 MAPPING = {"orders": "a.orders", "heartbeats": "a.heartbeats"}
@@ -84,3 +88,35 @@ def test_a_stream_reads_heartbeat_topics_once_a_beat_and_data_topics_as_records_
     settings = copier_settings(spec_for_flow([config], FLOW), mapping, limits)
     paced = sorted(key.removeprefix("paced.") for key in settings if key.startswith("paced."))
     assert paced == ["c.heartbeats", "d.c.heartbeats", "heartbeats"]
+
+
+def test_the_copiers_results_decode_per_partition_with_their_runs_and_stalls():
+    """``MirrorCopier.Copied.encode``'s block as the driver reads it: a partition given in two
+    ranges is one partition's figures, its runs count its records, and a range the source left
+    unfinished is named with the offset it reached."""
+    no_value = (1 << 63) - 1  # the JVM's min of no values
+    ranges = [
+        # bytes, age min/max/sum/count, latency min/max/sum/count, reached, stalled,
+        # caught up at, end seen
+        (300, 5, 9, 14, 2, 20, 30, 50, 2, 12, 0, 1_000, 12),
+        (100, no_value, 0, 0, 0, no_value, 0, 0, 0, 40, 1, -1, -1),
+        (200, 1, 1, 1, 1, 8, 8, 8, 1, 13, 0, 2_000, 15),
+    ]
+    runs = [(0, 10, 100, 2), (2, 12, 102, 1), (1, 30, 7, 3)]
+    block = (
+        struct.pack(">qqqq", 6, 600, len(ranges), 4)
+        + b"".join(struct.pack(">13q", *r) for r in ranges)
+        + b"".join(struct.pack(">qqqq", *r) for r in runs)
+    )
+    partitions = [("t", 0), ("t", 1), ("t", 0)]
+    result = CopierResult.decode(block, partitions)
+    assert (result.records, result.bytes, result.batches_split) == (6, 600, 4)
+    assert result.copied[("t", 0)] == Copied(3, 500, Stats(1, 9, 15, 3), Stats(8, 30, 58, 3))
+    assert result.copied[("t", 1)] == Copied(3, 100, Stats(), Stats())
+    assert result.runs == {("t", 0): [Run(10, 100, 2), Run(12, 102, 1)], ("t", 1): [Run(30, 7, 3)]}
+    assert result.reached == [12, 40, 13]
+    assert result.stalled == [(("t", 1), 40)]
+    assert (result.caught_up_ms, result.ends_seen) == ([1_000, -1, 2_000], [12, -1, 15])
+    # A stream that was gone when it was ended answers with no ranges.
+    empty = CopierResult.decode(struct.pack(">qqqq", 0, 0, 0, 0), partitions)
+    assert (empty.copied, empty.reached, empty.runs) == ({}, [], {})

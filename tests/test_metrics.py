@@ -11,8 +11,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from mirrorflow.errors import MirrorflowError
+from mirrorflow.replication.lag import Lag
 from mirrorflow.runtime import eos_writer, launch
 from mirrorflow.runtime import metrics as metrics_mod
+from mirrorflow.runtime.progress import Backlog
 from tests import exposure
 from tests.conftest import create_topics
 from tests.mirror_harness import (
@@ -99,6 +101,12 @@ def test_flow_metrics_count_per_remote_partition_and_lag():
     assert time.time() - t0 - 2 <= behind <= time.time() - t0 + 0.01
     flow.caught_up({("t", 1): 9}, remote, time.time())
     assert value("mirrorflow_lag_seconds", p1) == 0
+    # The lag in records follows the plans and the measurements, whichever came last.
+    assert value("mirrorflow_lag_records", p1) == 7
+    flow.measured(Lag(time.time(), {("t", 1): 9}, {("t", 1): 9}), remote)
+    assert value("mirrorflow_lag_records", p1) == 0
+    flow.lag({("t", 1): 2}, {("t", 1): 9}, remote, time.time())
+    assert value("mirrorflow_lag_records", p1) == 7
     flow.checkpoints({("g", "a.t", 0): 12.4})
     checkpoint = {"source": "a", "target": "b", "group": "g", "topic": "a.t", "partition": "0"}
     assert value("mirrorflow_checkpoint_latency_ms", {**checkpoint, "stat": "avg"}) == 12
@@ -117,6 +125,13 @@ def test_latency_window_keeps_the_last_minute_else_the_last_batch():
     assert window.stats(1055.0) == metrics_mod.Stats(5, 100, 112, 3)
     assert window.stats(1070.0) == metrics_mod.Stats(5, 7, 12, 2)  # the first one left it
     assert window.stats(2000.0) == metrics_mod.Stats(5, 7, 12, 2)  # idle: the last batch's
+    # Copies of one bucket (BUCKET_S) are kept as one sample: a stream reports every second.
+    window.add(metrics_mod.Stats(1, 1, 1, 1), 2001.0)
+    window.add(metrics_mod.Stats(3, 3, 3, 1), 2004.9)
+    window.add(metrics_mod.Stats(9, 9, 9, 1), 2005.0)
+    assert [at for at, _stats in window.samples] == [2000.0, 2005.0]
+    assert window.stats(2006.0) == metrics_mod.Stats(1, 9, 13, 3)
+    assert window.stats(2062.0) == metrics_mod.Stats(9, 9, 9, 1)  # the bucket of 2000 left it
 
 
 def test_exactly_once_latency_counts_from_the_commit():
@@ -298,3 +313,23 @@ def test_scraped_record_counts_match_the_target_and_the_endpoint_is_loopback_onl
     finally:
         stop_job(job)
     assert "Traceback" not in log.read_text(errors="replace")
+
+
+def test_the_backlog_keeps_the_ends_that_date_the_oldest_record_not_copied():
+    backlog = Backlog()
+    tp = ("t", 0)
+    backlog.planned_ends, backlog.plan_at = {tp: 10}, 3.0
+    # Ends observed at 1 s, 1.5 s, 2 s, 3 s while the position stays at 4: of those at or below
+    # the position only the last is kept (the oldest record not copied was written after it).
+    backlog.observe({tp: 4}, {tp: 4}, 1_000)
+    backlog.observe({tp: 4}, {tp: 4}, 1_500)  # still caught up: known later
+    backlog.observe({tp: 7}, {tp: 4}, 2_000)
+    backlog.observe({tp: 10}, {tp: 4}, 3_000)
+    history = backlog.observed({tp: 4})["source_end_history"]
+    assert history == {"t": {"0": [[1_500, 4], [2_000, 7], [3_000, 10]]}}
+    backlog.observe({tp: 10}, {tp: 8}, 4_000)  # copied past 7: the entries below it go
+    history = backlog.observed({tp: 8})["source_end_history"]
+    assert history == {"t": {"0": [[2_000, 7], [3_000, 10]]}}
+    backlog.observe({tp: 10}, {tp: 10}, 5_000)  # caught up: nothing to date
+    assert backlog.history[tp] == [(5_000, 10)]
+    assert backlog.observed({tp: 10})["source_end_history"] == {}

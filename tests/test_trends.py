@@ -145,22 +145,19 @@ def test_chart_axes_labels_units_and_figures():
     ]
 
 
-def test_latency_since_merges_the_flows_partitions_after_a_time():
+def test_take_latency_merges_the_flows_partitions_acknowledged_since_the_last_take():
     m = metrics_mod.Metrics()
     flow, other = m.flow("a", "b"), m.flow("c", "b")
     Copied, Stats = metrics_mod.Copied, metrics_mod.Stats
+    copied = {
+        ("t", 0): Copied(2, 20, Stats(), Stats(100, 300, 400, 2)),
+        ("t", 1): Copied(1, 10, Stats(), Stats(50, 50, 50, 1)),
+        ("heartbeats", 0): Copied(1, 10, Stats(), Stats(1_900, 1_900, 1_900, 1)),
+    }
+    ends = {("t", 0): 2, ("t", 1): 1, ("heartbeats", 0): 1}
+    mapping = {"t": "a.t", "heartbeats": "a.heartbeats"}
     t0 = time.time()
-    flow.batch(
-        {
-            ("t", 0): Copied(2, 20, Stats(), Stats(100, 300, 400, 2)),
-            ("t", 1): Copied(1, 10, Stats(), Stats(50, 50, 50, 1)),
-            ("heartbeats", 0): Copied(1, 10, Stats(), Stats(1_900, 1_900, 1_900, 1)),
-        },
-        {("t", 0): 2, ("t", 1): 1, ("heartbeats", 0): 1},
-        {("t", 0): 2, ("t", 1): 1, ("heartbeats", 0): 1},
-        {"t": "a.t", "heartbeats": "a.heartbeats"},
-        t0,
-    )
+    flow.batch(copied, ends, ends, mapping, t0)
     other.batch(
         {("u", 0): Copied(1, 10, Stats(), Stats(9_000, 9_000, 9_000, 1))},
         {("u", 0): 1},
@@ -168,11 +165,13 @@ def test_latency_since_merges_the_flows_partitions_after_a_time():
         {"u": "c.u"},
         t0,
     )
-    assert flow.latency_since(t0 - 1) == Stats(50, 1_900, 2_350, 4)
     # The trend leaves out heartbeat topics, which a stream copies once a second.
     heartbeats = DefaultReplicationPolicy().is_heartbeats_topic
-    assert flow.latency_since(t0 - 1, heartbeats) == Stats(50, 300, 450, 3)
-    assert flow.latency_since(time.time() + 1).count == 0  # nothing acknowledged since
+    assert flow.take_latency(heartbeats) == Stats(50, 300, 450, 3)
+    assert flow.take_latency().count == 0  # nothing acknowledged since
+    flow.batch(copied, ends, ends, mapping, t0 + 1)
+    assert flow.take_latency() == Stats(50, 1_900, 2_350, 4)
+    assert other.take_latency() == Stats(9_000, 9_000, 9_000, 1)
 
 
 class FakeJob:

@@ -90,15 +90,20 @@ class Backlog:
         in :attr:`history`, kept short: the last entry at or below the partition's position
         and those past it."""
         for tp, end in ends.items():
-            history = self.history.setdefault(tp, [])
+            history = self.history.get(tp)
+            if history is None:
+                history = self.history[tp] = []
             position = positions.get(tp, 0)
             if history and history[-1][1] == end:
                 if end <= position:  # still nothing past the position: known later
                     history[-1] = (at_ms, end)
             else:
                 history.append((at_ms, end))
-            floor = max((i for i, (_t, e) in enumerate(history) if e <= position), default=0)
-            del history[:floor]
+            # A stream observes every partition each second: the usual history is one entry.
+            for floor in range(len(history) - 1, 0, -1):  # the last entry at or below it
+                if history[floor][1] <= position:
+                    del history[:floor]
+                    break
             if len(history) > END_HISTORY_MAX:
                 del history[len(history) // 2]
 

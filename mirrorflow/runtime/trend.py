@@ -17,7 +17,7 @@ to a ring of the last :data:`WINDOW_S` seconds and rewrites ``trend.json`` atomi
   starts at 0 when the job starts);
 - ``latency_ms``: the highest replication latency of the records the target acknowledged since
   the last sample (heartbeat topics left out: a stream copies those once a second), from the
-  job's metrics (:meth:`FlowMetrics.latency_since`); None when
+  job's metrics (:meth:`FlowMetrics.take_latency`); None when
   nothing was copied meanwhile or the job has no metrics (no ``--metrics-port``).
 
 Nothing is sampled while the job is frozen or stopped, so those times have no samples: the
@@ -100,7 +100,6 @@ class Sampler:
         # the driver's pid, when the job began (ms) and which of its jobs this is
         self.run = f"{os.getpid()}-{round(time.time() * 1000)}-{next(_JOBS)}"
         self.samples: deque[Sample] | None = None  # read from the file at the first sample
-        self.last_at = time.time()
         self._failed = False
 
     def __call__(self) -> None:
@@ -120,8 +119,6 @@ class Sampler:
             if not self._failed:
                 log.warning("%s: its trend could not be written: %s", self.flow, exc)
             self._failed = True
-        finally:
-            self.last_at = now
 
     def sample(self, job: MirrorJob, now: float) -> Sample:
         """The flow's figures now, from the ``progress.json`` the job just wrote and its
@@ -130,7 +127,7 @@ class Sampler:
         latency = None
         if job.metrics is not None:
             # Not the heartbeat topics': a stream copies them once a second, on purpose.
-            stats = job.metrics.latency_since(self.last_at, job.spec.is_heartbeats_topic)
+            stats = job.metrics.take_latency(job.spec.is_heartbeats_topic)
             latency = stats.high if stats.count else None
         return {
             "t": round(now, 2),
