@@ -118,13 +118,14 @@ class FlowStream:
             self.unwritten = {}
         self.running, split = True, 0
         try:
+            allowed = self.allowance_ms()
             stream = CopyStream(
                 job.copier.java,
                 batch,
                 partitions,
                 [job.positions[tp] for tp in partitions],
                 job.copier.settings(mapping, job.remote_topics.max_message_bytes),
-                self.allowance_ms(),
+                allowed,
             )
             if behind:
                 log.info(
@@ -151,7 +152,10 @@ class FlowStream:
                     if harvested.batches_split > split:
                         split = harvested.batches_split
                         self._batches_split()
-                    stream.allow(self.allowance_ms())
+                    allowance = self.allowance_ms()
+                    if allowance != allowed:  # a py4j round trip: only when the lease moved it
+                        stream.allow(allowance)
+                        allowed = allowance
                     if job.mapping is not mapping:
                         extended = self._extend(stream, mapping, limits)
                         if extended is None:
