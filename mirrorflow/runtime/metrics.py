@@ -188,12 +188,16 @@ class _Live(Collector):
     def record_all(self, figures: list[tuple[str, tuple[str, ...], Stats]], at: float) -> None:
         """Several figures (name, labels, stats) at ``at``, under one acquisition of the lock."""
         with self.lock:
-            windows = self.windows
-            for name, labels, stats in figures:
-                window = windows.get((name, labels))
-                if window is None:
-                    window = windows[(name, labels)] = _Window()
-                window.add(stats, at)
+            self.add_all(figures, at)
+
+    def add_all(self, figures: list[tuple[str, tuple[str, ...], Stats]], at: float) -> None:
+        """:meth:`record_all` for a caller that holds the lock."""
+        windows = self.windows
+        for name, labels, stats in figures:
+            window = windows.get((name, labels))
+            if window is None:
+                window = windows[(name, labels)] = _Window()
+            window.add(stats, at)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         now = time.time()
@@ -397,8 +401,8 @@ class FlowMetrics:
             windows.append(("mirrorflow_replication_latency_ms", labels, figures.latency))
             if figures.latency.count:
                 latencies.append((remote, figures.latency))
-        m.live.record_all(windows, now)
-        with m.live.lock:
+        with m.live.lock:  # once per harvest: the windows and the trend's latencies
+            m.live.add_all(windows, now)
             since = self._latency
             for remote, latency in latencies:
                 known = since.get(remote)
