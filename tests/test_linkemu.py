@@ -130,10 +130,13 @@ def test_delay_gives_the_round_trip_asked_for_and_order_is_kept(dc) -> None:
     ms = sorted(r * 1000 for r in rtts)
     print(f"UDP RTT ms: min {ms[0]:.1f} median {statistics.median(ms):.1f} max {ms[-1]:.1f}")
     assert ms[0] >= 49.5, ms[:5]  # never earlier than the delay
-    assert statistics.median(ms) < 56, ms
+    # Later only by the emulator's scheduling: at most half the delay again, which tells the
+    # round trip asked for from one delayed one way only (25 ms) or twice each way (100 ms).
+    # (Under 56 ms failed a suite run on 2 loaded cores: median 59.8 ms, every probe >= 50.8.)
+    assert statistics.median(ms) < 75, ms
     connects = sorted(tcp_send(dc, 10)[0] * 1000 for _ in range(5))  # SYN, SYN-ACK: one RTT
     print(f"TCP connect ms: {[round(c, 1) for c in connects]}")
-    assert 49.5 <= connects[2] < 60, connects
+    assert 49.5 <= connects[2] < 75, connects
     # a burst of back-to-back datagrams comes back in the order sent (FIFO without jitter)
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 1 << 23)  # as the echo's
