@@ -110,6 +110,23 @@ public final class MirrorCopier {
   static final long STREAM_PACED_MS = 1000;
 
   /**
+   * How often (ms) a stream reads its paced partitions while it knows records past its
+   * position (a backlog of heartbeats) or does not know their end yet (its consumer connects).
+   * Its consumer reads from the network only while it is polled, without waiting: read once a
+   * beat, its first fetch took some 15 beats (connection, authentication, metadata, one step a
+   * beat), and a fetch's answer came in one socket buffer a beat (a 1-MiB answer: ~10 s).
+   */
+  static final long STREAM_PACED_BEHIND_MS = 5;
+
+  /**
+   * The most (bytes) one fetch of a stream's paced consumer brings, in all and per partition:
+   * an answer its socket's buffer holds whole (the consumer's receive.buffer.bytes, 64 KiB), so
+   * that one poll reads it, and with it the partitions' ends, which tell that more is waiting.
+   * Some 1,400 heartbeats; a backlog comes in answers of this size every few ms.
+   */
+  static final String STREAM_PACED_FETCH_BYTES = "32768";
+
+  /**
    * How long a stream's end waits for its copies' acknowledgements unless {@code
    * stream.end.grace.ms} says (MirrorMaker 2's {@code task.shutdown.graceful.timeout.ms}).
    */
@@ -862,8 +879,8 @@ public final class MirrorCopier {
       String batch = settings.get("batch");
       AtomicLong allowed = ALLOWED.get(batch);
       // Records as they arrive; the paced ones (heartbeat topics) once every STREAM_PACED_MS.
-      StreamReader prompt = new StreamReader();
-      StreamReader paced = new StreamReader();
+      StreamReader prompt = new StreamReader(false);
+      StreamReader paced = new StreamReader(true);
       long pacedAt = 0; // when the paced reader is polled next (epoch ms)
       Sender sender = null;
       boolean failed = false;
@@ -910,6 +927,9 @@ public final class MirrorCopier {
               polled = read(paced, Duration.ZERO, stream, sender, copied, remotes, next, allowed);
             } while (polled >= paced.maxPollRecords && !stream.ended);
             failed = polled < 0;
+            if (!failed && paced.behind()) {
+              pacedAt = now + STREAM_PACED_BEHIND_MS; // read on until caught up
+            }
           }
           if (failed) {
             break;
@@ -956,6 +976,12 @@ public final class MirrorCopier {
       /** Its consumer's max.poll.records: a poll that returned as many may have left more. */
       int maxPollRecords = ConsumerConfig.DEFAULT_MAX_POLL_RECORDS;
       private boolean added;
+      /** Polled without waiting once a beat: its fetches are small (STREAM_PACED_FETCH_BYTES). */
+      private final boolean paced;
+
+      StreamReader(boolean paced) {
+        this.paced = paced;
+      }
 
       void add(TopicPartition tp) {
         added |= partitions.add(tp);
@@ -972,6 +998,10 @@ public final class MirrorCopier {
           if (most != null) {
             maxPollRecords = Integer.parseInt(most.toString());
           }
+          if (paced) {
+            config.put(ConsumerConfig.FETCH_MAX_BYTES_CONFIG, STREAM_PACED_FETCH_BYTES);
+            config.put(ConsumerConfig.MAX_PARTITION_FETCH_BYTES_CONFIG, STREAM_PACED_FETCH_BYTES);
+          }
           consumer = new KafkaConsumer<>(config);
         }
         consumer.assign(partitions);
@@ -979,6 +1009,23 @@ public final class MirrorCopier {
           consumer.seek(tp, next.get(tp));
         }
         added = false;
+      }
+
+      /**
+       * Whether one of its partitions has records past its consumer's position (as far as its
+       * last fetch saw), or an end it does not know yet (no fetch answered yet).
+       */
+      boolean behind() {
+        if (consumer == null) {
+          return false;
+        }
+        for (TopicPartition tp : partitions) {
+          java.util.OptionalLong lag = consumer.currentLag(tp);
+          if (lag.isEmpty() || lag.getAsLong() > 0) {
+            return true;
+          }
+        }
+        return false;
       }
 
       void close() {
