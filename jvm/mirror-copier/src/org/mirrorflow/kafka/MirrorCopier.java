@@ -112,9 +112,10 @@ public final class MirrorCopier {
   /**
    * How often (ms) a stream reads its paced partitions while it knows records past its
    * position (a backlog of heartbeats) or does not know their end yet (its consumer connects).
-   * Its consumer reads from the network only while it is polled, without waiting: read once a
-   * beat, its first fetch took some 15 beats (connection, authentication, metadata, one step a
-   * beat), and a fetch's answer came in one socket buffer a beat (a 1-MiB answer: ~10 s).
+   * Its consumer reads from the network only while it is polled, without waiting: polled once
+   * a beat, a fetch's answer came in one socket buffer a beat (a 1-MiB answer: ~10 s), and a new
+   * consumer took a step of its start a beat (connection, authentication, metadata: a
+   * standalone consumer polled so had its first records after 16 s).
    */
   static final long STREAM_PACED_BEHIND_MS = 5;
 
@@ -122,7 +123,7 @@ public final class MirrorCopier {
    * The most (bytes) one fetch of a stream's paced consumer brings, in all and per partition:
    * an answer its socket's buffer holds whole (the consumer's receive.buffer.bytes, 64 KiB), so
    * that one poll reads it, and with it the partitions' ends, which tell that more is waiting.
-   * Some 1,400 heartbeats; a backlog comes in answers of this size every few ms.
+   * Some 700 heartbeats; a backlog comes in answers of this size every few ms.
    */
   static final String STREAM_PACED_FETCH_BYTES = "32768";
 
