@@ -17,9 +17,26 @@ from mirrorflow.runtime.spark_session import kafka_jars_conf
 SPARK_LOG_CONFIG = resource("spark_jobs/log4j2.properties")
 
 
-JVM_OPTIONS = "-XX:+UseParallelGC"
-"""A throughput collector: a mirror job allocates short-lived records at a high rate, and on
-a few cores G1's concurrent work cost more CPU than ParallelGC's pauses (benchmarks/)."""
+C2_SCALE = 10
+"""How many times HotSpot's defaults a method must run before its optimising compiler (C2,
+tier 4) compiles it. A job's start (Spark's context and session, the clients) runs thousands of
+methods a few thousand times each: at the defaults C2 compiled them all, 4-5 CPU-s of a short
+job's 14-16, while the quick compiler's (C1) code ran them well enough. The copy's own methods
+run millions of times and reach C2 within a second all the same (benchmarks/README.md, "C2 for
+what stays hot")."""
+
+JVM_OPTIONS = " ".join(
+    [
+        # A throughput collector: a mirror job allocates short-lived records at a high rate, and
+        # on a few cores G1's concurrent work cost more CPU than ParallelGC's pauses.
+        "-XX:+UseParallelGC",
+        f"-XX:Tier4InvocationThreshold={5000 * C2_SCALE}",
+        f"-XX:Tier4MinInvocationThreshold={600 * C2_SCALE}",
+        f"-XX:Tier4CompileThreshold={15000 * C2_SCALE}",
+        f"-XX:Tier4BackEdgeThreshold={40000 * C2_SCALE}",
+    ]
+)
+"""The JVM options of a mirror job's driver and executors (benchmarks/README.md)."""
 
 
 def spark_submit() -> str:
