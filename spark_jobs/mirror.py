@@ -142,8 +142,8 @@ def main(argv: list[str] | None = None) -> int:
                 spec.retry_timeout_s = args.retry_timeout
             specs.append(spec)
         _leases = jobs.hold_leases(state_dir, [s.flow for s in specs])  # held until exit
-        spark = spark_session.build_session(f"mirrorflow {', '.join(s.flow for s in specs)}")
-        spark.sparkContext.setLogLevel("WARN")
+        spark = spark_session.JobSpark(f"mirrorflow {', '.join(s.flow for s in specs)}")
+        spark.context.setLogLevel("WARN")
         application = Application(
             spark,
             specs,

@@ -46,7 +46,7 @@ from mirrorflow.runtime.metrics import FlowMetrics, Metrics
 from mirrorflow.runtime.progress import record_state, update_progress
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from mirrorflow.runtime.spark_session import JobSpark
 
 log = logging.getLogger("mirrorflow.mirror")
 
@@ -106,7 +106,7 @@ class FlowThread:
 
     def _run(self, job: MirrorJob, once: bool) -> None:
         name_os_thread("flow")
-        job.spark.sparkContext.setLocalProperty("spark.scheduler.pool", self.spec.flow)
+        job.spark.context.setLocalProperty("spark.scheduler.pool", self.spec.flow)
         try:
             job.run(once=once)
             # Ended without a pause or restart: --once is done, or the job was asked to stop.
@@ -185,7 +185,7 @@ class Application:
 
     def __init__(
         self,
-        spark: SparkSession,
+        spark: JobSpark,
         specs: list[MirrorSpec],
         *,
         once: bool = False,

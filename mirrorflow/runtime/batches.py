@@ -153,7 +153,7 @@ class Batches:
         batch = job.begin_batch([tp for tp, _start, _until in ranges])
         # A Spark job's tag, which its cancellation names (a batch in the driver has no job:
         # two calls into the JVM fewer, ~2 ms of a small exactly-once batch's ~25).
-        context = None if local else job.spark.sparkContext
+        context = None if local else job.spark.context
         if context is not None:
             context.addJobTag(batch)
         try:

@@ -30,7 +30,7 @@ from mirrorflow.runtime.batch_errors import batch_error
 from mirrorflow.runtime.metrics import Copied, Stats
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from mirrorflow.runtime.spark_session import JobSpark
 
 Partition = tuple[str, int]
 # A batch's task waits at most this long for records its range holds (a source that stopped
@@ -210,7 +210,7 @@ class JvmCopier:
     topics or their size limits change, and a batch's copy, as a Spark job or in the driver's
     JVM."""
 
-    def __init__(self, spark: SparkSession, spec: MirrorSpec) -> None:
+    def __init__(self, spark: JobSpark, spec: MirrorSpec) -> None:
         self.spark, self.spec = spark, spec
         self._class: Any = None  # py4j's objects are untyped
         self._settings: tuple[tuple, Any] | None = None
@@ -223,7 +223,7 @@ class JvmCopier:
             return None
         if self._transform_plan is None:
             self._transform_plan = record_transforms.copier_plan(
-                self.spark, self.spec.flow, self.spec.transform
+                self.spark.session, self.spec.flow, self.spec.transform
             )
         return self._transform_plan
 
@@ -232,7 +232,7 @@ class JvmCopier:
         """The copier's Java class (``MirrorCopier``)."""
         if self._class is None:
             # _jvm: py4j's view of the JVM, Optional to pyspark, set while the context runs
-            self._class = getattr(self.spark.sparkContext._jvm, jvm.COPIER_CLASS)
+            self._class = getattr(self.spark.context._jvm, jvm.COPIER_CLASS)
         return self._class
 
     def forget(self, batch: str) -> None:
@@ -277,7 +277,7 @@ class JvmCopier:
             self.java, [f"{t}\t{p}\t{start}\t{until}" for (t, p), start, until in ranges]
         )
         settings.put("batch", batch)
-        context = self.spark.sparkContext
+        context = self.spark.context
         try:
             if local:
                 encoded = self.java.copyLocal(lines, settings)

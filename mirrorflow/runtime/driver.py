@@ -69,9 +69,8 @@ from mirrorflow.runtime.progress import Backlog
 from mirrorflow.runtime.streaming import FlowStream
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-
     from mirrorflow.runtime.metrics import FlowMetrics
+    from mirrorflow.runtime.spark_session import JobSpark
 
 log = logging.getLogger("mirrorflow.mirror")
 
@@ -82,7 +81,7 @@ class MirrorJob:
     """Runs one flow, in batches and streams, until told to stop."""
 
     def __init__(
-        self, spark: SparkSession, spec: MirrorSpec, metrics: FlowMetrics | None = None
+        self, spark: JobSpark, spec: MirrorSpec, metrics: FlowMetrics | None = None
     ) -> None:
         self.spark, self.spec = spark, spec
         self.metrics = metrics  # the flow's Prometheus metrics, when the application has them

@@ -24,7 +24,7 @@ from mirrorflow.replication.spec import MirrorSpec
 from mirrorflow.runtime import eos_writer, record_transforms
 from mirrorflow.runtime.copier import SOURCE_STALL_S
 from mirrorflow.runtime.metrics import Copied, Stats
-from mirrorflow.runtime.spark_session import kafka_options
+from mirrorflow.runtime.spark_session import JobSpark, kafka_options
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -242,7 +242,7 @@ def _collect(rows: list[Any]) -> TransactionalCopy:
 
 
 def copy_batch(
-    spark: SparkSession,
+    spark: JobSpark,
     spec: MirrorSpec,
     ranges: list[tuple[Partition, int, int]],
     *,
@@ -284,7 +284,7 @@ def copy_batch(
     if driver is not None and spec.transform is None:
         result = copy_in_driver(driver, ranges, settings, follow, until)
     else:
-        frame = read_ranges(spark, spec, ranges)
+        frame = read_ranges(spark.session, spec, ranges)
         if spec.transform is not None:
             frame = record_transforms.with_transform(frame, spec.flow, mapping, spec.transform)
         result = copy_in_transactions(frame, settings)

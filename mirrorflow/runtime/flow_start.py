@@ -151,4 +151,4 @@ class FlowStarter:
         with zipfile.ZipFile(archive, "w") as zf:
             for path in sorted(package.rglob("*.py")):
                 zf.write(path, path.relative_to(package.parent))
-        self.job.spark.sparkContext.addPyFile(str(archive))
+        self.job.spark.context.addPyFile(str(archive))

@@ -102,7 +102,7 @@ class FlowStopper:
         if batch is None:
             log.info("%s: cancelled between batches", job.spec.flow)
             return
-        context = job.spark.sparkContext
+        context = job.spark.context
         if job.spec.exactly_once:
             log.info("%s: cancelling batch %s: its transactions are aborted", job.spec.flow, batch)
             context.cancelJobsWithTag(batch)
@@ -132,7 +132,7 @@ class FlowStopper:
         answer). A committed transaction stays committed, with its position, which the flow
         resumes after. Before its job exists (Spark still plans it, asking the source for its
         partitions), the flow is quiet when its thread ends the batch."""
-        context = self.job.spark.sparkContext
+        context = self.job.spark.context
         tracker = context._jsc.sc().statusTracker()
         while True:
             with self._batch_lock:
