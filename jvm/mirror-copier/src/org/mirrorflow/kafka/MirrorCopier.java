@@ -120,6 +120,14 @@ public final class MirrorCopier {
   static final long STREAM_PACED_BEHIND_MS = 5;
 
   /**
+   * For how long (ms) a stream reads its paced partitions every {@link #STREAM_PACED_BEHIND_MS}
+   * while an end stays unknown: long enough for a consumer to start, and to reach a leader
+   * elected meanwhile; past it (no fetch of that partition answered, its leader gone), once a
+   * beat again, until an end is known.
+   */
+  static final long STREAM_PACED_UNKNOWN_MS = 10_000;
+
+  /**
    * The most (bytes) one fetch of a stream's paced consumer brings, in all and per partition:
    * an answer its socket's buffer holds whole (the consumer's receive.buffer.bytes, 64 KiB), so
    * that one poll reads it, and with it the partitions' ends, which tell that more is waiting.
@@ -883,6 +891,7 @@ public final class MirrorCopier {
       StreamReader prompt = new StreamReader(false);
       StreamReader paced = new StreamReader(true);
       long pacedAt = 0; // when the paced reader is polled next (epoch ms)
+      long unknownSince = 0; // since when a paced partition's end is unknown (epoch ms; 0: known)
       Sender sender = null;
       boolean failed = false;
       try {
@@ -928,7 +937,10 @@ public final class MirrorCopier {
               polled = read(paced, Duration.ZERO, stream, sender, copied, remotes, next, allowed);
             } while (polled >= paced.maxPollRecords && !stream.ended);
             failed = polled < 0;
-            if (!failed && paced.behind()) {
+            Ends ends = failed ? Ends.CAUGHT_UP : paced.ends();
+            unknownSince = ends != Ends.UNKNOWN ? 0 : unknownSince == 0 ? now : unknownSince;
+            if (ends == Ends.BEHIND
+                || (ends == Ends.UNKNOWN && now - unknownSince < STREAM_PACED_UNKNOWN_MS)) {
               pacedAt = now + STREAM_PACED_BEHIND_MS; // read on until caught up
             }
           }
@@ -964,6 +976,16 @@ public final class MirrorCopier {
         entry.getValue().next = next.get(entry.getKey());
       }
       return null;
+    }
+
+    /** What a stream reader's partitions' ends tell (see {@link StreamReader#ends}). */
+    private enum Ends {
+      /** Its consumer is at every end it knows, and knows them all. */
+      CAUGHT_UP,
+      /** Records past its consumer's position in one of them. */
+      BEHIND,
+      /** None behind, but one's end not known yet: no fetch of it answered. */
+      UNKNOWN
     }
 
     /**
@@ -1012,21 +1034,18 @@ public final class MirrorCopier {
         added = false;
       }
 
-      /**
-       * Whether one of its partitions has records past its consumer's position (as far as its
-       * last fetch saw), or an end it does not know yet (no fetch answered yet).
-       */
-      boolean behind() {
-        if (consumer == null) {
-          return false;
-        }
-        for (TopicPartition tp : partitions) {
+      /** What its partitions' ends, as far as its consumer's last fetches saw them, tell. */
+      Ends ends() {
+        Ends ends = Ends.CAUGHT_UP;
+        for (TopicPartition tp : consumer == null ? Set.<TopicPartition>of() : partitions) {
           java.util.OptionalLong lag = consumer.currentLag(tp);
-          if (lag.isEmpty() || lag.getAsLong() > 0) {
-            return true;
+          if (lag.isEmpty()) {
+            ends = Ends.UNKNOWN;
+          } else if (lag.getAsLong() > 0) {
+            return Ends.BEHIND;
           }
         }
-        return false;
+        return ends;
       }
 
       void close() {
