@@ -38,3 +38,17 @@ def test_mirrorflow_mirror_passes_its_copying_mode_to_the_job(
     parser = cli.build_parser()
     args = parser.parse_args(["mirror", "mm2.properties", "--flow", FLOW, *flag])
     assert args.continuous is expected
+
+
+@pytest.mark.parametrize("once", [False, True])
+def test_only_a_job_that_ends_once_copied_delays_c2_compilation(tmp_path: Path, once: bool):
+    """A ``--once`` job pays every JIT compilation within its short life: its driver and
+    executors compile with C2 only what runs ten times HotSpot's counts. A continuous job keeps
+    HotSpot's defaults, so that at a small load its copy reaches C2's code within seconds."""
+    command = launch.mirror_command([tmp_path / "mm2.properties"], FLOW, once=once)
+    conf = dict(command[i + 1].split("=", 1) for i, arg in enumerate(command) if arg == "--conf")
+    assert job_parse(command).once is once
+    for role in ("driver", "executor"):
+        options = conf[f"spark.{role}.extraJavaOptions"].split()
+        assert "-XX:+UseParallelGC" in options
+        assert ("-XX:Tier4InvocationThreshold=50000" in options) is once, options

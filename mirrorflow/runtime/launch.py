@@ -25,11 +25,11 @@ from mirrorflow.runtime.submit import spark_conf as base_spark_conf
 MIRROR_JOB = resource("spark_jobs/mirror.py")
 
 
-def spark_conf() -> dict[str, str]:
-    """Spark settings of a mirror job: the driver maps the class archive of
-    :mod:`mirrorflow.runtime.driver_archive` when there is one."""
+def spark_conf(once: bool = False) -> dict[str, str]:
+    """Spark settings of a mirror job (``once``: one that ends once it has copied): the driver
+    maps the class archive of :mod:`mirrorflow.runtime.driver_archive` when there is one."""
     archive = driver_archive.driver_java_options()
-    return base_spark_conf((archive,) if archive else ())
+    return base_spark_conf((archive,) if archive else (), short_lived=once)
 
 
 def flow_list(flow: str | Sequence[str]) -> list[str]:
@@ -95,7 +95,8 @@ def mirror_command(
     if security.properties_file:
         command += ["--properties-file", str(security.properties_file)]
     command += ["--driver-memory", driver_memory]
-    for key, value in {**spark_conf(), **security.conf, **(conf or {})}.items():
+    once = bool(job_options.get("once"))
+    for key, value in {**spark_conf(once), **security.conf, **(conf or {})}.items():
         command += ["--conf", f"{key}={value}"]
     return [*command, str(MIRROR_JOB), *job_args(configs, flow, **job_options)]
 

@@ -17,26 +17,30 @@ from mirrorflow.runtime.spark_session import kafka_jars_conf
 SPARK_LOG_CONFIG = resource("spark_jobs/log4j2.properties")
 
 
-C2_SCALE = 10
-"""How many times HotSpot's defaults a method must run before its optimising compiler (C2,
-tier 4) compiles it. A job's start (Spark's context and session, the clients) runs thousands of
-methods a few thousand times each: at the defaults C2 compiled them all, 4-5 CPU-s of a short
-job's 14-16, while the quick compiler's (C1) code ran them well enough. The copy's own methods
-run millions of times and reach C2 within a second all the same (benchmarks/README.md, "C2 for
-what stays hot")."""
+JVM_OPTIONS = "-XX:+UseParallelGC"
+"""The JVM options of a mirror job's driver and executors: a throughput collector (a mirror job
+allocates short-lived records at a high rate, and on a few cores G1's concurrent work cost more
+CPU than ParallelGC's pauses, benchmarks/)."""
 
-JVM_OPTIONS = " ".join(
+C2_SCALE = 10
+"""For a job that ends once it has copied (``--once``): how many times HotSpot's defaults a method
+must run before its optimising compiler (C2, tier 4) compiles it. A job's start (Spark's context,
+the clients) runs thousands of methods a few thousand times each: at the defaults C2 compiled
+them all, 4-5 CPU-s of a short job's 14-16, while the quick compiler's (C1) code ran them well
+enough; the copy's own methods run millions of times and reach C2 all the same. A continuous job
+keeps HotSpot's defaults: it pays for its start once, and at a small load its copy's methods
+would reach C2 only after a minute or more (benchmarks/README.md, "C2 for what stays hot")."""
+
+SHORT_LIVED_JVM_OPTIONS = " ".join(
     [
-        # A throughput collector: a mirror job allocates short-lived records at a high rate, and
-        # on a few cores G1's concurrent work cost more CPU than ParallelGC's pauses.
-        "-XX:+UseParallelGC",
+        JVM_OPTIONS,
         f"-XX:Tier4InvocationThreshold={5000 * C2_SCALE}",
         f"-XX:Tier4MinInvocationThreshold={600 * C2_SCALE}",
         f"-XX:Tier4CompileThreshold={15000 * C2_SCALE}",
         f"-XX:Tier4BackEdgeThreshold={40000 * C2_SCALE}",
     ]
 )
-"""The JVM options of a mirror job's driver and executors (benchmarks/README.md)."""
+"""The JVM options of a ``--once`` job's driver and executors (see :data:`C2_SCALE`)."""
 
 
 def spark_submit() -> str:
@@ -50,14 +54,16 @@ def spark_submit() -> str:
     return found
 
 
-def spark_conf(driver_options: tuple[str, ...] = ()) -> dict[str, str]:
+def spark_conf(driver_options: tuple[str, ...] = (), short_lived: bool = False) -> dict[str, str]:
     """Spark settings every mirrorflow application gets (``spark.jars`` ships the connector to
-    executors), with ``driver_options`` added to the driver JVM's."""
-    options = [f"-Dlog4j2.configurationFile=file:{SPARK_LOG_CONFIG}", JVM_OPTIONS, *driver_options]
+    executors), with ``driver_options`` added to the driver JVM's; ``short_lived``: for a job
+    that ends once it has copied (:data:`SHORT_LIVED_JVM_OPTIONS`)."""
+    jvm_options = SHORT_LIVED_JVM_OPTIONS if short_lived else JVM_OPTIONS
+    options = [f"-Dlog4j2.configurationFile=file:{SPARK_LOG_CONFIG}", jvm_options, *driver_options]
     return {
         "spark.jars": kafka_jars_conf(),
         "spark.driver.extraJavaOptions": " ".join(options),
-        "spark.executor.extraJavaOptions": JVM_OPTIONS,
+        "spark.executor.extraJavaOptions": jvm_options,
         "spark.sql.shuffle.partitions": "2",
         "spark.ui.showConsoleProgress": "false",
         "spark.speculation": "false",
