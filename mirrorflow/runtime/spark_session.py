@@ -2,9 +2,8 @@
 
 Used by the Spark entry points in ``spark_jobs/`` and by tests; a mirror job starts its
 context alone and makes its SQL session only if it needs one (:class:`JobSpark`). The same code
-serves
-``local[*]`` and a standalone cluster (``spark://host:7077``), since the connector jars are
-shipped with the application through ``spark.jars``.
+serves ``local[*]`` and a standalone cluster (``spark://host:7077``), since the connector jars
+are shipped with the application through ``spark.jars``.
 """
 
 from __future__ import annotations
