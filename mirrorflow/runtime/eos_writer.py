@@ -321,8 +321,9 @@ def copy_records(
             reader.close()
     partitions: dict[tuple[str, int], _Partition] = {}
     begun: dict[str, Producer] = {}  # the producers whose transaction this batch began
+    mapped: set[str] = set()  # the transactions holding the offset map's partition (_enlist)
     for batch in batches:
-        _produce_batch(settings, batch, partitions, committed, producers, begun)
+        _produce_batch(settings, batch, partitions, committed, producers, begun, mapped)
     _commit_transactions(settings, partitions, confirm)
     _check_acks(settings, partitions)
     yield _results(settings, partitions)
@@ -342,6 +343,7 @@ def _new_partition(
     committed,
     producers: dict | None,
     begun: dict[str, Producer],
+    mapped: set[str],
 ) -> _Partition:
     remote = settings.remote_topics.get(topic)
     if remote is None:
@@ -361,11 +363,32 @@ def _new_partition(
         if producers is not None:
             producers[txn_id] = producer
         begun[txn_id] = producer
-    return _Partition(topic, part, remote, producer, txn_id, committed.get((topic, part), -1))
+    p = _Partition(topic, part, remote, producer, txn_id, committed.get((topic, part), -1))
+    _enlist(settings, p, mapped)
+    return p
+
+
+def _enlist(settings: CopySettings, p: _Partition, mapped: set[str]) -> None:
+    """Put the partitions that ``p``'s commit writes (its position's partition of the offsets
+    topic, and the offset map's unless its transaction is in ``mapped``) in its transaction
+    now, while it copies, by writing what they already hold: the committed position, the last
+    run. A transactional producer adds a partition to its transaction (a round trip to the
+    coordinator) before its first record there; left to the commit, that round trip delays
+    every copy of the transaction. The same key and value again change nothing a reader sees."""
+    from mirrorflow.mm2.formats import SourceOffset
+
+    if p.skip_through >= 0:
+        position = SourceOffset(settings.source_alias, p.topic, p.partition, p.skip_through)
+        p.producer.produce(settings.offsets_topic, position.value(), position.key())
+    last = settings.last_runs.get((p.topic, p.partition))
+    if settings.map_topic and last is not None and p.txn_id not in mapped:
+        key, value = record_of((p.topic, p.partition), last)
+        p.producer.produce(settings.map_topic, value, key, partition=0)
+        mapped.add(p.txn_id)
 
 
 def _produce_batch(
-    settings: CopySettings, cols: Records, partitions, committed, producers, begun
+    settings: CopySettings, cols: Records, partitions, committed, producers, begun, mapped
 ) -> None:
     keep = cols.get(KEEP_COLUMN)
     now_ms = int(time.time() * 1000)
@@ -376,7 +399,7 @@ def _produce_batch(
             current = partitions.get((topic, part))
             if current is None:
                 current = partitions[(topic, part)] = _new_partition(
-                    settings, topic, part, committed, producers, begun
+                    settings, topic, part, committed, producers, begun, mapped
                 )
             limit = settings.max_message_bytes.get(current.remote, 1 << 62)
             produce, poll = current.producer.produce, current.producer.poll
