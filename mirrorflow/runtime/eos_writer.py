@@ -377,14 +377,22 @@ def _enlist(settings: CopySettings, p: _Partition, mapped: set[str]) -> None:
     every copy of the transaction. The same key and value again change nothing a reader sees."""
     from mirrorflow.mm2.formats import SourceOffset
 
+    records: list[tuple[str, bytes, bytes, int]] = []  # -1: the partitioner's partition
     if p.skip_through >= 0:
         position = SourceOffset(settings.source_alias, p.topic, p.partition, p.skip_through)
-        p.producer.produce(settings.offsets_topic, position.value(), position.key())
+        records.append((settings.offsets_topic, position.value(), position.key(), -1))
     last = settings.last_runs.get((p.topic, p.partition))
     if settings.map_topic and last is not None and p.txn_id not in mapped:
         key, value = record_of((p.topic, p.partition), last)
-        p.producer.produce(settings.map_topic, value, key, partition=0)
+        records.append((settings.map_topic, value, key, 0))
         mapped.add(p.txn_id)
+    for topic, value, key, partition in records:
+        while True:
+            try:
+                p.producer.produce(topic, value, key, partition=partition)
+                break
+            except BufferError:  # its queue is full of copies: as the copies wait for room
+                p.producer.poll(0.05)
 
 
 def _produce_batch(
