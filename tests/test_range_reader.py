@@ -129,3 +129,48 @@ def test_a_following_read_takes_what_arrives_as_it_arrives_until_its_commit(sand
     finally:
         producing.join()
         reader.close()
+
+
+def test_a_following_read_ends_with_the_fetch_in_flight_at_its_commit(sandbox, topic_name):
+    """A following reader's fetches wait on the broker for 64 KiB or a few ms. A record that
+    reached the source just before its transaction was due is in the fetch the broker holds
+    then: the read ends with that fetch's records, so the record is in this transaction, not
+    left a whole interval for the next one."""
+    import threading
+    import time
+
+    primary = sandbox["primary"]
+    topic = topic_name("in-flight")
+    create_topics(primary, topic, partitions=1)
+    config = primary.client_config()
+    plain = Producer(config)
+    reader = range_reader.RangeReader("primary", "primary->secondary", config, {}, follows=True)
+    taken, counted = 0, 0
+    try:
+        position = 0
+        for round_ in range(10):
+            until = time.monotonic() + 0.15
+            acked: list[float] = []
+
+            def late(round_=round_, until=until, acked=acked) -> None:
+                time.sleep(max(0.0, until - 0.004 - time.monotonic()))
+                plain.produce(topic, f"late{round_}".encode(), partition=0)
+                plain.flush(30)
+                acked.append(time.monotonic())
+
+            producing = threading.Thread(target=late)
+            producing.start()
+            values = []
+            for columns in reader.read([], {(topic, 0): position}, until):
+                values += columns["value"]
+            producing.join()
+            position += len(values)
+            if acked[0] < until:  # on the broker before the transaction was due
+                counted += 1
+                taken += f"late{round_}".encode() in values
+        # Before, a read ended at its due time: only a fetch answered between the record's
+        # arrival and then (a few ms out of 5) brought it.
+        assert counted >= 5, counted
+        assert taken >= counted - 1, (taken, counted)
+    finally:
+        reader.close()

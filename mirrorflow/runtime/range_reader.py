@@ -45,11 +45,18 @@ CHUNK = 500  # records handed to the writer at once
 # records/s but 10 ms more at p50: more copies in flight at the commit's flush)
 WAIT_S = 0.01
 FOLLOW_FETCH_MIN_BYTES = 64 << 10
-# A following reader's fetch waits this long at most for FOLLOW_FETCH_MIN_BYTES: a record that
-# arrives this close before its transaction stops taking records may be fetched too late for it
-# and wait a whole transaction interval more (10 ms: exactly once's p99 at 1,000 records/s was
-# 119.8-126.0 ms in three runs, 117.4 at 5 ms, at the same CPU).
+# A following reader's fetch waits this long at most for FOLLOW_FETCH_MIN_BYTES (10 ms: exactly
+# once's p99 at 1,000 records/s was 119.8-126.0 ms in three runs, 117.4 at 5 ms, at the same CPU;
+# 2 ms gained nothing more; answering each record, fetch.min.bytes 1, gained 4-5 ms but cost
+# 0.04 cores more: at 10,000 records/s 0.24-0.27 cores, MirrorMaker 2 0.25-0.26).
 FOLLOW_FETCH_WAIT_MS = 5
+# Following, at its commit's due time a read goes on until the fetch the broker then holds is
+# answered (within FOLLOW_FETCH_WAIT_MS), at most this long, and ends with its records: what
+# reached the source before the due time is in this transaction. Before, the read ended between
+# two fetches: the records of the last few ms waited a whole interval more, and the time since
+# the last fetch was lost to every record of the transaction (at 1,000 records/s, p50 and p99
+# each 2-3 ms more). A read of a trickle, whose fetches come back empty, commits this much later.
+IN_FLIGHT_WAIT_S = (FOLLOW_FETCH_WAIT_MS + 5) / 1000
 
 
 class RangeReader:
@@ -129,7 +136,7 @@ class RangeReader:
     def _read(
         self, starts: dict[Partition, int], ends: dict[Partition, int], until: float | None
     ) -> Iterator[eos_writer.Records]:
-        from confluent_kafka import KafkaError, TopicPartition
+        from confluent_kafka import TopicPartition
 
         remaining = dict(ends)
         following = dict(starts)  # the offset after the last record read
@@ -149,36 +156,7 @@ class RangeReader:
                 assert until is not None
                 wait_s, most = max(0.0, min(WAIT_S, until - time.monotonic())), CHUNK
             messages = self._consumer.consume(most, wait_s)
-            for msg in messages:
-                error = msg.error()
-                if error is not None:
-                    # the end of a partition; librdkafka's look-up of the coordinator of the
-                    # group it never joins (refused without DESCRIBE on it, not needed)
-                    if error.code() in (
-                        KafkaError._PARTITION_EOF,
-                        KafkaError.GROUP_AUTHORIZATION_FAILED,
-                    ):
-                        continue
-                    self._raise(error, cast(str, msg.topic()), cast(int, msg.partition()))
-                # a record's (not an event's): topic, partition, offset and headers as a list
-                tp = cast(Partition, (msg.topic(), msg.partition()))
-                offset = cast(int, msg.offset())
-                if until is None and offset >= remaining.get(tp, -1):
-                    continue  # past its range (fetched with the range's last records)
-                following[tp] = offset + 1
-                headers = cast(list[tuple[str, bytes | None]] | None, msg.headers())
-                timestamp_type, timestamp = msg.timestamp()
-                rows.append(
-                    (
-                        tp[0],
-                        tp[1],
-                        offset,
-                        msg.key(),
-                        msg.value(),
-                        headers or None,
-                        timestamp if timestamp_type else None,
-                    )
-                )
+            self._take(messages, rows, following, None if until is not None else remaining)
             if messages:
                 heard = time.monotonic()
             if len(rows) >= CHUNK or (rows and not remaining):  # following: copied as read
@@ -200,8 +178,58 @@ class RangeReader:
                     f"from offset {offset} within {SOURCE_STALL_S:.0f}s",
                     f"check that {self.source} is up; retrying",
                 )
+        if until is not None and not self.stopping() and not self.cancelled():
+            # The fetch the broker holds at the commit's due time has what reached the source
+            # until it answers: the read ends with its records (see IN_FLIGHT_WAIT_S).
+            messages = self._consumer.consume(1, IN_FLIGHT_WAIT_S)
+            if messages:
+                messages += self._consumer.consume(CHUNK, 0)
+            self._take(messages, rows, following, None)
         if rows:
             yield _records(rows)
+
+    def _take(
+        self,
+        messages: list,
+        rows: list[tuple],
+        following: dict[Partition, int],
+        ends: dict[Partition, int] | None,
+    ) -> None:
+        """Add the records of ``messages`` to ``rows`` (``following``: each partition's offset
+        after its last one read); ``ends``: the ranges' ends not reached yet, past which a
+        record is not taken (None: following, every record is)."""
+        from confluent_kafka import KafkaError
+
+        for msg in messages:
+            error = msg.error()
+            if error is not None:
+                # the end of a partition; librdkafka's look-up of the coordinator of the
+                # group it never joins (refused without DESCRIBE on it, not needed)
+                if error.code() in (
+                    KafkaError._PARTITION_EOF,
+                    KafkaError.GROUP_AUTHORIZATION_FAILED,
+                ):
+                    continue
+                self._raise(error, cast(str, msg.topic()), cast(int, msg.partition()))
+            # a record's (not an event's): topic, partition, offset and headers as a list
+            tp = cast(Partition, (msg.topic(), msg.partition()))
+            offset = cast(int, msg.offset())
+            if ends is not None and offset >= ends.get(tp, -1):
+                continue  # past its range (fetched with the range's last records)
+            following[tp] = offset + 1
+            headers = cast(list[tuple[str, bytes | None]] | None, msg.headers())
+            timestamp_type, timestamp = msg.timestamp()
+            rows.append(
+                (
+                    tp[0],
+                    tp[1],
+                    offset,
+                    msg.key(),
+                    msg.value(),
+                    headers or None,
+                    timestamp if timestamp_type else None,
+                )
+            )
 
     def _raise(self, error, topic: str, partition: int) -> None:
         if unauthorized(error):
