@@ -199,7 +199,11 @@ class _Helper:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             self.answers.put(json.loads(line))
-        self.answers.put(None)  # the helper ended
+        # The helper ended (idle, or dead): reaped now, not at the next request, which may be a
+        # sync interval away (its exit status stays on ``proc`` for :meth:`_ended`).
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=_SLACK_S)
+        self.answers.put(None)
 
     def _read_stderr(self) -> None:
         assert self.proc.stderr is not None
