@@ -6,6 +6,9 @@ line naming the partition; an idle reader assigns nothing."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 from confluent_kafka import Producer
 
@@ -90,9 +93,6 @@ def test_a_following_read_takes_what_arrives_as_it_arrives_until_its_commit(sand
     """Caught up, an exactly-once batch in the driver goes on reading its partitions past its
     ranges until its transaction is due: each record that arrives is handed to the writer as
     soon as it is read (not at the end), on every followed partition, and the read ends then."""
-    import threading
-    import time
-
     primary = sandbox["primary"]
     topic = topic_name("follow")
     create_topics(primary, topic, partitions=2)
@@ -136,9 +136,6 @@ def test_a_following_read_ends_with_the_fetch_in_flight_at_its_commit(sandbox, t
     reached the source just before its transaction was due is in the fetch the broker holds
     then: the read ends with that fetch's records, so the record is in this transaction, not
     left a whole interval for the next one."""
-    import threading
-    import time
-
     primary = sandbox["primary"]
     topic = topic_name("in-flight")
     create_topics(primary, topic, partitions=1)
