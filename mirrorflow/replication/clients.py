@@ -300,6 +300,33 @@ def assigned_consumer(
     )
 
 
+class ProducersOnDemand:
+    """A producer per cluster (its alias), each started at its first use: a flow that streams
+    never writes to its source from the driver (its copier writes the offset syncs), and an
+    idle client still wakes its threads every second."""
+
+    def __init__(self, configs: Mapping[str, Mapping[str, Any]]) -> None:
+        self._configs = dict(configs)
+        self._started: dict[str, Producer] = {}
+        self._lock = threading.Lock()  # the flow's loop and its tasks' threads
+
+    def __getitem__(self, cluster: str) -> Producer:
+        return self.start(cluster)
+
+    def start(self, cluster: str) -> Producer:
+        """``cluster``'s producer, started now unless it was."""
+        with self._lock:
+            started = self._started.get(cluster)
+            if started is None:
+                started = self._started[cluster] = producer(cluster, self._configs[cluster])
+            return started
+
+    def started(self) -> dict[str, Producer]:
+        """The producers started so far, by cluster."""
+        with self._lock:
+            return dict(self._started)
+
+
 def producer(
     cluster: str,
     config: Mapping[str, Any],

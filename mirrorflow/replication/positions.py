@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from confluent_kafka import KafkaError, KafkaException, Message
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from mirrorflow.errors import ClusterUnreachable
 from mirrorflow.mm2.formats import SourceOffset
@@ -85,15 +85,15 @@ class PositionWriter:
         self.lease: FlowLease | None = None  # the flow's, once the job holds it
         self.cluster = cluster or "(the cluster of " + topic + ")"
         self.principal = client_principal(producer_config)
-        self._producer = clients.producer(
-            self.cluster,
-            {
-                **producer_config,
-                "enable.idempotence": True,
-                "acks": "all",
-                "partitioner": "murmur2_random",
-            },
-        )
+        self._producer_config: dict[str, object] = {
+            **producer_config,
+            "enable.idempotence": True,
+            "acks": "all",
+            "partitioner": "murmur2_random",
+        }
+        # Started at its first write without the lease: a running flow's positions go in the
+        # lease's transactions, and an idle client still wakes its threads every second.
+        self._producer: Producer | None = None
 
     def write(self, positions: dict[tuple[str, int], int], timeout_s: float = 60.0) -> None:
         """Record that every offset below ``positions[(topic, partition)]`` was replicated.
@@ -106,6 +106,9 @@ class PositionWriter:
                 records.append((self.topic, record.value(), record.key()))
             self.lease.commit(records)
             return
+        if self._producer is None:
+            self._producer = clients.producer(self.cluster, self._producer_config)
+        producer = self._producer
         failures: list[KafkaError] = []
         for (topic, partition), next_offset in sorted(positions.items()):
             record = SourceOffset(self.source_alias, topic, partition, next_offset - 1)
@@ -115,7 +118,7 @@ class PositionWriter:
                     failures.append(err)
 
             try:
-                self._producer.produce(
+                producer.produce(
                     self.topic,
                     record.value(),
                     record.key(),
@@ -124,7 +127,7 @@ class PositionWriter:
             except KafkaException as exc:  # refused at once: the topic failed before
                 failures.append(exc.args[0])
                 break
-        remaining = self._producer.flush(timeout_s)
+        remaining = producer.flush(timeout_s)
         if failures and unauthorized(failures[0]):
             raise refusal(
                 self.cluster,
@@ -141,7 +144,8 @@ class PositionWriter:
             )
 
     def close(self) -> None:
-        self._producer.flush(10)
+        if self._producer is not None:
+            self._producer.flush(10)
 
 
 def legacy_progress(directory: Path) -> dict[tuple[str, int], int]:

@@ -8,17 +8,34 @@ several for its life, and a consumer left assigned long-polls its broker twice a
 assigns the partitions it needs at the positions the last read reached. (Not paused and resumed:
 librdkafka fetches a resumed partition only at its broker thread's next wake-up, 0.5-1 s later,
 which every read, and every exactly-once task's lease confirmation, paid.)
+
+A reader read only now and then (a flow's positions and offset map, at each start) is
+:meth:`~TopicReader.release` d after its read: its two clients end, and the next read starts
+others, from where the last one stopped. An idle client still wakes its threads a few times a
+second: a flow kept 14, and an idle mesh of 3 in one application spent a fifth of its CPU in
+librdkafka's threads.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
 from mirrorflow.replication import clients
 from mirrorflow.replication.topics import client_principal, refusal, unauthorized
+
+
+@dataclass
+class _Clients:
+    """A reader's consumer and admin client; ``connected``: the admin's first look-up done."""
+
+    consumer: Consumer
+    admin: AdminClient
+    connected: bool = False
 
 
 class TopicReader:
@@ -42,17 +59,16 @@ class TopicReader:
         self.topic, self.missing_ok = topic, missing_ok
         self.cluster = cluster or "(the cluster of " + topic + ")"
         self.principal = client_principal(consumer_config)
-        self._consumer = clients.consumer(
-            self.cluster,
-            {
-                **consumer_config,
-                "group.id": group,
-                "enable.auto.commit": False,
-                "isolation.level": "read_committed",
-                "auto.offset.reset": "earliest",
-            },
-        )
-        self._admin = clients.admin(self.cluster, admin_config)
+        self._consumer_config: dict[str, object] = {
+            **consumer_config,
+            "group.id": group,
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "earliest",
+        }
+        self._admin_config = admin_config
+        self._clients: _Clients | None = None
+        self._open()
         self._partitions: list[TopicPartition] = []
         # partition -> the offset the next read starts at (its beginning until read once)
         self._next: dict[int, int] = {}
@@ -65,7 +81,7 @@ class TopicReader:
         """Take one message (the default hands its key and value to :meth:`apply`)."""
         self.apply(msg.key(), msg.value())
 
-    def _stable_ends(self, timeout_s: float) -> dict[int, int]:
+    def _stable_ends(self, admin: AdminClient, timeout_s: float) -> dict[int, int]:
         """The partitions' last stable offsets; asked again while the answer is a retriable
         error or a leader moving (a topic just created, a broker restarting), up to
         ``timeout_s`` (:func:`~mirrorflow.replication.clients.list_offsets`)."""
@@ -73,7 +89,7 @@ class TopicReader:
         from confluent_kafka.admin import OffsetSpec
 
         answers = clients.list_offsets(
-            self._admin,
+            admin,
             {tp: OffsetSpec.latest() for tp in self._partitions},
             IsolationLevel.READ_COMMITTED,
             request_timeout=timeout_s,
@@ -82,21 +98,43 @@ class TopicReader:
         )
         return {tp.partition: offset for tp, offset in answers.items()}
 
-    def _connect_admin(self, timeout_s: float) -> None:
+    def _connect_admin(self, client: _Clients, timeout_s: float) -> None:
         """The admin client connected before its first look-up (:func:`clients.connect`)."""
+        if client.connected:
+            return
         try:
-            clients.connect(self._admin, self.topic, min(timeout_s, 10.0))
+            clients.connect(client.admin, self.topic, min(timeout_s, 10.0))
         except KafkaException as exc:
             raise ClusterUnreachable(
                 f"reading {self.topic}: {exc.args[0].str()}",
                 "check the target cluster; the batch is retried",
             ) from None
+        client.connected = True
+
+    def _open(self) -> _Clients:
+        """The reader's clients: started again after :meth:`release`."""
+        if self._clients is None:
+            self._clients = _Clients(
+                clients.consumer(self.cluster, self._consumer_config),
+                clients.admin(self.cluster, self._admin_config),
+            )
+        return self._clients
+
+    def release(self) -> None:
+        """End the reader's clients until its next read, which starts others and goes on from
+        where this one stopped (for a reader read only now and then)."""
+        if self._clients is not None:
+            # An admin client has no close: librdkafka ends it with its last reference.
+            self._clients.consumer.close()
+            self._clients = None
 
     def read_to_end(self, timeout_s: float = 60.0) -> object:
         """Apply every record up to the end of the topic not applied yet. Returns nothing here
         (None); a reader may return what it read (hence ``object``)."""
+        client = self._open()
+        consumer = client.consumer
         if not self._partitions:
-            metadata = self._consumer.list_topics(self.topic, timeout=10).topics[self.topic]
+            metadata = consumer.list_topics(self.topic, timeout=10).topics[self.topic]
             if metadata.error is not None:
                 if self.missing_ok and metadata.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
                     return None  # not created yet: nothing to read
@@ -104,10 +142,10 @@ class TopicReader:
                 raise MirrorflowError(f"cannot read {self.topic}: {metadata.error.str()}")
             self._partitions = [TopicPartition(self.topic, p) for p in metadata.partitions]
             self._next = {p: OFFSET_BEGINNING for p in metadata.partitions}
-            self._connect_admin(timeout_s)
+        self._connect_admin(client, timeout_s)
         deadline = time.monotonic() + timeout_s
         try:
-            ends = self._stable_ends(timeout_s)
+            ends = self._stable_ends(client.admin, timeout_s)
         except KafkaException as exc:
             self._raise_if_refused(exc.args[0])
             raise ClusterUnreachable(
@@ -123,7 +161,7 @@ class TopicReader:
             clients.answered(self.cluster)
             return None
         fetched = [TopicPartition(self.topic, p, self._next[p]) for p in sorted(remaining)]
-        self._consumer.assign(fetched)
+        consumer.assign(fetched)
         try:
             while remaining:
                 if time.monotonic() > deadline:
@@ -133,26 +171,26 @@ class TopicReader:
                     )
                 # A short wait: a partition's position passes a transaction's closing marker,
                 # which no message shows, as soon as its fetch is in.
-                for msg in self._consumer.consume(_BATCH, 0.02):
+                for msg in consumer.consume(_BATCH, 0.02):
                     error = msg.error()
                     if error is None:
                         self.apply_message(msg)
                     elif error.code() not in _IGNORED:
                         self._raise_if_refused(error)
                         raise MirrorflowError(f"reading {self.topic} failed: {error.str()}")
-                self._reached(remaining, ends)
+                self._reached(consumer, remaining, ends)
         finally:
-            for tp in self._consumer.position(fetched):
+            for tp in consumer.position(fetched):
                 if tp.offset >= 0:
                     self._next[tp.partition] = tp.offset
-            self._consumer.unassign()
+            consumer.unassign()
         clients.answered(self.cluster)
         return None
 
-    def _reached(self, remaining: set[int], ends: dict[int, int]) -> None:
+    def _reached(self, consumer: Consumer, remaining: set[int], ends: dict[int, int]) -> None:
         """Drop from ``remaining`` the partitions read up to their end. The position moves past
         transaction markers too, which no message shows; a partition not fetched yet has none."""
-        for tp in self._consumer.position([TopicPartition(self.topic, p) for p in remaining]):
+        for tp in consumer.position([TopicPartition(self.topic, p) for p in remaining]):
             if tp.offset >= ends[tp.partition]:
                 remaining.discard(tp.partition)
 
@@ -167,7 +205,7 @@ class TopicReader:
             )
 
     def close(self) -> None:
-        self._consumer.close()
+        self.release()
 
 
 # The end of a partition, and librdkafka's look-up of the coordinator of a group the reader never

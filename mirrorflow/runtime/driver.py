@@ -104,10 +104,15 @@ class MirrorJob:
             spec.flow,
         )
         producer_base = {"enable.idempotence": True, "acks": "all", "linger.ms": 5}
-        self.producers = {
-            spec.source: clients.producer(spec.source, {**spec.source_client, **producer_base}),
-            spec.target: clients.producer(spec.target, {**spec.target_client, **producer_base}),
-        }
+        # Heartbeats, the offset map and checkpoints to the target, offset syncs that the driver
+        # writes (exactly once) to theirs: the source's producer only once it does.
+        self.producers = clients.ProducersOnDemand(
+            {
+                spec.source: {**spec.source_client, **producer_base},
+                spec.target: {**spec.target_client, **producer_base},
+            }
+        )
+        self.producers.start(spec.target)  # now: a setting librdkafka refuses fails the job now
         self.copy_producer_config = {
             **spec.target_client,
             **producer_base,

@@ -91,7 +91,6 @@ class FlowLoop:
         spec = job.spec
         scheduler = job.scheduler = job.tasks.schedule(once)
         scheduler.start()
-        self.doorbell = doorbell = Doorbell(spec.source_consumer_client, spec.flow)
         if once:
             job.batches.once_ends = job.source_offsets.ends(job.partitions())
         outage = False  # leaving because a cluster did not answer
@@ -144,11 +143,13 @@ class FlowLoop:
             raise
         finally:
             scheduler.stop(wait_s=1.0 if outage else 30.0)
-            doorbell.close()
+            if self.doorbell is not None:
+                self.doorbell.close()
+                self.doorbell = None
             job.batches.close()
             job.report.flush()  # the last batch's figures, if its pace held them back
             job.report.close()
-            for alias, producer in job.producers.items():
+            for alias, producer in job.producers.started().items():
                 try:
                     producer.flush(1.0 if outage else 10.0)
                 except KafkaException as exc:  # the batch's own error, if any, says more
@@ -173,7 +174,9 @@ class FlowLoop:
         failed; plan again at least every :data:`IDLE_REPLAN_S` (a safety net) but never list
         the partitions' ends while nothing moves."""
         job = self.job
-        assert self.doorbell is not None and job.scheduler is not None
+        assert job.scheduler is not None
+        if self.doorbell is None:  # its consumer only when a flow waits: not a streaming one's
+            self.doorbell = Doorbell(job.spec.source_consumer_client, job.spec.flow)
         backlog = job.backlog
         mapping, since = job.mapping, time.monotonic()
         while not self.doorbell.wait(job.positions, DOORBELL_WAIT_S):

@@ -47,7 +47,18 @@ class FlowStarter:
         self._map_reader: OffsetMapReader | None = None
 
     def prepare(self) -> None:
-        """Check both clusters, create the internal topics and load the flow's positions."""
+        """Check both clusters, create the internal topics and load the flow's positions. The
+        readers of the positions and the offset map end their clients once read: the flow
+        reads them again only at its next start (:meth:`TopicReader.release
+        <mirrorflow.replication.topic_reader.TopicReader.release>`)."""
+        try:
+            self._prepare()
+        finally:
+            for reader in (self._map_reader, self.reader):
+                if reader is not None:
+                    reader.release()
+
+    def _prepare(self) -> None:
         job, spec = self.job, self.job.spec
         job.copier.transform_plan()  # both modes: a transform Spark cannot evaluate fails now
         for admin in job.admins.values():
