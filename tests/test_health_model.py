@@ -284,3 +284,55 @@ def test_a_running_flow_rewrites_progress_at_most_every_second_and_a_new_state_a
     assert written()["batches"] == 43
     report.flush()  # the loop ends: what was left is written
     assert written()["batches"] == 44
+
+
+def test_the_lag_task_takes_a_caught_up_streams_fetches_and_asks_the_source_otherwise(
+    tmp_path, monkeypatch
+):
+    """The ``measure-lag`` task of a flow whose stream's fetches found every partition caught
+    up just now records that (nothing behind, as of then) without asking the source; a stream
+    that does not cover every replicated partition, or none (``seen`` answers None: behind,
+    holding, in batches), has the lag measured from the source as before."""
+    from mirrorflow.replication import lag
+    from mirrorflow.replication.spec import spec_for_flow
+    from mirrorflow.runtime import flow_report
+
+    path = tmp_path / "mm2.properties"
+    path.write_text(
+        "clusters = a, b\na.bootstrap.servers = a:9092\nb.bootstrap.servers = b:9092\n"
+        "a->b.enabled = true\n"
+    )
+    spec = spec_for_flow([path], "a->b", state_dir=tmp_path / "state")
+    positions = {("t", 0): 40, ("t", 1): 7}
+    seen: list[lag.Lag | None] = [lag.Lag(1000.0, {("t", 0): 40, ("t", 1): 7}, {})]
+    asked: list[dict] = []
+
+    def measure(_spec, at, **_clients):
+        asked.append(dict(at))
+        return lag.Lag(2000.0, {("t", 0): 45, ("t", 1): 7}, dict(at), {("t", 0): 1_999_000})
+
+    monkeypatch.setattr(flow_report.lag, "measure", measure)
+    monkeypatch.setattr(flow_report.lag, "timestamp_reader", lambda _spec: None)
+    report = flow_report.FlowReport(
+        spec,
+        source_admin=None,  # type: ignore[arg-type] (lag.measure is replaced)
+        metrics=None,
+        positions=lambda: dict(positions),
+        mapping=dict,
+        tasks=dict,
+        silenced=lambda: False,
+        seen=lambda: seen[0],
+    )
+    report.measure_lag()
+    assert asked == []
+    measured = report.backlog.lag
+    assert measured is not None
+    assert (measured.measured_at, measured.records, measured.seconds(1005.0)) == (1000.0, 0, 0.0)
+
+    seen[0] = lag.Lag(1001.0, {("t", 0): 40}, {})  # a partition its stream does not read
+    report.measure_lag()
+    seen[0] = None
+    report.measure_lag()
+    assert asked == [positions, positions]
+    measured = report.backlog.lag
+    assert (measured.measured_at, measured.records, measured.oldest_at) == (2000.0, 5, 1999.0)

@@ -141,6 +141,7 @@ class MirrorJob:
             mapping=lambda: self.mapping,
             tasks=lambda: self.scheduler.stats() if self.scheduler else {},
             silenced=lambda: self.stopper.cancelled,
+            seen=lambda: self.stream.seen_lag(),
         )
         self.copier = JvmCopier(spark, spec)  # at least once
         self.starter = FlowStarter(self)  # its lease and positions, at each start

@@ -49,7 +49,9 @@ class FlowReport:
 
     ``positions``, ``mapping`` and ``tasks`` give the flow's positions, its remote topics and
     its periodic tasks' figures when asked; once ``silenced`` answers true (the flow paused or
-    held), the application records the flow's state and this report writes nothing more."""
+    held), the application records the flow's state and this report writes nothing more.
+    ``seen``: the lag a running stream's own fetches saw, when they found it caught up just now
+    (:meth:`~mirrorflow.runtime.streaming.FlowStream.seen_lag`), else None."""
 
     def __init__(
         self,
@@ -61,11 +63,12 @@ class FlowReport:
         mapping: Callable[[], dict[str, str]],
         tasks: Callable[[], dict],
         silenced: Callable[[], bool],
+        seen: Callable[[], lag.Lag | None] = lambda: None,
     ) -> None:
         self.spec, self.metrics = spec, metrics
         self._source_admin = source_admin
         self._positions, self._mapping = positions, mapping
-        self._tasks, self._silenced = tasks, silenced
+        self._tasks, self._silenced, self._seen = tasks, silenced, seen
         self.state = "STARTING"
         self.batches = 0
         self.local_batches = 0  # of them, copied in the driver's JVM without a Spark job
@@ -110,24 +113,38 @@ class FlowReport:
 
     def measure_lag(self) -> None:
         """The ``measure-lag`` task: the flow's lag from the source, for its positions now:
-        records behind and the age of the oldest, in ``progress.json`` and the metrics."""
+        records behind and the age of the oldest, in ``progress.json`` and the metrics.
+
+        A stream whose fetches found every partition caught up just now (``seen``) has the
+        source's answer already: the ends its fetches' answers gave. Then nothing is asked (an
+        idle flow of a mesh asked for the ends of some 15 heartbeat partitions and read one
+        record of each, every 10 s); a flow behind, in batches, holding or paused is measured
+        from the source."""
         positions = self.replicated_positions()
         if not positions:
             return
-        if self._lag_reader is None:
-            self._lag_reader = lag.timestamp_reader(self.spec)
-        try:
-            measured = lag.measure(
-                self.spec, positions, admin=self._source_admin, consumer=self._lag_reader
-            )
-        except MirrorflowError as exc:  # the batches say more; the last figures stay, dated
-            raise TaskFailed(str(exc)) from None
+        seen = self._seen()
+        if seen is not None and positions.keys() <= seen.ends.keys():
+            measured = lag.Lag(seen.measured_at, {tp: seen.ends[tp] for tp in positions}, positions)
+        else:
+            measured = self._measure(positions)
         now = self.replicated_positions()
-        if now != positions:  # a batch copied meanwhile: its positions, the ends measured
+        if now != positions:  # copied meanwhile: its positions, the ends measured
             measured = lag.Lag(measured.measured_at, measured.ends, now, measured.oldest_ms)
         self.backlog.lag = measured
         if self.metrics is not None:
             self.metrics.measured(measured, self._mapping())
+
+    def _measure(self, positions: dict[Partition, int]) -> lag.Lag:
+        """The lag asked of the source (:func:`~mirrorflow.replication.lag.measure`)."""
+        if self._lag_reader is None:
+            self._lag_reader = lag.timestamp_reader(self.spec)
+        try:
+            return lag.measure(
+                self.spec, positions, admin=self._source_admin, consumer=self._lag_reader
+            )
+        except MirrorflowError as exc:  # the batches say more; the last figures stay, dated
+            raise TaskFailed(str(exc)) from None
 
     def replicated_positions(self) -> dict[Partition, int]:
         """The positions of the topics the flow replicates now: the offsets topic keeps every

@@ -20,6 +20,7 @@ import time
 from typing import TYPE_CHECKING
 
 from mirrorflow.errors import ClusterUnreachable, MirrorflowError
+from mirrorflow.replication.lag import Lag
 from mirrorflow.runtime.batch_errors import BatchCancelled, batch_error
 from mirrorflow.runtime.copier import STREAM_OPEN, CopierResult, CopyStream
 
@@ -38,6 +39,9 @@ STREAM_COMMIT_S = 1.0
 STREAM_AGAIN_MAX_RECORDS = 50_000
 # The copier's error for a record larger than its remote topic's limit as the stream knows it.
 TOO_LARGE = "is larger than max.message.bytes="
+# A stream's fetches that found every partition caught up at most this long ago stand for the
+# flow's lag as the source would answer it (seen_lag): its heartbeat topics are read once a beat.
+SEEN_FRESH_S = 3.0
 
 
 class FlowStream:
@@ -53,6 +57,9 @@ class FlowStream:
         self._limits_read_at = float("-inf")  # monotonic: the remote topics' limits last read
         self._limits_asked = False  # the stream's producer split a batch: read them now
         self._positions_written_at = float("-inf")  # monotonic: the last write of positions
+        # When its fetches last found every partition caught up (Unix time), and the ends they
+        # saw then; None while it is behind or not running.
+        self._seen: tuple[float, dict[Partition, int]] | None = None
 
     def starts_again(self, ranges: list[tuple[Partition, int, int]]) -> bool:
         """Whether a stream that just ended starts again rather than a batch of ``ranges``
@@ -116,7 +123,7 @@ class FlowStream:
         error: str | None = None
         with self._unwritten_lock:
             self.unwritten = {}
-        self.running, split = True, 0
+        self.running, split, self._seen = True, 0, None
         try:
             allowed = self.allowance_ms()
             stream = CopyStream(
@@ -172,7 +179,7 @@ class FlowStream:
                 error = failed or error
                 self._commit(harvested, stream.partitions, mapping, final=True)
         finally:
-            self.running = False
+            self.running, self._seen = False, None
             job.end_batch(batch)
             with self._unwritten_lock:  # written at the end, or read again at the retry
                 self.unwritten = {}
@@ -248,6 +255,19 @@ class FlowStream:
             ", ".join(sorted({topic for topic, _p in new})),
         )
         return now
+
+    def seen_lag(self) -> Lag | None:
+        """The flow's lag as the running stream's own fetches saw it, when they found every
+        partition caught up at most :data:`SEEN_FRESH_S` ago: nothing behind, up to the ends
+        the source's answers to them gave (the lag task then asks the source nothing). None
+        while it is behind, holding (it fetches nothing then) or not running."""
+        seen = self._seen
+        if not self.running or self.holding or seen is None:
+            return None
+        at, ends = seen
+        if time.time() - at > SEEN_FRESH_S:
+            return None
+        return Lag(at, dict(ends), dict(ends))
 
     def allowance_ms(self) -> int:
         """Until when (epoch ms) a stream may copy: while the flow's lease is fresh, renewed
@@ -376,6 +396,7 @@ class FlowStream:
         )
         if idle:
             backlog.caught_up_at = max(backlog.caught_up_at or 0.0, min(caught_up) / 1000)
+        self._seen = (min(caught_up) / 1000, ends) if idle else None
         if harvested.records:
             job.copied_now()
             report.last_batch_at = now
