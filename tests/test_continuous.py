@@ -12,6 +12,7 @@ import re
 import signal
 import threading
 import time
+from datetime import datetime
 
 import pytest
 from confluent_kafka import KafkaException, Producer
@@ -227,6 +228,38 @@ def test_a_continuous_flow_copies_a_steady_stream_and_a_sigkill_mid_stream_loses
         written = time.monotonic()
         wait_for(lambda: len(copied_beats()) == len(mine), 60, "a backlog of heartbeats")
         assert time.monotonic() - written < 30, time.monotonic() - written
+        # Heartbeats arrive all the time, as in a mesh (every flow into the source beats each
+        # second; here five a second): each beat's read brings new ones, whose copies are still
+        # in flight as the read ends. The flow is caught up all the same once they are
+        # acknowledged, and says so: its progress.json, rewritten meanwhile, has it caught up a
+        # beat or two before (it said so last before these heartbeats began, and its lag task
+        # asked the source every 10 s, a record of each partition read).
+        beating = threading.Event()
+
+        def beat_five_a_second() -> None:
+            steady = Producer({**primary.client_config(), "linger.ms": 0})
+            while not beating.is_set():
+                beat = Heartbeat("elsewhere", "primary", int(time.time() * 1000))
+                steady.produce("heartbeats", beat.value(), beat.key(), partition=0)
+                steady.poll(0)
+                time.sleep(0.2)
+            steady.flush(30)
+
+        beater = threading.Thread(target=beat_five_a_second, daemon=True)
+        beater.start()
+        try:
+            began = time.time()
+
+            def updated(written: dict) -> float:
+                return datetime.fromisoformat(written["updated"]).timestamp()
+
+            wait_for(lambda: updated(progress(state)) > began + 12, 30, "progress.json rewritten")
+            written = progress(state)
+        finally:
+            beating.set()
+            beater.join(30)
+        assert updated(written) - written["caught_up_at"] < 3.5, written
+        assert written["lag_records"] == 0, written
         # The target freezes (SIGSTOP: connections open, no answer) for longer than a lease
         # renewal waits, while records arrive: the stream holds, copying nothing, and copies
         # again once the target answers, without ending: no retry, no new stream, no batch.

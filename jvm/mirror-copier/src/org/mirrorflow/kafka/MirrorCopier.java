@@ -528,11 +528,17 @@ public final class MirrorCopier {
     /** The source gave no record of the range for {@code poll.timeout.ms}: the range ended. */
     boolean stalled;
     /**
-     * A stream's: when (epoch ms) a poll last found nothing new while every copy sent was
-     * acknowledged (the partition was caught up then), -1 never; and the end of the partition
-     * its consumer last saw (-1 unknown). State, not figures: {@link #drain} keeps them.
+     * A stream's: when (epoch ms) a poll last found nothing new (its consumer at the end it saw)
+     * with every copy sent by then acknowledged since (the partition was caught up then), -1
+     * never; and the end of the partition its consumer last saw (-1 unknown). State, not
+     * figures: {@link #drain} keeps them. A poll finding nothing new sets {@link #readAllAt};
+     * a drain with no copy in flight makes it {@code caughtUpAt}. (Not the poll itself, with
+     * none in flight: a heartbeat topic, read once a beat, brings a new heartbeat at every
+     * beat, copied and still in flight as the poll ends; in a mesh, a flow was never seen
+     * caught up.)
      */
     volatile long caughtUpAt = -1;
+    volatile long readAllAt = -1;
     volatile long endSeen = -1;
     /** A stream's frontier: the offset after the last copy sent, the copies not acknowledged. */
     volatile long sentNext = -1;
@@ -610,10 +616,14 @@ public final class MirrorCopier {
      * the offset map above the position it writes.
      */
     Copied drain(long from) {
-      long sent = sentNext; // read before the copies in flight: see the class's notes
+      long readAll = readAllAt; // each read before the copies in flight: see the class's notes
+      long sent = sentNext;
       long pending = inFlight.get();
       Copied out = new Copied();
       synchronized (this) {
+        if (pending == 0 && failedAt < 0 && readAll > caughtUpAt) {
+          caughtUpAt = readAll; // what that poll's consumer had seen is all acknowledged now
+        }
         long next = pending == 0 && sent >= 0 ? sent : ackedNext;
         if (failedAt >= 0) {
           // Copies past a failed one may have been acknowledged (another batch of the
@@ -1119,8 +1129,8 @@ public final class MirrorCopier {
         java.util.OptionalLong lag = consumer.currentLag(tp);
         if (lag.isPresent()) {
           progress.endSeen = next.get(tp) + lag.getAsLong();
-          if (lag.getAsLong() == 0 && progress.inFlight.get() == 0) {
-            progress.caughtUpAt = readAt;
+          if (lag.getAsLong() == 0) {
+            progress.readAllAt = readAt; // caught up once its copies are acknowledged (drain)
           }
         }
       }
