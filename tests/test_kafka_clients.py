@@ -185,17 +185,17 @@ def test_a_topic_is_read_to_its_end_while_its_leader_moves():
     reader = object.__new__(SourceOffsetReader)  # no clients: only the admin's answers
     reader._partitions = [TopicPartition("mm2-offsets.primary.internal", 0)]
     moving = KafkaError.NOT_LEADER_FOR_PARTITION
-    reader._admin = admin = _Admin(moving, moving)
-    assert reader._stable_ends(5.0) == {0: 42}
+    admin = _Admin(moving, moving)
+    assert reader._stable_ends(admin, 5.0) == {0: 42}
     assert admin.calls == 3
     # Asked with a leader epoch from before a restart: asked again after fresh metadata.
     stale, unknown = KafkaError.FENCED_LEADER_EPOCH, KafkaError._NOENT  # "No leaders found"
-    reader._admin = admin = _Admin(unknown, stale)
-    assert reader._stable_ends(5.0) == {0: 42}
+    admin = _Admin(unknown, stale)
+    assert reader._stable_ends(admin, 5.0) == {0: 42}
     assert (admin.calls, admin.refreshes) == (3, 2)
-    reader._admin = refusing = _Admin(KafkaError.TOPIC_AUTHORIZATION_FAILED)
+    refusing = _Admin(KafkaError.TOPIC_AUTHORIZATION_FAILED)
     with contextlib.suppress(KafkaException):
-        reader._stable_ends(5.0)
+        reader._stable_ends(refusing, 5.0)
     assert refusing.calls == 1
 
 
@@ -203,9 +203,9 @@ def test_a_topic_is_read_to_its_end_while_its_leader_moves():
 def test_a_reader_of_an_internal_topic_reads_on_after_its_only_broker_restarted(
     sandbox, topic_name
 ):
-    """A job keeps its readers of the positions and offset-map topics for its life. Its only
-    broker restarting bumps the topics' leader epochs; the reader must not keep asking with the
-    old ones (FENCED_LEADER_EPOCH for ever, the flow stuck in retries: a CI run's
+    """A reader keeps its clients between two reads (until it is released). Its only broker
+    restarting bumps the topics' leader epochs; the reader must not keep asking with the old
+    ones (FENCED_LEADER_EPOCH for ever, the flow stuck in retries: a CI run's
     broker-restart test timed out so), but read on once the broker is back."""
     from confluent_kafka import Producer
 
@@ -241,10 +241,12 @@ def test_a_reader_of_an_internal_topic_reads_on_after_its_only_broker_restarted(
 
 @pytest.mark.kafka
 def test_an_idle_reader_of_an_internal_topic_sends_its_broker_no_fetch(sandbox, topic_name):
-    """A job keeps its readers (positions, offset map, checkpoints, ACL ledger, lease) for its
-    life, and reads each now and then. Between two reads a reader must not long-poll its broker
+    """A reader keeps its clients between two reads (a flow's failback reads its reverse
+    offset map so, at every checkpoint). Between two reads it must not long-poll its broker
     (twice a second, per reader: in a mesh of 6, the broker threads of a job's Kafka clients used
-    more of its idle CPU than its Python). It still reads what is added after the pause."""
+    more of its idle CPU than its Python). It still reads what is added after the pause. One
+    read only at a flow's start (its positions, its offset map) is released after it: its
+    clients end, and its next read starts others and reads on from where it stopped."""
     import json
 
     from confluent_kafka import Producer
@@ -268,7 +270,8 @@ def test_an_idle_reader_of_an_internal_topic_sends_its_broker_no_fetch(sandbox, 
 
     def fetches() -> int:
         """Fetch requests the reader's consumer sent so far (librdkafka's statistics)."""
-        reader._consumer.poll(0)  # serves the statistics callbacks: no partition is unpaused
+        assert reader._clients is not None
+        reader._clients.consumer.poll(0)  # serves the statistics callbacks
         return sum(b["req"].get("Fetch", 0) for b in stats[-1]["brokers"].values())
 
     write(0, 41)
@@ -293,5 +296,10 @@ def test_an_idle_reader_of_an_internal_topic_sends_its_broker_no_fetch(sandbox, 
         write(0, 42)
         assert reader.read_to_end(30) == {("orders", 0): 42, ("orders", 1): 7}
         assert reader.read_to_end(30) == {("orders", 0): 42, ("orders", 1): 7}
+        reader.release()
+        assert reader._clients is None
+        write(1, 8)
+        assert reader.read_to_end(30) == {("orders", 0): 42, ("orders", 1): 8}
+        assert reader._next == {0: 2, 1: 2}  # each partition read on to its end, no further
     finally:
         reader.close()
