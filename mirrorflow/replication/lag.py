@@ -184,6 +184,10 @@ def _first_timestamps(consumer, positions: dict[Partition, int]) -> dict[Partiti
                     found[tp] = stamp
                     consumer.pause([TopicPartition(*tp)])
     finally:
+        # librdkafka keeps a partition paused across unassign and assign: resumed, or the
+        # next measurement would read nothing of it
+        if found:
+            consumer.resume([TopicPartition(*tp) for tp in found])
         consumer.unassign()
     return found
 
