@@ -9,9 +9,9 @@ assigns the partitions it needs at the positions the last read reached. (Not pau
 librdkafka fetches a resumed partition only at its broker thread's next wake-up, 0.5-1 s later,
 which every read, and every exactly-once task's lease confirmation, paid.)
 
-A reader read only now and then (a flow's positions and offset map, at each start) is
-:meth:`~TopicReader.release` d after its read: its two clients end, and the next read starts
-others, from where the last one stopped. An idle client still wakes its threads a few times a
+A reader read only at a flow's start (its positions, its offset map) is released after the
+read (:meth:`TopicReader.release`): its two clients end, and its next read starts others and
+reads on from where the last one stopped. An idle client still wakes its threads a few times a
 second: a flow kept 14, and an idle mesh of 3 in one application spent a fifth of its CPU in
 librdkafka's threads.
 """

@@ -112,7 +112,7 @@ class MirrorJob:
                 spec.target: {**spec.target_client, **producer_base},
             }
         )
-        self.producers.start(spec.target)  # now: a setting librdkafka refuses fails the job now
+        self.producers.start(spec.target)  # at once: a setting librdkafka refuses fails here
         self.copy_producer_config = {
             **spec.target_client,
             **producer_base,
