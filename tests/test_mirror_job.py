@@ -642,7 +642,11 @@ def test_a_caught_up_exactly_once_flow_commits_once_per_transaction_boundary_int
     ]
     gaps = [later - earlier for earlier, later in itertools.pairwise(commits[1:7])]
     assert len(gaps) >= 4, commits  # the trickle took 5 s: a commit a second
-    assert min(gaps) >= 0.8, gaps  # 1 s apart, less the commits' jitter (unpaced: 0.05)
+    # 1 s apart (unpaced: 0.05). A commit is due 1 s after the last one's start, and its line
+    # is written at its end: one commit slowed by a busy machine shortens the next gap by as
+    # much (0.76 s after 1.23 in a full suite), while the mean over the gaps stays 1 s.
+    assert sum(gaps) / len(gaps) >= 0.9, gaps
+    assert min(gaps) >= 0.5, gaps
     source = read_topic(primary, t)
     assert copied(read_topic(secondary, remote)) == copied(source)
 

@@ -145,7 +145,7 @@ def test_a_following_read_ends_with_the_fetch_in_flight_at_its_commit(sandbox, t
     taken, counted = 0, 0
     try:
         position = 0
-        for round_ in range(10):
+        for round_ in range(20):  # a record acknowledged before its due time in 5 at least
             until = time.monotonic() + 0.15
             acked: list[float] = []
 
@@ -166,7 +166,8 @@ def test_a_following_read_ends_with_the_fetch_in_flight_at_its_commit(sandbox, t
                 counted += 1
                 taken += f"late{round_}".encode() in values
         # Before, a read ended at its due time: only a fetch answered between the record's
-        # arrival and then (a few ms out of 5) brought it.
+        # arrival and then (a few ms out of 5) brought it. (On a busy machine the producer's
+        # acknowledgement comes after the due time in most rounds: 4 of 10 in a full suite.)
         assert counted >= 5, counted
         assert taken >= counted - 1, (taken, counted)
     finally:
