@@ -152,8 +152,9 @@ class Scheduler:
             for task in shared:
                 if task.next_due <= now and not self._stopped.is_set():
                     self.run_now(task)
-            due = min((t.next_due for t in shared), default=now + 1.0)
-            self._wake.wait(max(0.0, min(due - time.monotonic(), 1.0)))
+            # Until the next task is due: add, run_soon and stop wake it sooner.
+            due = min((t.next_due for t in shared), default=now + 60.0)
+            self._wake.wait(max(0.0, due - time.monotonic()))
             self._wake.clear()
 
     def _alone(self, task: PeriodicTask) -> None:

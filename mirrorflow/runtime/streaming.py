@@ -3,13 +3,13 @@ flow runs instead of batches.
 
 The copy itself is the JVM copier's (:class:`~mirrorflow.runtime.copier.CopyStream`: one task,
 one consumer for all the flow's source partitions, in the driver's JVM). :class:`FlowStream`
-starts it from the flow's positions, every :data:`STREAM_COMMIT_S` takes what it acknowledged
-(its runs into the offset map in memory, its figures; the offset map's records on the target,
-then the positions, with the flow's next lease renewal, the positions in its transaction), hands
-it the topics and partitions new to the flow as the refresh finds them, lets it copy only while
-the flow's lease is fresh (holding it, not ending it, while the target does not answer a
-renewal), and ends it at a stop or pause, a topic leaving the flow, or a failed task (in the
-batch's one-line error).
+starts it from the flow's positions, every :data:`STREAM_COMMIT_S` (caught up,
+:data:`STREAM_IDLE_COMMIT_S`) takes what it acknowledged (its runs into the offset map in memory,
+its figures; the offset map's records on the target, then the positions, with the flow's next
+lease renewal, the positions in its transaction), hands it the topics and partitions new to the
+flow as the refresh finds them, lets it copy only while the flow's lease is fresh (holding it,
+not ending it, while the target does not answer a renewal), and ends it at a stop or pause, a
+topic leaving the flow, or a failed task (in the batch's one-line error).
 """
 
 from __future__ import annotations
@@ -31,8 +31,12 @@ log = logging.getLogger("mirrorflow.mirror")
 
 Partition = tuple[str, int]
 # A stream's acknowledged copies are taken, written (offset map, then positions) and counted in
-# the flow's figures this often.
+# the flow's figures this often;
 STREAM_COMMIT_S = 1.0
+# and this often once its last harvest found it caught up (every partition read to its end, its
+# copies acknowledged): an idle mesh's streams copy only heartbeats, a few a second, and their
+# harvests (a py4j round trip, the Python that takes it in) were about a fifth of its idle CPU.
+STREAM_IDLE_COMMIT_S = 2.0
 # A stream that ended (a topic left the flow) starts again at once, catching up itself, when
 # the flow is this far behind at most: no Spark job, which in an application of many flows waits
 # for the executors' few slots behind the others' batches.
@@ -40,8 +44,9 @@ STREAM_AGAIN_MAX_RECORDS = 50_000
 # The copier's error for a record larger than its remote topic's limit as the stream knows it.
 TOO_LARGE = "is larger than max.message.bytes="
 # A stream's fetches that found every partition caught up at most this long ago stand for the
-# flow's lag as the source would answer it (seen_lag): its heartbeat topics are read once a beat.
-SEEN_FRESH_S = 3.0
+# flow's lag as the source would answer it (seen_lag): its heartbeat topics are read once a
+# second, a caught-up stream harvested every STREAM_IDLE_COMMIT_S.
+SEEN_FRESH_S = 5.0
 
 
 class FlowStream:
@@ -60,6 +65,7 @@ class FlowStream:
         # When its fetches last found every partition caught up (Unix time), and the ends they
         # saw then; None while it is behind or not running.
         self._seen: tuple[float, dict[Partition, int]] | None = None
+        self._interval_s = STREAM_COMMIT_S  # between the last harvest and the one before
 
     def starts_again(self, ranges: list[tuple[Partition, int, int]]) -> bool:
         """Whether a stream that just ended starts again rather than a batch of ``ranges``
@@ -149,7 +155,7 @@ class FlowStream:
                     len(partitions),
                 )
             try:
-                while not job.wait_for_stop(STREAM_COMMIT_S):
+                while not job.wait_for_stop(self._next_harvest()):
                     try:
                         harvested = stream.harvest()
                     except Exception as exc:  # py4j's error: a task failed (see end())
@@ -255,6 +261,15 @@ class FlowStream:
             ", ".join(sorted({topic for topic, _p in new})),
         )
         return now
+
+    def _next_harvest(self) -> float:
+        """How long until the stream's next harvest (kept as the figures' interval):
+        :data:`STREAM_IDLE_COMMIT_S` while its last found it caught up (and copying: not
+        holding), :data:`STREAM_COMMIT_S` otherwise. A stop, a pause or a cancel ends the wait
+        at once."""
+        caught_up = self._seen is not None and not self.holding
+        self._interval_s = STREAM_IDLE_COMMIT_S if caught_up else STREAM_COMMIT_S
+        return self._interval_s
 
     def seen_lag(self) -> Lag | None:
         """The flow's lag as the running stream's own fetches saw it, when they found every
@@ -400,7 +415,7 @@ class FlowStream:
         if harvested.records:
             job.copied_now()
             report.last_batch_at = now
-            report.last_batch_s = STREAM_COMMIT_S
+            report.last_batch_s = self._interval_s
             if metrics is not None:
                 metrics.batch(harvested.copied, job.positions, ends, mapping, now)
             if report.state != "RUNNING":
