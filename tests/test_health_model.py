@@ -312,7 +312,17 @@ def test_the_lag_task_takes_a_caught_up_streams_fetches_and_asks_the_source_othe
         return lag.Lag(2000.0, {("t", 0): 45, ("t", 1): 7}, dict(at), {("t", 0): 1_999_000})
 
     monkeypatch.setattr(flow_report.lag, "measure", measure)
-    monkeypatch.setattr(flow_report.lag, "timestamp_reader", lambda _spec: None)
+
+    class Reader:  # the lag's consumer
+        closed = False
+
+        def close(self) -> None:
+            self.closed = True
+
+    readers: list[Reader] = []
+    monkeypatch.setattr(
+        flow_report.lag, "timestamp_reader", lambda _spec: readers.append(Reader()) or readers[-1]
+    )
     report = flow_report.FlowReport(
         spec,
         source_admin=None,  # type: ignore[arg-type] (lag.measure is replaced)
@@ -336,3 +346,12 @@ def test_the_lag_task_takes_a_caught_up_streams_fetches_and_asks_the_source_othe
     assert asked == [positions, positions]
     measured = report.backlog.lag
     assert (measured.measured_at, measured.records, measured.oldest_at) == (2000.0, 5, 1999.0)
+    assert len(readers) == 1 and not readers[0].closed  # one consumer for both measurements
+
+    # Its stream caught up again: the consumer, not needed, ends; the next need starts another.
+    seen[0] = lag.Lag(1002.0, {("t", 0): 45, ("t", 1): 7}, {})
+    report.measure_lag()
+    assert readers[0].closed and len(asked) == 2
+    seen[0] = None
+    report.measure_lag()
+    assert len(readers) == 2 and not readers[1].closed and len(asked) == 3

@@ -118,7 +118,8 @@ class FlowReport:
         A stream whose fetches found every partition caught up just now (``seen``) has the
         source's answer already: the ends its fetches' answers gave. Then nothing is asked (an
         idle flow of a mesh asked for the ends of some 15 heartbeat partitions and read one
-        record of each, every 10 s); a flow behind, in batches, holding or paused is measured
+        record of each, every 10 s), and the lag's consumer, idle meanwhile, ends until a
+        measurement needs it again; a flow behind, in batches, holding or paused is measured
         from the source."""
         positions = self.replicated_positions()
         if not positions:
@@ -126,6 +127,7 @@ class FlowReport:
         seen = self._seen()
         if seen is not None and positions.keys() <= seen.ends.keys():
             measured = lag.Lag(seen.measured_at, {tp: seen.ends[tp] for tp in positions}, positions)
+            self.close()
         else:
             measured = self._measure(positions)
         now = self.replicated_positions()
@@ -152,7 +154,8 @@ class FlowReport:
         return {tp: p for tp, p in self._positions().items() if self.spec.should_replicate(tp[0])}
 
     def close(self) -> None:
-        """The job ends: the lag's consumer is closed."""
+        """The lag's consumer is closed (the job ends, or the stream's fetches answered for the
+        source); the next measurement from the source starts another."""
         if self._lag_reader is not None:
             with contextlib.suppress(Exception):
                 self._lag_reader.close()
