@@ -77,9 +77,17 @@ def read(flow_dir: Path) -> dict[str, Any]:
 
 def write(flow_dir: Path, flow: str, samples: list[Sample], interval_s: float) -> None:
     """Replace ``trend.json`` atomically: one sample a line, readable by people."""
-    lines = ",\n".join(json.dumps(s, separators=(",", ":")) for s in samples)
+    _write_lines(flow_dir, flow, [_line(sample) for sample in samples], interval_s)
+
+
+def _line(sample: Sample) -> str:
+    return json.dumps(sample, separators=(",", ":"))
+
+
+def _write_lines(flow_dir: Path, flow: str, lines: list[str], interval_s: float) -> None:
+    """:func:`write` of samples already encoded, a line each."""
     header = {"flow": flow, "interval_s": interval_s, "window_s": WINDOW_S}
-    text = json.dumps(header)[:-1] + ', "samples": [\n' + lines + "\n]}\n"
+    text = json.dumps(header)[:-1] + ', "samples": [\n' + ",\n".join(lines) + "\n]}\n"
     paths.write_atomically(flow_dir / TREND_FILE, text, MODE)
 
 
@@ -99,7 +107,9 @@ class Sampler:
         self.flow, self.flow_dir, self.interval_s = job.spec.flow, job.flow_dir, interval_s
         # the driver's pid, when the job began (ms) and which of its jobs this is
         self.run = f"{os.getpid()}-{round(time.time() * 1000)}-{next(_JOBS)}"
-        self.samples: deque[Sample] | None = None  # read from the file at the first sample
+        # (t, the sample's line): read from the file at the first sample, each encoded once (an
+        # hour's 360, encoded at every write, took 1.8 ms of CPU per write)
+        self.samples: deque[tuple[float, str]] | None = None
         self._failed = False
 
     def __call__(self) -> None:
@@ -109,11 +119,13 @@ class Sampler:
         now = time.time()
         try:
             if self.samples is None:
-                self.samples = deque(read(self.flow_dir)["samples"])
-            self.samples.append(self.sample(job, now))
-            while self.samples and self.samples[0]["t"] < now - WINDOW_S:
+                found = read(self.flow_dir)["samples"]
+                self.samples = deque((float(s["t"]), _line(s)) for s in found)
+            self.samples.append((now, _line(self.sample(job, now))))
+            while self.samples and self.samples[0][0] < now - WINDOW_S:
                 self.samples.popleft()
-            write(self.flow_dir, self.flow, list(self.samples), self.interval_s)
+            lines = [line for _t, line in self.samples]
+            _write_lines(self.flow_dir, self.flow, lines, self.interval_s)
             self._failed = False
         except OSError as exc:  # a full disk must not end the flow: said once, tried again
             if not self._failed:
