@@ -1,6 +1,6 @@
 """CPU and memory of a process tree, from Linux's /proc and rusage.
 
-Two halves:
+Three parts:
 
 * **The reaping wrapper** (``python procstats.py exec --report R.json -- CMD ...``) makes itself a
   child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``), runs ``CMD``, forwards SIGTERM/SIGINT to it
@@ -16,6 +16,11 @@ Two halves:
   ``cutime+cstime`` of already reaped children) and resident memory. This gives a time line (CPU
   between two moments, e.g. while records were being copied) and the peak memory, which rusage
   cannot give (``ru_maxrss`` is the largest *single* process, not the sum).
+
+* **Threads** (``python procstats.py threads --seconds 120 PID ...``): each thread's time on a CPU
+  over a window, from ``/proc/<pid>/task/<tid>/schedstat`` (nanoseconds, not ticks: an idle
+  thread's few microseconds a second count), summed by thread name with its digits as ``#``
+  (``rdk:broker#``, ``kafka-producer-#``); mirrorflow's Python threads carry their task's name.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import contextlib
 import ctypes
 import json
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -303,6 +309,44 @@ def run_wrapped(command: Sequence[str], report: Path, orphan_grace: float = 15.0
     return usage.returncode
 
 
+def thread_times(pids: Iterable[int]) -> dict[tuple[int, int], tuple[str, int]]:
+    """(pid, tid) -> (thread name, nanoseconds on a CPU so far) of every thread of ``pids``."""
+    times: dict[tuple[int, int], tuple[str, int]] = {}
+    for pid in pids:
+        with contextlib.suppress(FileNotFoundError):
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                task = f"/proc/{pid}/task/{tid}"
+                with contextlib.suppress(OSError):
+                    ran_ns = int(Path(f"{task}/schedstat").read_text().split()[0])
+                    times[pid, int(tid)] = (Path(f"{task}/comm").read_text().strip(), ran_ns)
+    return times
+
+
+def thread_cores(pids: Sequence[int], seconds: float) -> list[tuple[int, str, int, float]]:
+    """Cores each group of ``pids``' threads took over the next ``seconds``: (pid, name with
+    digits as ``#``, threads, cores), busiest first."""
+    before = thread_times(pids)
+    time.sleep(seconds)
+    groups: dict[tuple[int, str], list[float]] = {}
+    for (pid, tid), (name, ran_ns) in thread_times(pids).items():
+        ran = ran_ns - before.get((pid, tid), (name, 0))[1]
+        group = groups.setdefault((pid, re.sub(r"[0-9]+", "#", name)), [0, 0.0])
+        group[0] += 1
+        group[1] += ran / 1e9 / seconds
+    rows = [(pid, name, int(n), cores) for (pid, name), (n, cores) in groups.items()]
+    return sorted(rows, key=lambda row: -row[3])
+
+
+def _print_threads(pids: Sequence[int], seconds: float) -> None:
+    rows = thread_cores(pids, seconds)
+    for pid in pids:
+        print(f"pid {pid}: {sum(r[3] for r in rows if r[0] == pid):.4f} cores")
+    print("| pid | threads | count | cores |\n|---|---|---|---|")
+    for pid, name, count, cores in rows:
+        print(f"| {pid} | `{name}` | {count} | {cores:.4f} |")
+    print(f"all: {sum(r[3] for r in rows):.4f} cores over {seconds:g} s")
+
+
 def _exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
@@ -316,7 +360,13 @@ def main(argv: Iterable[str] | None = None) -> int:
     ex.add_argument("--report", type=Path, required=True, help="JSON file for the usage")
     ex.add_argument("--orphan-grace", type=float, default=15.0)
     ex.add_argument("command", nargs=argparse.REMAINDER)
+    th = sub.add_parser("threads", help="each thread's CPU over a window, by thread name")
+    th.add_argument("--seconds", type=float, default=120.0)
+    th.add_argument("pids", type=int, nargs="+")
     args = parser.parse_args(list(argv) if argv is not None else None)
+    if args.action == "threads":
+        _print_threads(args.pids, args.seconds)
+        return 0
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("exec needs a command after --")

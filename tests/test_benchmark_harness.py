@@ -97,3 +97,43 @@ def test_a_run_that_lost_records_is_reported_as_data_loss() -> None:
     assert lost["status"].startswith("DATA LOST: 3 records missing")
     reordered = judge({"missing": 0, "out_of_order": 2})
     assert not reordered["ok"] and "out of order" in reordered["status"]
+
+
+def test_thread_cores_names_the_busy_thread_and_not_the_idle_one(tmp_path: Path) -> None:
+    """``procstats threads``: each thread's CPU over a window, grouped by its OS name with its
+    digits as ``#``: a spinning thread named ``spin-7`` shows, a sleeping ``nap-3`` takes next to
+    nothing."""
+    ready = tmp_path / "ready"
+    code = f"""
+        import ctypes, pathlib, threading, time
+
+        def named(name, work):
+            def run():
+                ctypes.CDLL(None).prctl(15, name.encode(), 0, 0, 0)  # PR_SET_NAME
+                work()
+            return threading.Thread(target=run, daemon=True)
+
+        def spin():
+            end = time.monotonic() + 30
+            while time.monotonic() < end:
+                pass
+
+        named("spin-7", spin).start()
+        named("nap-3", lambda: time.sleep(30)).start()
+        pathlib.Path({str(ready)!r}).touch()
+        time.sleep(30)
+    """
+    proc = subprocess.Popen(_python(code))
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        rows = procstats.thread_cores([proc.pid], 1.0)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    cores = {name: (count, used) for _pid, name, count, used in rows}
+    # A busy machine gives the spinning thread less than a core, never next to nothing.
+    assert cores["spin-#"][0] == 1 and cores["spin-#"][1] > 0.01, rows
+    assert cores["nap-#"][0] == 1 and cores["nap-#"][1] < cores["spin-#"][1] / 20, rows
+    assert rows[0][1] == "spin-#", rows  # busiest first
